@@ -1,0 +1,1 @@
+"""megarl: RL post-training on Megatron-Core with vLLM rollouts."""
