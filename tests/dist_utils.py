@@ -1,0 +1,165 @@
+"""Run a function on N local processes as a torch.distributed job (tests only).
+
+Usage from any test module (``tests/`` is on ``sys.path`` through its conftest)::
+
+    from dist_utils import run_distributed
+
+    def _body(tp):                      # module level: spawn pickles it by name
+        ...                             # RANK / WORLD_SIZE / MASTER_* are set
+        return some_picklable_value
+
+    results = run_distributed(_body, 2, 2)   # [rank0_result, rank1_result]
+
+Each rank is a fresh ``spawn`` process (no CUDA/fork state shared) with ``RANK``,
+``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1`` and a
+free ``MASTER_PORT`` set, and one intra-op thread. The function does its own
+``init_process_group`` (e.g. through ``megarl.parallel.init_distributed``); the
+process group is destroyed after it returns. A failing rank's exception is re-raised
+in the caller with the rank's traceback; on timeout every rank is killed.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import queue
+import socket
+import time
+import traceback
+from typing import Any, Callable
+
+import torch.multiprocessing as mp
+
+
+class DistributedTestError(RuntimeError):
+    """A rank raised, died or timed out; the message carries the rank's traceback."""
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago on 127.0.0.1."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _rank_main(fn, rank, world_size, port, env, args, kwargs, result_queue) -> None:
+    os.environ.update(env)
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
+    )
+    import torch
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    try:
+        value = fn(*args, **kwargs)
+        # Plain pickle (not the queue's shared-memory tensor path): the rank may
+        # exit before the parent reads, which would free shared storages.
+        result_queue.put((rank, "ok", pickle.dumps(value)))
+    except BaseException as exc:  # noqa: BLE001 - everything goes back to the caller
+        tb = traceback.format_exc()
+        try:
+            payload = pickle.dumps(exc)
+        except Exception:
+            payload = None
+        result_queue.put((rank, "error", (tb, payload)))
+    finally:
+        try:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception:
+            pass
+
+
+def run_distributed(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    timeout: float = 300,
+    env: dict[str, str] | None = None,
+    **kwargs: Any,
+) -> list[Any]:
+    """Run ``fn(*args, **kwargs)`` on ``world_size`` spawned ranks; return results by rank.
+
+    Args:
+        fn: a module-level (picklable) function.
+        world_size: number of processes.
+        timeout: seconds for the whole job; afterwards every rank is killed.
+        env: extra environment variables for every rank.
+
+    Raises:
+        DistributedTestError: a rank raised (its traceback is in the message and the
+            original exception is chained when picklable), died without reporting,
+            or the job timed out.
+    """
+    ctx = mp.get_context("spawn")
+    result_queue = ctx.Queue()
+    port = free_port()
+    procs = [
+        ctx.Process(
+            target=_rank_main,
+            args=(fn, rank, world_size, port, dict(env or {}), args, kwargs, result_queue),
+            daemon=True,
+        )
+        for rank in range(world_size)
+    ]
+    for proc in procs:
+        proc.start()
+
+    results: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while len(results) < world_size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise DistributedTestError(
+                    f"run_distributed({fn.__name__}, world_size={world_size}) timed out after "
+                    f"{timeout}s; ranks without a result: "
+                    f"{sorted(set(range(world_size)) - set(results))}"
+                )
+            try:
+                rank, status, payload = result_queue.get(timeout=min(remaining, 0.5))
+            except queue.Empty:
+                dead = [
+                    r for r, p in enumerate(procs)
+                    if r not in results and p.exitcode is not None
+                ]
+                if dead:
+                    # Give a late queue message a moment before calling the rank dead.
+                    try:
+                        rank, status, payload = result_queue.get(timeout=2.0)
+                    except queue.Empty:
+                        raise DistributedTestError(
+                            f"rank {dead[0]} of {fn.__name__} exited with code "
+                            f"{procs[dead[0]].exitcode} without a result"
+                        ) from None
+                else:
+                    continue
+            if status == "error":
+                tb, exc_bytes = payload
+                cause = None
+                if exc_bytes is not None:
+                    try:
+                        cause = pickle.loads(exc_bytes)
+                    except Exception:
+                        cause = None
+                raise DistributedTestError(
+                    f"rank {rank} of {fn.__name__} failed:\n{tb}"
+                ) from cause
+            results[rank] = pickle.loads(payload)
+    finally:
+        for proc in procs:
+            proc.join(timeout=5 if len(results) == world_size else 0.1)
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5)
+        result_queue.close()
+    return [results[rank] for rank in range(world_size)]
