@@ -1,1 +1,61 @@
+"""RL algorithms as pure torch functions (no Ray / Megatron / vLLM).
 
+Registries map config strings to functions and reject unknown names with the valid
+list; the `*_S` name views below are live (they include later registrations) and are
+what the config validator checks against.
+"""
+
+from megarl.algorithms.agg import (
+    LOSS_AGG_MODES,
+    GlobalDenominator,
+    agg_loss,
+    combine_actor_loss,
+    compute_entropy_loss,
+    entropy_from_logits,
+)
+from megarl.algorithms.advantages import ADV_ESTIMATORS, get_adv_estimator, register_adv_estimator
+from megarl.algorithms.compute_advantage import compute_advantage
+from megarl.algorithms.gae import discounted_returns, gae_advantages_returns
+from megarl.algorithms.kl import (
+    KL_CTRL_TYPES,
+    KL_PENALTIES,
+    AdaptiveKLController,
+    FixedKLController,
+    apply_kl_penalty,
+    compute_kl_loss,
+    get_kl_controller,
+    kl_penalty,
+)
+from megarl.algorithms.masked import masked_mean, masked_sum, masked_var, masked_whiten
+from megarl.algorithms.policy_loss_base import POLICY_LOSSES, get_policy_loss, register_policy_loss
+from megarl.algorithms import policy_losses_ppo as _ppo  # noqa: F401  (registers losses)
+
+__all__ = [
+    "ADV_ESTIMATORS",
+    "KL_CTRL_TYPES",
+    "KL_PENALTIES",
+    "LOSS_AGG_MODES",
+    "POLICY_LOSSES",
+    "AdaptiveKLController",
+    "FixedKLController",
+    "GlobalDenominator",
+    "agg_loss",
+    "apply_kl_penalty",
+    "combine_actor_loss",
+    "compute_advantage",
+    "compute_entropy_loss",
+    "compute_kl_loss",
+    "discounted_returns",
+    "entropy_from_logits",
+    "gae_advantages_returns",
+    "get_adv_estimator",
+    "get_kl_controller",
+    "get_policy_loss",
+    "kl_penalty",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+    "register_adv_estimator",
+    "register_policy_loss",
+]

@@ -1,0 +1,73 @@
+"""Name -> function registries for config strings, plus tolerant config access.
+
+Each registry rejects unknown names with the config key and the list of valid names, so
+a typo in the yaml fails before any worker starts (the config validator imports the
+live name views, e.g. `ADV_ESTIMATORS`, from `megarl.algorithms`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, KeysView, Mapping
+from typing import Any, Generic, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Registry(Generic[F]):
+    """A named table of functions; `config_key` is named in error messages."""
+
+    def __init__(self, kind: str, config_key: str):
+        self.kind = kind
+        self.config_key = config_key
+        self._table: dict[str, F] = {}
+
+    def register(self, name: str) -> Callable[[F], F]:
+        def deco(fn: F) -> F:
+            if name in self._table and self._table[name] is not fn:
+                raise ValueError(f"{self.kind} '{name}' is already registered")
+            self._table[name] = fn
+            return fn
+
+        return deco
+
+    def get(self, name: str) -> F:
+        if name not in self._table:
+            raise ValueError(
+                f"Unknown {self.kind} '{name}' ({self.config_key}). Valid: {sorted(self._table)}"
+            )
+        return self._table[name]
+
+    def names(self) -> KeysView[str]:
+        """Live view of registered names (supports `in`, iteration, `sorted`)."""
+        return self._table.keys()
+
+
+def check_choice(value: str, valid: Any, kind: str, config_key: str) -> str:
+    """Return `value` if it is in `valid`, else raise naming the key and the valid list."""
+    if value not in valid:
+        raise ValueError(f"Unknown {kind} '{value}' ({config_key}). Valid: {sorted(valid)}")
+    return value
+
+
+_MISSING = object()
+
+
+def cfg_get(config: Any, dotted_key: str, default: Any = _MISSING, *, prefix: str = "") -> Any:
+    """Read `a.b.c` from a DictConfig, Mapping or attribute object.
+
+    Missing keys or `None` values give `default`; with no default a missing key raises
+    KeyError naming `prefix + dotted_key` (the full config path the user has to set).
+    """
+    node = config
+    for part in dotted_key.split("."):
+        if node is None:
+            break
+        if isinstance(node, Mapping):
+            node = node.get(part, None)
+        else:
+            node = getattr(node, part, None)
+    if node is None:
+        if default is _MISSING:
+            raise KeyError(f"config key '{prefix}{dotted_key}' is required here but not set")
+        return default
+    return node
