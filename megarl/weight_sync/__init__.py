@@ -1,1 +1,23 @@
+"""Weight sync: Megatron shards -> HF tensors -> vLLM engines, bucketed and checked.
 
+See :mod:`megarl.weight_sync.plan` (what goes where), :mod:`.transport` (how it
+moves), :mod:`.integrity` (per-bucket checksums), :mod:`.metrics` (rollout vs actor
+log-prob gap).
+"""
+
+from megarl.weight_sync.integrity import WeightSyncIntegrityError
+from megarl.weight_sync.metrics import log_prob_gap
+from megarl.weight_sync.plan import MegatronLayout, ReshardPlan, build_plan, plan_for_hf_config
+from megarl.weight_sync.transport import SyncStats, stream_broadcast, stream_in_process
+
+__all__ = [
+    "MegatronLayout",
+    "ReshardPlan",
+    "SyncStats",
+    "WeightSyncIntegrityError",
+    "build_plan",
+    "log_prob_gap",
+    "plan_for_hf_config",
+    "stream_broadcast",
+    "stream_in_process",
+]

