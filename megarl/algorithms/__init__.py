@@ -29,6 +29,8 @@ from megarl.algorithms.kl import (
 from megarl.algorithms.masked import masked_mean, masked_sum, masked_var, masked_whiten
 from megarl.algorithms.policy_loss_base import POLICY_LOSSES, get_policy_loss, register_policy_loss
 from megarl.algorithms import policy_losses_ppo as _ppo  # noqa: F401  (registers losses)
+from megarl.algorithms import policy_losses_extra as _extra  # noqa: F401  (registers losses)
+from megarl.algorithms.value import compute_value_loss, explained_variance
 
 __all__ = [
     "ADV_ESTIMATORS",
@@ -45,6 +47,8 @@ __all__ = [
     "compute_advantage",
     "compute_entropy_loss",
     "compute_kl_loss",
+    "compute_value_loss",
+    "explained_variance",
     "discounted_returns",
     "entropy_from_logits",
     "gae_advantages_returns",

@@ -1,0 +1,288 @@
+"""Rollout correction (`algorithm.rollout_correction.*`): the rollout engine (vLLM, bf16,
+maybe a stale policy) samples from pi_rollout, the trainer computes pi_old. This module
+gives importance weights pi_old / pi_rollout (truncated), rejection of outlier tokens or
+sequences, and diagnostics of the gap. All inputs are `[batch, response_len]`; all weights
+and masks are detached.
+
+Threshold specs (verl's):
+  rollout_is_threshold: float / "2.0" = truncate weights at the upper bound (TIS);
+      "lower_upper" (e.g. "0.5_2.0") = zero weights outside [lower, upper] (IcePop).
+  rollout_rs_threshold: one spec per comma-separated rollout_rs option (or one shared):
+      *_k1 options take ratio bounds "lower_upper" (a single value u means 1/u_u);
+      other options take one upper bound on the divergence.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from megarl.algorithms.masked import masked_count, masked_mean, masked_sum
+from megarl.algorithms.registry import cfg_get, check_choice
+
+SAFETY_BOUND = 20.0  # |log ratio| clamp before exp
+ROLLOUT_IS_LEVELS: tuple[str, ...] = ("token", "sequence", "geometric")
+ROLLOUT_RS_OPTIONS: tuple[str, ...] = (
+    "token_k1", "token_k2", "token_k3",
+    "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
+    "seq_mean_k1", "seq_mean_k2", "seq_mean_k3",
+    "seq_max_k2", "seq_max_k3",
+)  # fmt: skip
+ROLLOUT_CORR_LOSS_TYPES: tuple[str, ...] = ("ppo_clip", "reinforce")
+_KEY = "algorithm.rollout_correction."
+
+
+def parse_is_threshold(spec: float | str) -> tuple[float, float | None]:
+    """`rollout_is_threshold` -> (upper, lower or None)."""
+    if isinstance(spec, bool) or not isinstance(spec, (int, float, str)):
+        raise ValueError(f"{_KEY}rollout_is_threshold must be a number or 'lower_upper', got {spec!r}")
+    parts = str(spec).strip().split("_")
+    try:
+        nums = [float(p) for p in parts]
+    except ValueError:
+        raise ValueError(f"{_KEY}rollout_is_threshold: cannot parse {spec!r}") from None
+    if len(nums) == 1:
+        upper, lower = nums[0], None
+    elif len(nums) == 2:
+        lower, upper = nums
+    else:
+        raise ValueError(f"{_KEY}rollout_is_threshold: cannot parse {spec!r}")
+    if upper <= 0 or (lower is not None and not 0 < lower <= upper):
+        raise ValueError(f"{_KEY}rollout_is_threshold needs 0 < lower <= upper, got {spec!r}")
+    return upper, lower
+
+
+def parse_rs_thresholds(options: list[str], spec: float | str | None) -> dict[str, tuple[float | None, float]]:
+    """`rollout_rs_threshold` -> {option: (lower or None, upper)} (k1 bounds are ratios)."""
+    if spec is None:
+        raise ValueError(f"{_KEY}rollout_rs_threshold must be set when rollout_rs is enabled")
+    specs = [s.strip() for s in str(spec).split(",") if s.strip()]
+    if len(specs) == 1:
+        specs = specs * len(options)
+    if len(specs) != len(options):
+        raise ValueError(
+            f"{_KEY}rollout_rs_threshold has {len(specs)} entries for {len(options)} rollout_rs options {options}"
+        )
+    out: dict[str, tuple[float | None, float]] = {}
+    for opt, s in zip(options, specs):
+        try:
+            nums = [float(p) for p in s.split("_")]
+        except ValueError:
+            raise ValueError(f"{_KEY}rollout_rs_threshold: cannot parse {s!r} for {opt}") from None
+        if opt.endswith("k1"):
+            lower, upper = (1.0 / nums[0], nums[0]) if len(nums) == 1 else (nums[0], nums[1])
+            if len(nums) > 2 or not 0 < lower <= upper:
+                raise ValueError(f"{_KEY}rollout_rs_threshold for {opt} needs ratio bounds 0 < lower <= upper, got {s!r}")
+            out[opt] = (lower, upper)
+        else:
+            if len(nums) != 1 or nums[0] <= 0:
+                raise ValueError(f"{_KEY}rollout_rs_threshold for {opt} needs one positive upper bound, got {s!r}")
+            out[opt] = (None, nums[0])
+    return out
+
+
+def _seq_valid(response_mask: torch.Tensor) -> torch.Tensor:
+    return masked_count(response_mask, dim=-1) > 0
+
+
+def compute_rollout_is_weights(
+    log_ratio: torch.Tensor,
+    response_mask: torch.Tensor,
+    rollout_is: str = "token",
+    rollout_is_threshold: float | str = 2.0,
+    rollout_is_batch_normalize: bool = False,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Importance weights `[batch, response_len]` from log(pi_old / pi_rollout).
+
+    rollout_is: token = per-token ratio; sequence = product over the sequence;
+        geometric = geometric mean over the sequence (exp of the mean log ratio).
+    Weights are truncated (TIS) or zeroed outside bounds (IcePop), 0 at masked positions,
+    optionally divided by their batch mean (`rollout_is_batch_normalize`; token mean for
+    token level, sequence mean otherwise), and detached.
+
+    Metrics (unprefixed): rollout_is_mean/std/max/min (of applied weights),
+    rollout_is_ratio_fraction_high/low (raw weights beyond the bounds; lower bound =
+    1/upper for TIS), rollout_is_eff_sample_size = (mean w)^2 / mean(w^2) in (0, 1]
+    (per token for token level, per sequence otherwise), rollout_is_batch_norm_factor.
+    """
+    check_choice(rollout_is, ROLLOUT_IS_LEVELS, "rollout_is level", _KEY + "rollout_is")
+    upper, lower = parse_is_threshold(rollout_is_threshold)
+    mask = response_mask.bool()
+    lr = torch.where(mask, log_ratio.detach().float(), torch.zeros_like(log_ratio, dtype=torch.float32))
+
+    def truncate(raw: torch.Tensor) -> torch.Tensor:
+        if lower is None:
+            return raw.clamp(max=upper)
+        return torch.where((raw >= lower) & (raw <= upper), raw, torch.zeros_like(raw))
+
+    # Weights and their statistics at the level's own unit: tokens, or one per valid sequence.
+    if rollout_is == "token":
+        unit_mask = mask
+        raw_u = lr.clamp(-SAFETY_BOUND, SAFETY_BOUND).exp() * mask
+        w_u = truncate(raw_u)
+        weights = w_u
+    else:
+        unit_mask = _seq_valid(mask)
+        seq_lr = lr.sum(-1) if rollout_is == "sequence" else masked_mean(lr, mask, dim=-1)
+        raw_u = seq_lr.clamp(-SAFETY_BOUND, SAFETY_BOUND).exp() * unit_mask
+        w_u = truncate(raw_u)
+        weights = w_u.unsqueeze(-1) * mask
+    low_bound = lower if lower is not None else 1.0 / upper
+    mean_w = masked_mean(w_u, unit_mask)
+    mean_sq = masked_mean(w_u**2, unit_mask)
+    metrics = {
+        "rollout_is_mean": mean_w.item(),
+        "rollout_is_std": (mean_sq - mean_w**2).clamp_min(0).sqrt().item(),
+        "rollout_is_max": w_u.masked_fill(~unit_mask, -math.inf).max().item() if unit_mask.any() else 0.0,
+        "rollout_is_min": w_u.masked_fill(~unit_mask, math.inf).min().item() if unit_mask.any() else 0.0,
+        "rollout_is_ratio_fraction_high": masked_mean((raw_u > upper).float(), unit_mask).item(),
+        "rollout_is_ratio_fraction_low": masked_mean((raw_u < low_bound).float(), unit_mask).item(),
+        "rollout_is_eff_sample_size": (mean_w**2 / mean_sq).item() if mean_sq > 0 else 0.0,
+    }
+    if rollout_is_batch_normalize:
+        factor = mean_w.item()
+        if factor > 1e-8:
+            weights = weights / factor
+        metrics["rollout_is_batch_norm_factor"] = factor if factor > 1e-8 else 1.0
+    return weights.detach(), metrics
+
+
+def compute_rollout_rejection_mask(
+    log_ratio: torch.Tensor,
+    response_mask: torch.Tensor,
+    rollout_rs: str,
+    rollout_rs_threshold: float | str | None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Reject tokens / whole sequences whose divergence between pi_old and pi_rollout is
+    out of bounds. Returns (new response_mask with rejected positions 0, same dtype;
+    metrics).
+
+    rollout_rs: comma-separated options, all must pass. Per token, with lr = log(pi_old /
+    pi_rollout): k1 = -lr, k2 = lr^2 / 2, k3 = exp(lr) - 1 - lr. token_kX tests each token;
+    seq_sum_kX / seq_mean_kX / seq_max_kX test the sum / mean / max over the sequence and
+    reject the whole sequence. k1 options keep log(lower) <= stat <= log(upper); others
+    keep stat <= upper.
+    Metrics: rollout_rs_<opt>_masked_fraction (tokens) and _seq_masked_fraction, overall
+    rollout_rs_masked_fraction and rollout_rs_seq_masked_fraction (of valid sequences).
+    """
+    options = list(dict.fromkeys(o.strip() for o in str(rollout_rs).split(",") if o.strip()))
+    if not options:
+        raise ValueError(f"{_KEY}rollout_rs is empty")
+    for opt in options:
+        check_choice(opt, ROLLOUT_RS_OPTIONS, "rollout_rs option", _KEY + "rollout_rs")
+    bounds = parse_rs_thresholds(options, rollout_rs_threshold)
+    mask = response_mask.bool()
+    lr = torch.where(mask, log_ratio.detach().float(), torch.zeros_like(log_ratio, dtype=torch.float32))
+    lr = lr.clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    per_token = {"k1": -lr, "k2": 0.5 * lr**2, "k3": lr.exp() - 1.0 - lr}
+    seq_valid = _seq_valid(mask)
+    keep_all = torch.ones_like(mask)
+    metrics: dict[str, float] = {}
+    for opt in options:
+        level, k = opt.rsplit("_", 1)
+        stat = per_token[k]
+        if level == "seq_sum":
+            stat = masked_sum(stat, mask, dim=-1).unsqueeze(-1)
+        elif level == "seq_mean":
+            stat = masked_mean(stat, mask, dim=-1).unsqueeze(-1)
+        elif level == "seq_max":
+            stat = stat.masked_fill(~mask, -math.inf).max(dim=-1, keepdim=True).values
+        lower, upper = bounds[opt]
+        if lower is not None:
+            keep = (stat >= math.log(lower)) & (stat <= math.log(upper))
+        else:
+            keep = stat <= upper
+        keep = keep.expand_as(mask) | ~mask
+        keep_all &= keep
+        metrics[f"rollout_rs_{opt}_masked_fraction"] = masked_mean((~keep).float(), mask).item()
+        metrics[f"rollout_rs_{opt}_seq_masked_fraction"] = masked_mean((~keep).any(-1).float(), seq_valid).item()
+    metrics["rollout_rs_masked_fraction"] = masked_mean((~keep_all).float(), mask).item()
+    metrics["rollout_rs_seq_masked_fraction"] = masked_mean((~keep_all).any(-1).float(), seq_valid).item()
+    new_mask = (response_mask * keep_all.to(response_mask.dtype)).to(response_mask.dtype)
+    return new_mask, metrics
+
+
+def compute_offpolicy_metrics(
+    old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, response_mask: torch.Tensor
+) -> dict[str, float]:
+    """Diagnostics of the training/rollout gap (sequence averages over valid sequences):
+    kl = mean(log pi_rollout - log pi_old) (tokens), k3_kl, training_ppl / rollout_ppl
+    (mean of per-sequence exp(-mean log p)), their logs, log_ppl_diff (+abs, max, min),
+    ppl_ratio, chi2_token = E[rho^2] - 1, chi2_seq = E[(prod rho)^2] - 1, rho = pi_old / pi_rollout.
+    """
+    mask = response_mask.bool()
+    seq_valid = _seq_valid(mask)
+    old = torch.where(mask, old_log_prob.detach().float(), torch.zeros_like(old_log_prob, dtype=torch.float32))
+    roll = torch.where(mask, rollout_log_prob.detach().float(), torch.zeros_like(old))
+    lr = old - roll
+    mean_old = masked_mean(old, mask, dim=-1)
+    mean_roll = masked_mean(roll, mask, dim=-1)
+    log_ppl_diff = mean_roll - mean_old
+    rho = lr.clamp(-SAFETY_BOUND, SAFETY_BOUND).exp()
+    seq_log_rho = masked_sum(lr, mask, dim=-1).clamp(-SAFETY_BOUND, SAFETY_BOUND)
+
+    def seq_mean(x: torch.Tensor) -> float:
+        return masked_mean(x, seq_valid).item()
+
+    valid_diff = log_ppl_diff[seq_valid]
+    return {
+        "kl": masked_mean(roll - old, mask).item(),
+        "k3_kl": masked_mean(rho - lr - 1.0, mask).item(),
+        "training_ppl": seq_mean((-mean_old).exp()),
+        "training_log_ppl": seq_mean(-mean_old),
+        "rollout_ppl": seq_mean((-mean_roll).exp()),
+        "rollout_log_ppl": seq_mean(-mean_roll),
+        "log_ppl_diff": seq_mean(log_ppl_diff),
+        "log_ppl_abs_diff": seq_mean(log_ppl_diff.abs()),
+        "log_ppl_diff_max": valid_diff.max().item() if valid_diff.numel() else 0.0,
+        "log_ppl_diff_min": valid_diff.min().item() if valid_diff.numel() else 0.0,
+        "ppl_ratio": seq_mean(log_ppl_diff.exp()),
+        "chi2_token": masked_mean(rho**2, mask).item() - 1.0,
+        "chi2_seq": seq_mean((2.0 * seq_log_rho).exp()) - 1.0,
+    }
+
+
+def compute_rollout_correction(
+    old_log_prob: torch.Tensor,
+    rollout_log_prob: torch.Tensor,
+    response_mask: torch.Tensor,
+    rollout_correction_config: Any,
+) -> tuple[torch.Tensor | None, torch.Tensor, dict[str, float]]:
+    """Decoupled-mode entry point for the trainer.
+
+    Reads `algorithm.rollout_correction.{rollout_is, rollout_is_threshold,
+    rollout_is_batch_normalize, rollout_rs, rollout_rs_threshold}` and returns
+    (rollout_is_weights `[batch, response_len]` or None when rollout_is is null,
+    response_mask with rejected positions zeroed, metrics prefixed "rollout_corr/").
+    Store the weights as batch['rollout_is_weights'] and pass them to the policy loss.
+    """
+    if old_log_prob.shape != rollout_log_prob.shape or old_log_prob.shape != response_mask.shape:
+        raise ValueError(
+            f"rollout correction: old_log_probs {tuple(old_log_prob.shape)}, rollout_log_probs "
+            f"{tuple(rollout_log_prob.shape)} and response_mask {tuple(response_mask.shape)} must match"
+        )
+    cfg = rollout_correction_config
+    log_ratio = old_log_prob - rollout_log_prob
+    metrics: dict[str, float] = {}
+    weights = None
+    rollout_is = cfg_get(cfg, "rollout_is", None)
+    if rollout_is is not None:
+        weights, m = compute_rollout_is_weights(
+            log_ratio,
+            response_mask,
+            rollout_is,
+            cfg_get(cfg, "rollout_is_threshold", 2.0),
+            bool(cfg_get(cfg, "rollout_is_batch_normalize", False)),
+        )
+        metrics.update(m)
+    new_mask = response_mask
+    rollout_rs = cfg_get(cfg, "rollout_rs", None)
+    if rollout_rs is not None:
+        new_mask, m = compute_rollout_rejection_mask(
+            log_ratio, response_mask, rollout_rs, cfg_get(cfg, "rollout_rs_threshold", None)
+        )
+        metrics.update(m)
+    metrics.update(compute_offpolicy_metrics(old_log_prob, rollout_log_prob, response_mask))
+    return weights, new_mask, {f"rollout_corr/{k}": v for k, v in metrics.items()}
