@@ -1,0 +1,85 @@
+"""Allowed names for string keys, in one place.
+
+Algorithm names come from the live registries in `megarl.algorithms` (so a newly
+registered estimator or loss is accepted without touching this file); the fallback
+tuples are used only when that package cannot be imported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+# Estimators that normalize rewards within the rollout.n responses of one prompt: they
+# need rollout.n >= 2 (a group of one has no baseline and no spread).
+GROUP_ADV_ESTIMATORS: tuple[str, ...] = (
+    "grpo",
+    "grpo_passk",
+    "rloo",
+    "opo",
+    "gpg",
+    "reinforce_plus_plus_baseline",
+    "gdpo",
+    "optimal_token_baseline",
+)
+
+_FALLBACK = {
+    "ADV_ESTIMATORS": ("gae", "remax", "reinforce_plus_plus", *GROUP_ADV_ESTIMATORS),
+    "POLICY_LOSSES": ("vanilla", "clip_cov", "kl_cov", "gpg"),
+    "LOSS_AGG_MODES": (
+        "token-mean",
+        "token-sum",
+        "seq-mean-token-sum",
+        "seq-mean-token-mean",
+        "seq-mean-token-sum-norm",
+    ),
+    "KL_PENALTIES": ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full"),
+    "KL_CTRL_TYPES": ("fixed", "adaptive"),
+}
+
+
+def _registry(name: str) -> tuple[str, ...]:
+    try:
+        import megarl.algorithms as algorithms
+
+        return tuple(getattr(algorithms, name))
+    except (ImportError, AttributeError):
+        return _FALLBACK[name]
+
+
+def adv_estimators() -> tuple[str, ...]:
+    return _registry("ADV_ESTIMATORS")
+
+
+def policy_losses() -> tuple[str, ...]:
+    return _registry("POLICY_LOSSES")
+
+
+def loss_agg_modes() -> tuple[str, ...]:
+    return _registry("LOSS_AGG_MODES")
+
+
+def kl_penalties() -> tuple[str, ...]:
+    return _registry("KL_PENALTIES")
+
+
+def kl_ctrl_types() -> tuple[str, ...]:
+    return _registry("KL_CTRL_TYPES")
+
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+TRUNCATIONS = ("error", "left", "right", "middle")
+CHECKPOINT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
+OPTIMIZERS = ("adam", "sgd")
+LR_DECAY_STYLES = ("constant", "linear", "cosine")
+REWARD_MANAGERS = ("naive", "batch", "prime", "dapo")
+FILTER_GROUP_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")
+ROLLOUT_IS_LEVELS = ("token", "sequence")
+ROLLOUT_RS_LEVELS = ("token", "sequence", "geometric")
+LOGGERS = ("console", "tensorboard", "wandb")
+DEVICES = ("auto", "cpu", "cuda")
+RESUME_MODES = ("auto", "disable", "resume_path")
+LOAD_FORMATS = ("dummy", "auto")
+
+
+def join(names: Iterable[str]) -> str:
+    return ", ".join(names)

@@ -1,0 +1,56 @@
+"""Which Megatron models a config builds, and the keys of each one's layout and batches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from megarl.config.view import View
+
+
+@dataclass(frozen=True)
+class Role:
+    """A Megatron model of the run: `megatron` = its layout section, `model_path` = its HF dir key."""
+
+    name: str
+    megatron: str
+    model_path: str
+    override_config: str | None
+
+
+ACTOR = Role("actor", "actor_rollout_ref.actor.megatron", "actor_rollout_ref.model.path", "actor_rollout_ref.model.override_config")
+REF = Role("ref", "actor_rollout_ref.ref.megatron", "actor_rollout_ref.model.path", "actor_rollout_ref.model.override_config")
+CRITIC = Role("critic", "critic.megatron", "critic.model.path", "critic.model.override_config")
+REWARD_MODEL = Role("reward_model", "reward_model.megatron", "reward_model.model.path", None)
+
+
+def critic_enabled(v: View) -> bool:
+    """critic.enable, where null means: on exactly for GAE."""
+    enable = v.get("critic.enable")
+    return v.get("algorithm.adv_estimator") == "gae" if enable is None else bool(enable)
+
+
+def ref_enabled(v: View) -> bool:
+    """The reference model runs when a KL term (loss or reward) needs it."""
+    return bool(v.get("actor_rollout_ref.actor.use_kl_loss") or v.get("algorithm.use_kl_in_reward"))
+
+
+def active_roles(v: View) -> list[Role]:
+    roles = [ACTOR]
+    if ref_enabled(v):
+        roles.append(REF)
+    if critic_enabled(v):
+        roles.append(CRITIC)
+    if v.get("reward_model.enable"):
+        roles.append(REWARD_MODEL)
+    return roles
+
+
+def data_parallel_size(v: View, role: Role) -> int | None:
+    """world / (tp * pp * cp), or None when that does not divide (reported by the layout rule)."""
+    mp = (
+        v.get(f"{role.megatron}.tensor_model_parallel_size")
+        * v.get(f"{role.megatron}.pipeline_model_parallel_size")
+        * v.get(f"{role.megatron}.context_parallel_size")
+    )
+    world = v.world_size()
+    return world // mp if world % mp == 0 else None

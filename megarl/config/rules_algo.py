@@ -1,0 +1,165 @@
+"""Algorithm, rollout and reward rules that span several keys."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+from megarl.config.errors import Issue
+from megarl.config.names import GROUP_ADV_ESTIMATORS
+from megarl.config.view import Skip, View
+
+ROLLOUT = "actor_rollout_ref.rollout"
+ACTOR = "actor_rollout_ref.actor"
+
+
+def group_size(v: View) -> Iterator[Issue]:
+    est = v.get("algorithm.adv_estimator")
+    n = v.get(f"{ROLLOUT}.n")
+    if est in GROUP_ADV_ESTIMATORS and n < 2:
+        yield Issue(
+            f"{ROLLOUT}.n", n,
+            f"algorithm.adv_estimator={est} compares the responses of one prompt and needs a group of >= 2",
+            f"set {ROLLOUT}.n to 2 or more (e.g. 8), or use algorithm.adv_estimator=gae / remax / reinforce_plus_plus",
+        )
+    elif est in GROUP_ADV_ESTIMATORS and not v.get(f"{ROLLOUT}.do_sample"):
+        yield Issue(
+            f"{ROLLOUT}.do_sample", False,
+            f"greedy decoding makes all n={n} responses of a prompt identical, so {est} advantages are all zero",
+            f"set {ROLLOUT}.do_sample=true",
+        )
+    if v.get("algorithm.filter_groups.enable") and n < 2:
+        yield Issue("algorithm.filter_groups.enable", True, "filters groups of rollout.n responses; needs rollout.n >= 2", f"set {ROLLOUT}.n >= 2 or disable filter_groups")
+
+
+def kl_sources(v: View) -> Iterator[Issue]:
+    if v.get("algorithm.use_kl_in_reward") and v.get(f"{ACTOR}.use_kl_loss"):
+        yield Issue(
+            "algorithm.use_kl_in_reward", True,
+            f"{ACTOR}.use_kl_loss is also true: the KL to the reference would be applied twice",
+            f"use one: algorithm.use_kl_in_reward=false (GRPO style KL loss) or {ACTOR}.use_kl_loss=false (PPO style KL in reward)",
+        )
+
+
+def critic_needed(v: View) -> Iterator[Issue]:
+    if v.get("algorithm.adv_estimator") == "gae" and v.get("critic.enable") is False:
+        yield Issue("critic.enable", False, "algorithm.adv_estimator=gae needs the critic's values", "set critic.enable=null (auto) or true, or choose another estimator")
+    warmup = v.get("trainer.critic_warmup")
+    enable = v.get("critic.enable")
+    on = v.get("algorithm.adv_estimator") == "gae" if enable is None else enable
+    if warmup > 0 and not on:
+        yield Issue("trainer.critic_warmup", warmup, "there is no critic to warm up (critic is off for this estimator)", "set trainer.critic_warmup=0")
+
+
+def gdpo(v: View) -> Iterator[Issue]:
+    if v.get("algorithm.adv_estimator") != "gdpo":
+        return
+    keys = v.get("algorithm.gdpo_reward_keys")
+    if not keys:
+        yield Issue("algorithm.gdpo_reward_keys", keys, "adv_estimator=gdpo needs the reward components to normalize", "set algorithm.gdpo_reward_keys=[name1,name2]")
+        return
+    weights = v.get("algorithm.gdpo_reward_weights")
+    if weights is not None and len(weights) != len(keys):
+        yield Issue("algorithm.gdpo_reward_weights", weights, f"needs one weight per reward key ({len(keys)})", "give as many weights as gdpo_reward_keys, or null")
+
+
+def lengths_copy(v: View) -> Iterator[Issue]:
+    for rollout_key, data_key in (("prompt_length", "max_prompt_length"), ("response_length", "max_response_length")):
+        got, want = v.get(f"{ROLLOUT}.{rollout_key}"), v.get(f"data.{data_key}")
+        if got != want:
+            yield Issue(
+                f"{ROLLOUT}.{rollout_key}", got,
+                f"differs from data.{data_key}={want}; batches are padded to the data lengths",
+                f"leave {ROLLOUT}.{rollout_key} at its default ${{data.{data_key}}} and set data.{data_key} instead",
+            )
+
+
+def vllm_limits(v: View) -> Iterator[Issue]:
+    need = v.get("data.max_prompt_length") + v.get("data.max_response_length")
+    max_len_key = f"{ROLLOUT}.max_model_len"
+    max_len = v.get(max_len_key)
+    if max_len is not None and max_len < need:
+        yield Issue(max_len_key, max_len, f"shorter than max_prompt_length + max_response_length = {need}", f"set {max_len_key} >= {need} or null")
+    context = max_len or need
+    key = f"{ROLLOUT}.max_num_batched_tokens"
+    if not v.get(f"{ROLLOUT}.enable_chunked_prefill") and v.get(key) < context:
+        yield Issue(key, v.get(key), f"without chunked prefill vLLM needs it >= the context length {context}", f"set {key} >= {context} or {ROLLOUT}.enable_chunked_prefill=true")
+
+
+def sampling(v: View) -> Iterator[Issue]:
+    val = f"{ROLLOUT}.val_kwargs"
+    if v.get(f"{val}.n") > 1 and not v.get(f"{val}.do_sample"):
+        yield Issue(f"{val}.n", v.get(f"{val}.n"), "greedy validation (do_sample=false) gives n identical responses", f"set {val}.do_sample=true or {val}.n=1")
+
+
+def policy_loss(v: View) -> Iterator[Issue]:
+    lb, ub = v.get(f"{ACTOR}.policy_loss.clip_cov_lb"), v.get(f"{ACTOR}.policy_loss.clip_cov_ub")
+    if lb >= ub:
+        yield Issue(f"{ACTOR}.policy_loss.clip_cov_lb", lb, f"must be below clip_cov_ub={ub}", "set clip_cov_lb < clip_cov_ub")
+
+
+def rollout_correction(v: View) -> Iterator[Issue]:
+    rc = "algorithm.rollout_correction"
+    used = [k for k in ("rollout_is", "rollout_rs") if v.get(f"{rc}.{k}") is not None]
+    if v.get(f"{rc}.bypass_mode"):
+        used.append("bypass_mode")
+    if used and not v.get(f"{ROLLOUT}.calculate_log_probs"):
+        yield Issue(f"{ROLLOUT}.calculate_log_probs", False, f"{rc}.{used[0]} needs vLLM's rollout log-probs", f"set {ROLLOUT}.calculate_log_probs=true")
+    lower, upper = v.get(f"{rc}.rollout_rs_threshold_lower"), v.get(f"{rc}.rollout_rs_threshold")
+    upper = upper if upper is not None else v.get(f"{rc}.rollout_is_threshold")
+    if lower is not None and lower >= upper:
+        yield Issue(f"{rc}.rollout_rs_threshold_lower", lower, f"must be below the upper threshold {upper}", "lower the lower threshold or raise rollout_rs_threshold")
+
+
+def reward(v: View) -> Iterator[Issue]:
+    ob = "reward_model.overlong_buffer"
+    if v.get(f"{ob}.enable"):
+        if v.get("reward_model.reward_manager") != "dapo":
+            yield Issue(f"{ob}.enable", True, "the overlong penalty is applied by the dapo reward manager", "set reward_model.reward_manager=dapo")
+        length, resp = v.get(f"{ob}.len"), v.get("data.max_response_length")
+        if length > resp:
+            yield Issue(f"{ob}.len", length, f"longer than data.max_response_length={resp}", f"set {ob}.len <= {resp}")
+    if v.get("reward_model.enable") and v.get("reward_model.model.path") is None:
+        yield Issue("reward_model.model.path", None, "reward_model.enable is true but no reward model is given", "set reward_model.model.path to a local HF dir, or reward_model.enable=false")
+
+
+def _python_file(v: View, path_key: str, name_key: str, what: str) -> Iterator[Issue]:
+    path = v.path(path_key)
+    if path is None:
+        return
+    if not os.path.isfile(path):
+        yield Issue(path_key, v.get(path_key), f"{what} file does not exist", f"point {path_key} at an existing .py file, or null")
+    if not v.get(name_key):
+        yield Issue(name_key, v.get(name_key), f"{path_key} is set but no {what} name is given", f"set {name_key}")
+
+
+def plugin_files(v: View) -> Iterator[Issue]:
+    yield from _python_file(v, "custom_reward_function.path", "custom_reward_function.name", "reward function")
+    yield from _python_file(v, "data.custom_cls.path", "data.custom_cls.name", "dataset class")
+    yield from _python_file(v, "data.sampler.class_path", "data.sampler.class_name", "sampler class")
+    key = f"{ROLLOUT}.multi_turn.tool_config_path"
+    path = v.path(key)
+    if path is not None and not os.path.isfile(path):
+        yield Issue(key, v.get(key), "tool config file does not exist", f"point {key} at an existing yaml file, or null")
+
+
+def optim(v: View) -> Iterator[Issue]:
+    for section in (f"{ACTOR}", "critic"):
+        try:
+            yield from _optim_section(v, section)
+        except Skip:
+            continue
+
+
+def _optim_section(v: View, section: str) -> Iterator[Issue]:
+    key = f"{section}.optim.betas"
+    betas = v.get(key)
+    if len(betas) != 2:
+        yield Issue(key, betas, "needs exactly two values (beta1, beta2)", f"set {key}=[0.9,0.999]")
+    save, load = v.get(f"{section}.checkpoint.save_contents"), v.get(f"{section}.checkpoint.load_contents")
+    missing = [c for c in load if c not in save]
+    if missing:
+        yield Issue(f"{section}.checkpoint.load_contents", load, f"{missing} are never saved (save_contents={save})", f"add them to {section}.checkpoint.save_contents or drop them from load_contents")
+
+
+RULES = (group_size, kl_sources, critic_needed, gdpo, lengths_copy, vllm_limits, sampling, policy_loss, rollout_correction, reward, plugin_files, optim)

@@ -1,0 +1,149 @@
+"""Rules that need the model's shape: read `config.json` from each model dir with plain
+json (no weights, no transformers import) and check it against the parallel layout."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from megarl.config.errors import Issue
+from megarl.config.roles import ACTOR, Role, active_roles
+from megarl.config.view import Skip, View
+
+_EXPERT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
+def read_hf_config(v: View, path_key: str, override_key: str | None) -> tuple[dict[str, Any] | None, Issue | None]:
+    """config.json of the dir at `path_key` with `override_key`'s fields applied."""
+    path = v.path(path_key)
+    if path is None:
+        return None, Issue(path_key, None, "no model directory given", f"set {path_key} to a local HF model dir (with config.json)")
+    config_file = os.path.join(path, "config.json")
+    if not os.path.isfile(config_file):
+        why = "does not exist" if not os.path.exists(path) else "has no config.json"
+        return None, Issue(
+            path_key, v.get(path_key), f"model directory {why}",
+            f"point {path_key} at a local HF model dir (download hub models first, e.g. `huggingface-cli download <repo> --local-dir <dir>`)",
+        )
+    try:
+        with open(config_file) as f:
+            hf = json.load(f)
+    except (OSError, ValueError) as exc:
+        return None, Issue(path_key, v.get(path_key), f"cannot read {config_file}: {exc}", f"fix or replace {config_file}")
+    if not isinstance(hf, dict):
+        return None, Issue(path_key, v.get(path_key), f"{config_file} is not a JSON object", f"fix or replace {config_file}")
+    if override_key is not None:
+        hf.update(v.get(override_key) or {})
+    return hf, None
+
+
+def _supported_model_types() -> tuple[str, ...] | None:
+    try:
+        from megarl.models.config import SUPPORTED_MODEL_TYPES
+    except Exception:  # models package not importable here: the worker will check
+        return None
+    return tuple(SUPPORTED_MODEL_TYPES)
+
+
+def _shape(hf: dict[str, Any]) -> tuple[int | None, int | None, int | None, int | None]:
+    heads = hf.get("num_attention_heads")
+    kv = hf.get("num_key_value_heads") or heads
+    experts = next((hf[k] for k in _EXPERT_FIELDS if hf.get(k)), None)
+    return heads, kv, hf.get("num_hidden_layers"), experts
+
+
+def megatron_shape(v: View, role: Role, hf: dict[str, Any]) -> Iterator[Issue]:
+    m = role.megatron
+    heads, kv, layers, experts = _shape(hf)
+    tp = v.get(f"{m}.tensor_model_parallel_size")
+    where = f"({role.model_path} config.json)"
+    if heads and heads % tp:
+        yield Issue(f"{m}.tensor_model_parallel_size", tp, f"does not divide num_attention_heads={heads} {where}", f"choose a TP size that divides {heads}")
+    elif kv and kv % tp:
+        yield Issue(f"{m}.tensor_model_parallel_size", tp, f"does not divide num_key_value_heads={kv} {where} (Megatron splits KV groups over TP)", f"choose a TP size that divides {kv}")
+    pp = v.get(f"{m}.pipeline_model_parallel_size")
+    vpp = v.get(f"{m}.virtual_pipeline_model_parallel_size") or 1
+    if layers and layers % (pp * vpp):
+        yield Issue(
+            f"{m}.pipeline_model_parallel_size", pp,
+            f"pp={pp} x vpp={vpp} does not divide num_hidden_layers={layers} {where}",
+            f"choose pipeline_model_parallel_size x virtual_pipeline_model_parallel_size dividing {layers}",
+        )
+    ep = v.get(f"{m}.expert_model_parallel_size")
+    if ep > 1 and not experts:
+        yield Issue(f"{m}.expert_model_parallel_size", ep, f"the model has no MoE experts {where}", f"set {m}.expert_model_parallel_size=1")
+    elif experts and experts % ep:
+        yield Issue(f"{m}.expert_model_parallel_size", ep, f"does not divide the {experts} experts {where}", f"choose an EP size that divides {experts}")
+
+
+def model_type(v: View, role: Role, hf: dict[str, Any]) -> Iterator[Issue]:
+    supported = _supported_model_types()
+    mt = hf.get("model_type")
+    if supported is not None and mt not in supported:
+        yield Issue(role.model_path, v.get(role.model_path), f"model_type {mt!r} in config.json is not supported by megarl", f"use a model of type: {', '.join(supported)}")
+
+
+def lengths(v: View, hf: dict[str, Any]) -> Iterator[Issue]:
+    prompt, response = v.get("data.max_prompt_length"), v.get("data.max_response_length")
+    max_pos = hf.get("max_position_embeddings")
+    if max_pos and prompt + response > max_pos:
+        yield Issue(
+            "data.max_response_length", response,
+            f"data.max_prompt_length={prompt} + max_response_length={response} = {prompt + response} exceeds the model's max_position_embeddings={max_pos}",
+            f"shorten data.max_prompt_length / data.max_response_length to a total <= {max_pos}",
+        )
+    key = "actor_rollout_ref.rollout.max_model_len"
+    max_len = v.get(key)
+    if max_len is not None and max_pos and max_len > max_pos:
+        yield Issue(key, max_len, f"exceeds the model's max_position_embeddings={max_pos}", f"set {key} <= {max_pos} (or null)")
+
+
+def rollout_shape(v: View, hf: dict[str, Any]) -> Iterator[Issue]:
+    heads, kv, _, _ = _shape(hf)
+    key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+    tp = v.get(key)
+    if heads and heads % tp:
+        yield Issue(key, tp, f"vLLM TP must divide num_attention_heads={heads}", f"choose {key} dividing {heads}")
+    elif kv and kv % tp and tp % kv:
+        yield Issue(key, tp, f"vLLM TP must divide num_key_value_heads={kv} or be a multiple of it", f"choose {key} dividing {kv} or a multiple of {kv}")
+
+
+def tokenizer_dirs(v: View) -> Iterator[Issue]:
+    for key in ("data.tokenizer", "actor_rollout_ref.model.tokenizer_path"):
+        path = v.path(key)
+        if path is not None and not os.path.isdir(path):
+            yield Issue(key, v.get(key), "tokenizer directory does not exist", f"point {key} at a local HF tokenizer dir, or set it to null (= model.path)")
+
+
+def run(v: View) -> Iterator[Issue]:
+    """All model-dependent rules, for every active role; a role's missing model is one issue."""
+    yield from _guard(tokenizer_dirs, v)
+    seen: dict[str, dict[str, Any] | None] = {}
+    for role in active_roles(v):
+        try:
+            cache_key = f"{role.model_path}|{role.override_config}"
+            if cache_key not in seen:
+                hf, issue = read_hf_config(v, role.model_path, role.override_config)
+                seen[cache_key] = hf
+                if issue is not None:
+                    yield issue
+                else:
+                    yield from model_type(v, role, hf)
+            hf = seen[cache_key]
+            if hf is None:
+                continue
+            yield from megatron_shape(v, role, hf)
+            if role is ACTOR:
+                yield from _guard(lengths, v, hf)
+                yield from _guard(rollout_shape, v, hf)
+        except Skip:
+            continue
+
+
+def _guard(rule, *args) -> Iterator[Issue]:
+    try:
+        yield from rule(*args)
+    except Skip:
+        return

@@ -1,0 +1,102 @@
+"""Parallel-layout rules: TP x PP x CP (and EP x ETP) against the world size, and the
+kernels some layouts need."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Iterator
+
+from megarl.config.errors import Issue
+from megarl.config.roles import Role, active_roles
+from megarl.config.view import View
+
+
+def has_module(name: str) -> bool:
+    """Whether `name` is importable (no import is done)."""
+    return importlib.util.find_spec(name) is not None
+
+
+def _world_text(v: View) -> str:
+    return f"world size = trainer.nnodes x trainer.n_gpus_per_node = {v.world_size()}"
+
+
+def layout(v: View, role: Role) -> Iterator[Issue]:
+    m = role.megatron
+    tp = v.get(f"{m}.tensor_model_parallel_size")
+    pp = v.get(f"{m}.pipeline_model_parallel_size")
+    cp = v.get(f"{m}.context_parallel_size")
+    world = v.world_size()
+    if world % (tp * pp * cp) != 0:
+        yield Issue(
+            f"{m}.tensor_model_parallel_size", tp,
+            f"tp={tp} x pp={pp} x cp={cp} = {tp * pp * cp} does not divide the {_world_text(v)}",
+            f"choose {m}.tensor/pipeline/context_parallel_size whose product divides {world}",
+        )
+        return
+    ep = v.get(f"{m}.expert_model_parallel_size")
+    etp = v.get(f"{m}.expert_tensor_parallel_size") or tp
+    if (world // pp) % (ep * etp) != 0:
+        yield Issue(
+            f"{m}.expert_model_parallel_size", ep,
+            f"ep={ep} x expert tp={etp} = {ep * etp} does not divide world / pp = {world // pp} ranks per pipeline stage",
+            f"choose {m}.expert_model_parallel_size and expert_tensor_parallel_size whose product divides {world // pp}",
+        )
+    vpp = v.get(f"{m}.virtual_pipeline_model_parallel_size")
+    if vpp is not None and vpp > 1 and pp == 1:
+        yield Issue(
+            f"{m}.virtual_pipeline_model_parallel_size", vpp,
+            "the interleaved (virtual) pipeline needs pipeline_model_parallel_size > 1",
+            f"set {m}.virtual_pipeline_model_parallel_size=null or raise {m}.pipeline_model_parallel_size",
+        )
+
+
+def kernels(v: View, role: Role) -> Iterator[Issue]:
+    m = role.megatron
+    if v.get(f"{m}.sequence_parallel") and not (has_module("transformer_engine") or has_module("apex")):
+        yield Issue(
+            f"{m}.sequence_parallel", True,
+            "sequence parallelism needs transformer-engine or apex norms (Megatron's torch norm refuses it); neither is installed",
+            f"set {m}.sequence_parallel=false, or install transformer-engine",
+        )
+    cp = v.get(f"{m}.context_parallel_size")
+    if cp > 1 and not has_module("transformer_engine"):
+        yield Issue(
+            f"{m}.context_parallel_size", cp,
+            "context parallelism needs transformer-engine's attention; it is not installed",
+            f"set {m}.context_parallel_size=1, or install transformer-engine",
+        )
+
+
+def dist_checkpoint(v: View, role: Role) -> Iterator[Issue]:
+    m = role.megatron
+    if not v.get(f"{m}.use_dist_checkpointing"):
+        return
+    key = f"{m}.dist_checkpointing_path"
+    path = v.path(key)
+    if path is None or not os.path.isdir(path):
+        yield Issue(
+            key, v.get(key),
+            "use_dist_checkpointing is true but this is not an existing directory",
+            f"point {key} at a Megatron dist checkpoint, or set {m}.use_dist_checkpointing=false",
+        )
+
+
+def rollout_layout(v: View) -> Iterator[Issue]:
+    key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+    tp = v.get(key)
+    if v.world_size() % tp != 0:
+        yield Issue(key, tp, f"vLLM TP must divide the {_world_text(v)}", f"choose {key} dividing {v.world_size()}")
+
+
+ROLE_RULES = (layout, kernels, dist_checkpoint)
+
+
+def run_role_rules(v: View) -> Iterator:
+    """(rule, role) pairs for every active role."""
+    for role in active_roles(v):
+        for rule in ROLE_RULES:
+            yield rule, role
+
+
+RULES = (rollout_layout,)

@@ -1,0 +1,140 @@
+"""Schema of `actor_rollout_ref`: model, actor, reference and vLLM rollout."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from megarl.config import names
+from megarl.config.names import DTYPES, LOAD_FORMATS
+from megarl.config.schema_megatron import (
+    CheckpointConfig,
+    MegatronInferConfig,
+    MegatronTrainConfig,
+    OptimConfig,
+)
+from megarl.config.spec import spec
+
+
+@dataclass
+class ModelConfig:
+    path: str = spec(path=True)
+    tokenizer_path: str | None = spec(path=True)
+    trust_remote_code: bool = spec()
+    override_config: dict[str, Any] = spec()
+    enable_gradient_checkpointing: bool = spec()
+    use_remove_padding: bool = spec()
+
+
+@dataclass
+class PolicyLossConfig:
+    loss_mode: str = spec(choices=names.policy_losses)
+    clip_cov_ratio: float = spec(gt=0, le=1)
+    clip_cov_lb: float = spec()
+    clip_cov_ub: float = spec()
+    kl_cov_ratio: float = spec(gt=0, le=1)
+    ppo_kl_coef: float = spec(ge=0)
+
+
+@dataclass
+class ActorConfig:
+    strategy: Literal["megatron"] = spec(note="megarl trains with Megatron-Core only (no FSDP)")
+    ppo_mini_batch_size: int = spec(ge=1)
+    ppo_micro_batch_size_per_gpu: int | None = spec(ge=1)
+    use_dynamic_bsz: bool = spec()
+    ppo_max_token_len_per_gpu: int = spec(ge=1)
+    grad_clip: float = spec(gt=0)
+    clip_ratio: float = spec(gt=0)
+    clip_ratio_low: float | None = spec(gt=0)
+    clip_ratio_high: float | None = spec(gt=0)
+    clip_ratio_c: float = spec(gt=1)
+    policy_loss: PolicyLossConfig = spec()
+    loss_agg_mode: str = spec(choices=names.loss_agg_modes)
+    loss_scale_factor: float | None = spec(gt=0)
+    entropy_coeff: float = spec(ge=0)
+    use_kl_loss: bool = spec()
+    kl_loss_coef: float = spec(ge=0)
+    kl_loss_type: str = spec(choices=names.kl_penalties)
+    ppo_epochs: int = spec(ge=1)
+    shuffle: bool = spec()
+    data_loader_seed: int = spec(ge=0)
+    optim: OptimConfig = spec()
+    checkpoint: CheckpointConfig = spec()
+    megatron: MegatronTrainConfig = spec()
+
+
+@dataclass
+class RefConfig:
+    log_prob_micro_batch_size_per_gpu: int | None = spec(ge=1)
+    log_prob_use_dynamic_bsz: bool = spec()
+    log_prob_max_token_len_per_gpu: int = spec(ge=1)
+    megatron: MegatronInferConfig = spec()
+
+
+@dataclass
+class EngineKwargs:
+    vllm: dict[str, Any] = spec()
+
+
+@dataclass
+class ValKwargs:
+    top_k: int = spec(ge=-1)
+    top_p: float = spec(gt=0, le=1)
+    temperature: float = spec(ge=0)
+    n: int = spec(ge=1)
+    do_sample: bool = spec()
+
+
+@dataclass
+class MultiTurnConfig:
+    enable: bool = spec()
+    max_assistant_turns: int | None = spec(ge=1)
+    max_user_turns: int | None = spec(ge=1)
+    tool_config_path: str | None = spec(path=True)
+
+
+@dataclass
+class WeightSyncConfig:
+    bucket_size_mb: int = spec(ge=1)
+    integrity_check: bool = spec()
+
+
+@dataclass
+class RolloutConfig:
+    name: Literal["vllm"] = spec(note="megarl generates with vLLM only (no sglang/hf rollout)")
+    mode: Literal["sync"] = spec(note="megarl drives vLLM through the synchronous LLM API only")
+    temperature: float = spec(gt=0)
+    top_k: int = spec(ge=-1)
+    top_p: float = spec(gt=0, le=1)
+    prompt_length: int = spec(ge=1)
+    response_length: int = spec(ge=1)
+    dtype: str = spec(choices=DTYPES)
+    gpu_memory_utilization: float = spec(gt=0, le=1)
+    ignore_eos: bool = spec()
+    enforce_eager: bool = spec()
+    free_cache_engine: bool = spec()
+    load_format: str = spec(choices=LOAD_FORMATS)
+    tensor_model_parallel_size: int = spec(ge=1)
+    max_num_batched_tokens: int = spec(ge=1)
+    max_model_len: int | None = spec(ge=1)
+    max_num_seqs: int = spec(ge=1)
+    enable_chunked_prefill: bool = spec()
+    do_sample: bool = spec()
+    n: int = spec(ge=1)
+    calculate_log_probs: bool = spec()
+    log_prob_micro_batch_size_per_gpu: int | None = spec(ge=1)
+    log_prob_use_dynamic_bsz: bool = spec()
+    log_prob_max_token_len_per_gpu: int = spec(ge=1)
+    engine_kwargs: EngineKwargs = spec()
+    val_kwargs: ValKwargs = spec()
+    multi_turn: MultiTurnConfig = spec()
+    weight_sync: WeightSyncConfig = spec()
+
+
+@dataclass
+class ActorRolloutRefConfig:
+    hybrid_engine: Literal[True] = spec(note="megarl colocates actor, reference and rollout (hybrid engine) only")
+    model: ModelConfig = spec()
+    actor: ActorConfig = spec()
+    ref: RefConfig = spec()
+    rollout: RolloutConfig = spec()

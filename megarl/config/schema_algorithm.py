@@ -1,0 +1,51 @@
+"""Schema of `algorithm`: advantage estimator, KL in reward, group filter, rollout correction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from megarl.config import names
+from megarl.config.names import FILTER_GROUP_METRICS, ROLLOUT_IS_LEVELS, ROLLOUT_RS_LEVELS
+from megarl.config.spec import spec
+
+
+@dataclass
+class KLCtrlConfig:
+    type: str = spec(choices=names.kl_ctrl_types)
+    kl_coef: float = spec(ge=0)
+    horizon: int = spec(gt=0)
+    target_kl: float = spec(gt=0)
+
+
+@dataclass
+class FilterGroupsConfig:
+    enable: bool = spec()
+    metric: str = spec(choices=FILTER_GROUP_METRICS)
+    max_num_gen_batches: int = spec(ge=0)
+
+
+@dataclass
+class RolloutCorrectionConfig:
+    rollout_is: str | None = spec(choices=ROLLOUT_IS_LEVELS)
+    rollout_is_threshold: float = spec(gt=0)
+    rollout_is_batch_normalize: bool = spec()
+    rollout_rs: str | None = spec(choices=ROLLOUT_RS_LEVELS)
+    rollout_rs_threshold: float | None = spec(gt=0)
+    rollout_rs_threshold_lower: float | None = spec(gt=0)
+    rollout_token_veto_threshold: float | None = spec(gt=0)
+    bypass_mode: bool = spec()
+
+
+@dataclass
+class AlgorithmConfig:
+    gamma: float = spec(ge=0, le=1)
+    lam: float = spec(ge=0, le=1)
+    adv_estimator: str = spec(choices=names.adv_estimators)
+    norm_adv_by_std_in_grpo: bool = spec()
+    gdpo_reward_keys: list[str] | None = spec()
+    gdpo_reward_weights: list[float] | None = spec()
+    use_kl_in_reward: bool = spec()
+    kl_penalty: str = spec(choices=names.kl_penalties)
+    kl_ctrl: KLCtrlConfig = spec()
+    filter_groups: FilterGroupsConfig = spec()
+    rollout_correction: RolloutCorrectionConfig = spec()

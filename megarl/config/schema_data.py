@@ -1,0 +1,46 @@
+"""Schema of `data`: dataset files, prompt columns, lengths, batch size."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from megarl.config.names import TRUNCATIONS
+from megarl.config.spec import spec
+
+
+@dataclass
+class ClassRef:
+    """A class loaded from a python file (`data.custom_cls`)."""
+
+    path: str | None = spec(path=True)
+    name: str | None = spec()
+
+
+@dataclass
+class SamplerRef:
+    """A sampler class loaded from a python file (`data.sampler`)."""
+
+    class_path: str | None = spec(path=True)
+    class_name: str | None = spec()
+
+
+@dataclass
+class DataConfig:
+    tokenizer: str | None = spec(path=True)
+    train_files: str | list[str] = spec(path=True)
+    val_files: str | list[str] = spec(path=True)
+    prompt_key: str = spec()
+    reward_fn_key: str = spec()
+    max_prompt_length: int = spec(ge=1)
+    max_response_length: int = spec(ge=1)
+    train_batch_size: int = spec(ge=1)
+    val_batch_size: int | None = spec(ge=1)
+    return_raw_input_ids: bool = spec()
+    return_raw_chat: bool = spec()
+    return_full_prompt: bool = spec()
+    shuffle: bool = spec()
+    seed: int = spec(ge=0)
+    filter_overlong_prompts: bool = spec()
+    truncation: str = spec(choices=TRUNCATIONS)
+    custom_cls: ClassRef = spec()
+    sampler: SamplerRef = spec()

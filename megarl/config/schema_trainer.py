@@ -1,0 +1,39 @@
+"""Schema of `trainer` (loop, logging, checkpoints, cluster size) and `ray_init`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from megarl.config.names import DEVICES, LOGGERS, RESUME_MODES
+from megarl.config.spec import spec
+
+
+@dataclass
+class TrainerConfig:
+    total_epochs: int = spec(ge=1)
+    total_training_steps: int | None = spec(ge=1)
+    project_name: str = spec()
+    experiment_name: str = spec()
+    logger: str | list[str] = spec(choices=LOGGERS)
+    log_val_generations: int = spec(ge=0)
+    rollout_data_dir: str | None = spec(path=True)
+    validation_data_dir: str | None = spec(path=True)
+    nnodes: int = spec(ge=1)
+    n_gpus_per_node: int = spec(ge=1)
+    device: str = spec(choices=DEVICES)
+    save_freq: int = spec()
+    resume_mode: str = spec(choices=RESUME_MODES)
+    resume_from_path: str | None = spec(path=True)
+    val_before_train: bool = spec()
+    test_freq: int = spec()
+    critic_warmup: int = spec(ge=0)
+    default_local_dir: str = spec(path=True)
+    max_actor_ckpt_to_keep: int | None = spec(ge=1)
+    max_critic_ckpt_to_keep: int | None = spec(ge=1)
+    balance_batch: bool = spec()
+
+
+@dataclass
+class RayInitConfig:
+    num_cpus: int | None = spec(ge=1)
+    timeline_json_file: str | None = spec(path=True)

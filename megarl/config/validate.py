@@ -1,0 +1,66 @@
+"""`validate_config`: the schema check plus every cross-key rule, all issues at once."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+
+from omegaconf import DictConfig
+
+from megarl.config import rules_algo, rules_batch, rules_model, rules_parallel, rules_trainer
+from megarl.config.errors import ConfigError, Issue
+from megarl.config.schema import MegaRLConfig
+from megarl.config.view import Skip, View
+from megarl.config.walk import check_tree
+
+Rule = Callable[[View], Iterable[Issue]]
+RULES: tuple[Rule, ...] = (
+    *rules_batch.RULES,
+    *rules_parallel.RULES,
+    *rules_algo.RULES,
+    *rules_trainer.RULES,
+    rules_model.run,
+)
+
+
+def _run(rule: Callable[..., Iterable[Issue]], *args) -> Iterator[Issue]:
+    try:
+        yield from rule(*args)
+    except Skip:  # needs a key that is already reported
+        return
+
+
+def check_schema(cfg: DictConfig) -> list[Issue]:
+    """Only the per-key checks (unknown/missing keys, types, ranges, names); no files read."""
+    return check_tree(cfg, MegaRLConfig)[0]
+
+
+def collect_issues(cfg: DictConfig) -> list[Issue]:
+    """Every problem of `cfg` (empty list = valid)."""
+    issues, bad = check_tree(cfg, MegaRLConfig)
+    v = View(cfg, bad)
+    for rule in RULES:
+        issues += _run(rule, v)
+    try:
+        pairs = list(rules_parallel.run_role_rules(v))
+    except Skip:
+        pairs = []
+    for rule, role in pairs:
+        issues += _run(rule, v, role)
+    return _dedupe(issues)
+
+
+def _dedupe(issues: list[Issue]) -> list[Issue]:
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for issue in issues:
+        if (issue.key, issue.problem) not in seen:
+            seen.add((issue.key, issue.problem))
+            out.append(issue)
+    return out
+
+
+def validate_config(cfg: DictConfig) -> None:
+    """Raise `ConfigError` listing every problem of `cfg` (full dotted key, value, fix)."""
+    issues = collect_issues(cfg)
+    if issues:
+        raise ConfigError(issues)
