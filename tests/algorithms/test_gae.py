@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from megarl.algorithms import gae_advantages_returns, get_adv_estimator, masked_whiten
-from megarl.algorithms.gae import discounted_returns, reverse_linear_scan
+from megarl.algorithms.gae import discounted_returns, reverse_discounted_cumsum
 
 
 def loop_gae(rewards, values, mask, gamma, lam):
@@ -81,9 +81,20 @@ def test_registered_gae_whitens_raw_advantages():
         get_adv_estimator("gae")(rewards, mask)
 
 
-def test_scan_and_discounted_returns():
-    x = reverse_linear_scan(torch.tensor([0.5, 0.5, 0.5]), torch.tensor([1.0, 2.0, 4.0]))
-    assert torch.allclose(x, torch.tensor([1 + 0.5 * (2 + 0.5 * 4), 2 + 0.5 * 4, 4.0]))
+@pytest.mark.parametrize("T", [1, 3, 64, 65, 200])
+@pytest.mark.parametrize("c", [0.0, 0.5, 0.99, 1.0])
+def test_reverse_discounted_cumsum_against_loop(T, c):
+    torch.manual_seed(T)
+    x = torch.randn(3, T)
+    expect = torch.zeros_like(x)
+    acc = torch.zeros(3)
+    for t in reversed(range(T)):
+        acc = x[:, t] + c * acc
+        expect[:, t] = acc
+    assert torch.allclose(reverse_discounted_cumsum(x, c), expect, atol=1e-4)
+
+
+def test_discounted_returns_skip_masked():
     g = discounted_returns(torch.tensor([[1.0, 7.0, 2.0, 4.0]]), torch.tensor([[1, 0, 1, 1]]), 0.5)
     # masked reward 7 is skipped; discount runs over valid tokens only
     assert torch.allclose(g, torch.tensor([[1 + 0.5 * (2 + 0.5 * 4), 0.0, 2 + 0.5 * 4, 4.0]]))
