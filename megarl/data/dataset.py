@@ -1,0 +1,156 @@
+"""The RL prompt dataset: verl-style parquet rows -> left-padded prompt tensors.
+
+Each row holds a chat (``data.prompt_key``: a list of ``{role, content}`` messages) plus
+whatever the reward needs (``reward_model.ground_truth``, ``extra_info``, ...). An item is
+a dict of
+
+* tensors ``input_ids``, ``attention_mask``, ``position_ids`` — ``[P]`` with
+  P = ``data.max_prompt_length``, left-padded (pads have mask 0, position 0);
+* non-tensors: every other column of the row, ``data_source`` (copied from the column
+  ``data.reward_fn_key``), ``extra_info`` (a dict that always has ``index``, the row's
+  position in the dataset), ``raw_prompt`` (the chat, when ``data.return_raw_chat``) and
+  ``full_prompts`` (the templated text, when ``data.return_full_prompt``).
+
+Data config keys read: prompt_key, max_prompt_length, truncation, filter_overlong_prompts,
+return_raw_chat, return_full_prompt, reward_fn_key.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Mapping, Sequence
+
+import torch
+from torch.utils.data import Dataset
+from transformers import PreTrainedTokenizerBase
+
+from megarl.data.errors import DataError
+from megarl.data.parquet_io import read_parquet_rows
+from megarl.data.truncation import TRUNCATION_MODES, PromptTooLong, truncate_prompt
+
+logger = logging.getLogger(__name__)
+
+
+def _cfg(config: Mapping[str, Any], key: str, default: Any) -> Any:
+    value = config.get(key, default)
+    return default if value is None and default is not None else value
+
+
+def left_pad(token_ids: Sequence[int], length: int, pad_token_id: int) -> dict[str, torch.Tensor]:
+    """``input_ids``/``attention_mask``/``position_ids`` of shape ``[length]``, pads on the left.
+
+    Positions count real tokens from 0; pad positions are 0.
+    """
+    num_pad = length - len(token_ids)
+    if num_pad < 0:
+        raise ValueError(f"{len(token_ids)} tokens do not fit in length {length}")
+    input_ids = torch.tensor([pad_token_id] * num_pad + list(token_ids), dtype=torch.long)
+    attention_mask = torch.cat([torch.zeros(num_pad, dtype=torch.long), torch.ones(len(token_ids), dtype=torch.long)])
+    position_ids = torch.clamp(torch.cumsum(attention_mask, dim=0) - 1, min=0)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+
+
+class RLDataset(Dataset):
+    """Prompts from one or more parquet files (see module docstring for item layout)."""
+
+    def __init__(self, data_files: Sequence[str], tokenizer: PreTrainedTokenizerBase, config: Mapping[str, Any]):
+        self.tokenizer = tokenizer
+        self.prompt_key: str = _cfg(config, "prompt_key", "prompt")
+        self.max_prompt_length: int = int(_cfg(config, "max_prompt_length", 512))
+        self.truncation: str = _cfg(config, "truncation", "error")
+        self.return_raw_chat: bool = bool(_cfg(config, "return_raw_chat", False))
+        self.return_full_prompt: bool = bool(_cfg(config, "return_full_prompt", False))
+        self.reward_fn_key: str = _cfg(config, "reward_fn_key", "data_source")
+        filter_overlong: bool = bool(_cfg(config, "filter_overlong_prompts", False))
+
+        if self.truncation not in TRUNCATION_MODES:
+            raise DataError(f"data.truncation must be one of {TRUNCATION_MODES}, got {self.truncation!r}")
+        if self.max_prompt_length <= 0:
+            raise DataError(f"data.max_prompt_length must be positive, got {self.max_prompt_length}")
+        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        if self.pad_token_id is None:
+            raise DataError("the tokenizer has neither a pad nor an eos token; cannot left-pad prompts")
+
+        # rows[i] came from origins[i] = (file, row index in that file)
+        self.rows: list[dict[str, Any]] = []
+        self.origins: list[tuple[str, int]] = []
+        for path in data_files:
+            for row_index, row in enumerate(read_parquet_rows(path, [self.prompt_key, self.reward_fn_key])):
+                self._check_row(row, path, row_index)
+                self.rows.append(row)
+                self.origins.append((path, row_index))
+
+        if filter_overlong:
+            kept = [i for i in range(len(self.rows)) if len(self.prompt_token_ids(i)) <= self.max_prompt_length]
+            dropped = len(self.rows) - len(kept)
+            logger.warning(
+                "data.filter_overlong_prompts: dropped %d of %d rows longer than %d tokens",
+                dropped, len(self.rows), self.max_prompt_length,
+            )
+            self.rows = [self.rows[i] for i in kept]
+            self.origins = [self.origins[i] for i in kept]
+            if not self.rows:
+                raise DataError(
+                    f"data.filter_overlong_prompts dropped every row of {list(data_files)}: "
+                    f"all prompts exceed data.max_prompt_length={self.max_prompt_length}"
+                )
+
+    def _check_row(self, row: Mapping[str, Any], path: str, row_index: int) -> None:
+        messages = row.get(self.prompt_key)
+        if not isinstance(messages, list) or not messages:
+            raise DataError(
+                f"expected a non-empty list of chat messages, got {type(messages).__name__}",
+                file=path, row=row_index, column=self.prompt_key,
+            )
+        for message in messages:
+            if not isinstance(message, dict) or not isinstance(message.get("role"), str) or not isinstance(
+                message.get("content"), str
+            ):
+                raise DataError(
+                    f"each message must be a dict with string 'role' and 'content', got {message!r}",
+                    file=path, row=row_index, column=self.prompt_key,
+                )
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def chat_text(self, index: int) -> str:
+        """Row ``index``'s chat rendered by the tokenizer's chat template, generation prompt added."""
+        try:
+            return self.tokenizer.apply_chat_template(
+                self.rows[index][self.prompt_key], add_generation_prompt=True, tokenize=False
+            )
+        except Exception as exc:  # template errors are data errors: say which row
+            path, row_index = self.origins[index]
+            raise DataError(f"chat template failed: {exc}", file=path, row=row_index, column=self.prompt_key) from None
+
+    def prompt_token_ids(self, index: int) -> list[int]:
+        """Token ids of :meth:`chat_text` (no truncation)."""
+        return self.tokenizer(self.chat_text(index), add_special_tokens=False)["input_ids"]
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        row = self.rows[index]
+        path, row_index = self.origins[index]
+        full_prompt = self.chat_text(index)
+        token_ids = self.tokenizer(full_prompt, add_special_tokens=False)["input_ids"]
+        try:
+            token_ids = truncate_prompt(token_ids, self.max_prompt_length, self.truncation)
+        except PromptTooLong as exc:
+            raise DataError(
+                f"{exc}; set data.truncation to left/right/middle or data.filter_overlong_prompts=True",
+                file=path, row=row_index, column=self.prompt_key,
+            ) from None
+
+        item: dict[str, Any] = dict(left_pad(token_ids, self.max_prompt_length, self.pad_token_id))
+        for key, value in row.items():
+            if key != self.prompt_key:
+                item[key] = value
+        item["data_source"] = row[self.reward_fn_key]
+        extra_info = dict(row.get("extra_info") or {})
+        extra_info.setdefault("index", index)
+        item["extra_info"] = extra_info
+        if self.return_raw_chat:
+            item["raw_prompt"] = row[self.prompt_key]
+        if self.return_full_prompt:
+            item["full_prompts"] = full_prompt
+        return item

@@ -1,0 +1,142 @@
+"""The embedded demo: where its assets live and how they are built on first use.
+
+Assets under ``demo_dir()`` (env ``MEGARL_DEMO_DIR``, default ``~/.cache/megarl/demo``):
+
+* ``model/``        — tiny Qwen2 model (``demo_model``) + its tokenizer (``demo_tokenizer``),
+* ``train.parquet`` — ``TRAIN_ROWS`` rows of the "largest digit" task (``demo_data``),
+* ``val.parquet``   — ``VAL_ROWS`` rows.
+
+``ensure_demo_assets(cfg)`` builds the missing ones among those the config points at.
+Paths outside the demo dir belong to the user and are never written. Every asset is
+built in a temporary path in the demo dir and renamed into place, so two processes
+building at once both end with one complete copy.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+from megarl.data.demo_data import generate_rows, write_rows_parquet
+
+logger = logging.getLogger(__name__)
+
+DEMO_DIR_ENV = "MEGARL_DEMO_DIR"
+DEFAULT_DEMO_DIR = "~/.cache/megarl/demo"
+MODEL_NAME = "model"
+TRAIN_NAME = "train.parquet"
+VAL_NAME = "val.parquet"
+TRAIN_ROWS = 1024
+VAL_ROWS = 64
+DATA_SEED = 0
+
+# Config keys that may name a demo asset (dotted paths; absent keys are skipped).
+ASSET_KEYS = (
+    "data.train_files",
+    "data.val_files",
+    "data.tokenizer",
+    "actor_rollout_ref.model.path",
+    "actor_rollout_ref.model.tokenizer_path",
+    "critic.model.path",
+    "critic.model.tokenizer_path",
+)
+
+
+def demo_dir() -> Path:
+    """The demo cache directory (``$MEGARL_DEMO_DIR`` or ``~/.cache/megarl/demo``), absolute."""
+    return Path(os.path.expanduser(os.environ.get(DEMO_DIR_ENV) or DEFAULT_DEMO_DIR)).resolve()
+
+
+def _select(cfg: Any, dotted_key: str) -> Any:
+    """``cfg.a.b.c`` for a DictConfig or nested dict; None when any part is missing."""
+    node = cfg
+    for part in dotted_key.split("."):
+        try:
+            node = node[part] if part in node else None
+        except TypeError:
+            return None
+        if node is None:
+            return None
+    return node
+
+
+def _as_paths(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, (str, os.PathLike)):
+        return [os.fspath(value)]
+    return [os.fspath(v) for v in value]
+
+
+def _build_model_dir(target: Path) -> None:
+    from megarl.data.demo_model import build_demo_model
+    from megarl.data.demo_tokenizer import build_demo_tokenizer
+
+    tokenizer = build_demo_tokenizer()
+    model = build_demo_model(tokenizer)
+    model.save_pretrained(target, safe_serialization=True)
+    tokenizer.save_pretrained(target)
+
+
+def _build_split(split: str, num_rows: int) -> Callable[[Path], None]:
+    def build(target: Path) -> None:
+        write_rows_parquet(generate_rows(split, num_rows, DATA_SEED), target)
+
+    return build
+
+
+BUILDERS: dict[str, Callable[[Path], None]] = {
+    MODEL_NAME: _build_model_dir,
+    TRAIN_NAME: _build_split("train", TRAIN_ROWS),
+    VAL_NAME: _build_split("val", VAL_ROWS),
+}
+
+
+def build_asset(name: str, root: Path | None = None) -> Path:
+    """Build asset ``name`` under ``root`` (default ``demo_dir()``) unless it exists; return its path."""
+    root = root or demo_dir()
+    target = root / name
+    if target.exists():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))
+    try:
+        staged = tmp / name
+        if name == MODEL_NAME:
+            staged.mkdir()
+        BUILDERS[name](staged)
+        try:
+            os.rename(staged, target)  # atomic; fails if another process won the race
+        except OSError:
+            if not target.exists():
+                raise
+        logger.info("built demo asset %s", target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def ensure_demo_assets(cfg: Any) -> list[Path]:
+    """Build the demo assets that ``cfg`` points at and that are missing; return those built-or-present.
+
+    A path under ``demo_dir()`` that is not a demo asset raises ValueError naming the key.
+    """
+    root = demo_dir()
+    needed: dict[str, str] = {}
+    for key in ASSET_KEYS:
+        for raw in _as_paths(_select(cfg, key)):
+            path = Path(os.path.expanduser(raw)).resolve()
+            if path != root and root not in path.parents:
+                continue  # the user's own file: never touched
+            name = path.relative_to(root).as_posix()
+            if name not in BUILDERS:
+                raise ValueError(
+                    f"{key}={raw!r} lies in the demo dir {root} but is not a demo asset "
+                    f"(known: {sorted(BUILDERS)}); point it elsewhere or at one of those"
+                )
+            needed.setdefault(name, key)
+    return [build_asset(name, root) for name in sorted(needed)]
