@@ -1,1 +1,129 @@
+"""Megatron-Core GPT models built from HF configs, and HF weight conversion.
 
+Forward contract of every chunk ``m`` returned by :func:`build_model` (a megatron
+``GPTModel``)::
+
+    out = m(input_ids,            # [b, s] int64 (first pipeline chunk; else None and
+                                  #   the chunk takes its input via set_input_tensor)
+            position_ids,         # [b, s] int64, e.g. (cumsum(attention_mask) - 1).clamp(min=0)
+            attention_mask)       # [b, 1, 1, s] or [b, 1, s, s] bool, True = masked OUT
+                                  #   (see attention_mask_for_megatron); causal is implied
+
+    last chunk, actor:   out = logits [b, s, V_pad / tp] (this TP rank's vocab shard,
+                         fp32/bf16); columns >= hf vocab_size hold a large negative value
+    last chunk, critic:  out = values [b, s, 1]
+    other chunks:        out = hidden states [s, b, h]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from megatron.core import parallel_state
+from megatron.core.models.gpt import GPTModel
+
+from megarl.models.config import gpt_model_kwargs, hf_to_transformer_config
+from megarl.models.spec import get_layer_spec, have_transformer_engine
+from megarl.models.value_head import ValueHead
+from megarl.models.weights import export_hf_weights, load_hf_weights, save_hf_checkpoint, unwrap_chunk
+
+__all__ = [
+    "build_model",
+    "load_hf_weights",
+    "export_hf_weights",
+    "save_hf_checkpoint",
+    "attention_mask_for_megatron",
+    "unwrap_chunk",
+]
+
+
+def attention_mask_for_megatron(attention_mask: torch.Tensor) -> torch.Tensor:
+    """HF padding mask ``[b, s]`` (1 = token) -> megatron mask ``[b, 1, 1, s]`` (True = masked).
+
+    The causal part is added by the core attention; pass the result as the chunk's
+    ``attention_mask`` argument.
+    """
+    return (attention_mask == 0)[:, None, None, :]
+
+
+def _mask_padded_vocab(vocab_size: int):
+    """Forward hook on the LM head: logits of padded vocab rows -> finfo.min / 2.
+
+    Megatron needs the vocab divisible by TP; the padding rows must never get
+    probability mass. Half of finfo.min keeps ``logits - max`` finite (no inf/NaN in
+    log-softmax or entropy).
+    """
+
+    def hook(module, inputs, output):
+        logits, bias = output
+        local = logits.shape[-1]
+        tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        full = local * parallel_state.get_tensor_model_parallel_world_size()
+        start = 0 if local == full else tp_rank * local  # gathered output starts at 0
+        ids = torch.arange(start, start + local, device=logits.device)
+        fill = torch.finfo(logits.dtype).min / 2
+        return logits.masked_fill(ids >= vocab_size, fill), bias
+
+    return hook
+
+
+def build_model(
+    hf_config,
+    megatron_cfg: Mapping[str, Any] | None,
+    *,
+    value_head: bool = False,
+    device: str | torch.device,
+    dtype: torch.dtype | None = None,
+) -> list[torch.nn.Module]:
+    """This rank's GPTModel chunks (one per virtual pipeline stage), randomly initialised.
+
+    Needs ``megarl.parallel.init_distributed`` first. ``pre_process``/``post_process`` of
+    each chunk come from parallel_state (first/last virtual stage). Load weights with
+    :func:`load_hf_weights`.
+
+    Args:
+        hf_config: transformers ``PretrainedConfig`` (llama, mistral, qwen2, qwen3, qwen3_moe).
+        megatron_cfg: verl-style ``megatron`` node (``sequence_parallel``,
+            ``override_transformer_config``; sizes come from parallel_state).
+        value_head: critic: the last chunk's output layer maps hidden -> 1 value per token
+            (``[b, s, 1]``), never tied to the embedding.
+        device: ``"cpu"`` or ``"cuda"``; local layer spec + SDPA attention unless CUDA
+            with transformer-engine installed.
+        dtype: parameter dtype; default float32 on CPU, bfloat16 on CUDA.
+    """
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if dtype is None:
+        dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    config = hf_to_transformer_config(hf_config, megatron_cfg, device=device, dtype=dtype)
+    spec = get_layer_spec(
+        config,
+        use_te=device.type == "cuda" and have_transformer_engine(),
+        num_experts=config.num_moe_experts,
+    )
+    model_kwargs = gpt_model_kwargs(hf_config, value_head=value_head)
+    vpp = parallel_state.get_virtual_pipeline_model_parallel_world_size()
+    chunks: list[torch.nn.Module] = []
+    for vp_stage in range(vpp or 1):
+        stage = vp_stage if vpp is not None else None
+        pre_process = parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=stage)
+        post_process = parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=stage)
+        model = GPTModel(
+            config=config,
+            transformer_layer_spec=spec,
+            pre_process=pre_process,
+            post_process=post_process,
+            parallel_output=True,
+            vp_stage=stage,
+            **model_kwargs,
+        )
+        if post_process and value_head:
+            model.output_layer = ValueHead(config)
+        elif post_process and model_kwargs["vocab_size"] != hf_config.vocab_size:
+            model.output_layer.register_forward_hook(_mask_padded_vocab(hf_config.vocab_size))
+        model.megarl_meta = {"hf_config": hf_config, "value_head": value_head}
+        chunks.append(model.to(device))
+    return chunks

@@ -1,0 +1,172 @@
+"""HF ``PretrainedConfig`` -> megatron ``TransformerConfig`` (+ GPTModel arguments).
+
+Supported ``model_type``: llama, mistral (no sliding window), qwen2 (QKV bias), qwen3
+(QK RMSNorm), qwen3_moe (all layers MoE, softmax top-k router).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from megatron.core import parallel_state
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+__all__ = ["SUPPORTED_MODEL_TYPES", "hf_to_transformer_config", "gpt_model_kwargs", "padded_vocab_size"]
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe")
+_DTYPE_FLAGS = {torch.float32: {}, torch.bfloat16: {"bf16": True}, torch.float16: {"fp16": True}}
+
+
+def _check_supported(hf_config) -> str:
+    model_type = getattr(hf_config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(
+            f"model_type {model_type!r} (actor_rollout_ref.model.path config.json) is not "
+            f"supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    if getattr(hf_config, "hidden_act", "silu") != "silu":
+        raise ValueError(f"hidden_act {hf_config.hidden_act!r} is not supported (only silu)")
+    if model_type == "mistral" and getattr(hf_config, "sliding_window", None):
+        raise ValueError("mistral sliding_window attention is not supported; set it to null")
+    if model_type == "qwen3_moe":
+        if getattr(hf_config, "mlp_only_layers", None) or getattr(hf_config, "decoder_sparse_step", 1) != 1:
+            raise ValueError("qwen3_moe with dense layers (mlp_only_layers/decoder_sparse_step) is not supported")
+    return model_type
+
+
+def _rope_kwargs(hf_config) -> dict[str, Any]:
+    # transformers >= 5 keeps theta and scaling in `rope_parameters`; 4.x in
+    # `rope_theta` / `rope_scaling`.
+    params = dict(getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {})
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    theta = params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+    kwargs: dict[str, Any] = {"rotary_base": float(theta), "rope_scaling": False}
+    if rope_type == "default":
+        return kwargs
+    if rope_type == "llama3" and (
+        params.get("low_freq_factor", 1) == 1
+        and params.get("high_freq_factor", 4) == 4
+        and params.get("original_max_position_embeddings", 8192) == 8192
+    ):
+        return {**kwargs, "rope_scaling": True, "rope_scaling_factor": float(params["factor"])}
+    raise ValueError(f"rope scaling {params!r} is not supported (default, or llama3 with 1/4/8192)")
+
+
+def _num_experts(hf_config) -> int:
+    return getattr(hf_config, "num_experts", None) or hf_config.num_local_experts
+
+
+def padded_vocab_size(vocab_size: int, tp_size: int) -> int:
+    """Smallest multiple of ``tp_size`` >= ``vocab_size`` (megatron splits the vocab evenly).
+
+    Rows past ``vocab_size`` exist only in megatron; their logits are masked by the
+    model (see ``megarl.models.build_model``) and they are never exported.
+    """
+    return -(-vocab_size // tp_size) * tp_size
+
+
+def gpt_model_kwargs(hf_config, *, value_head: bool = False) -> dict[str, Any]:
+    """GPTModel constructor arguments that come from the HF config (not the layer config)."""
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    return {
+        "vocab_size": padded_vocab_size(hf_config.vocab_size, tp),
+        "max_sequence_length": hf_config.max_position_embeddings,
+        "position_embedding_type": "rope",
+        # A critic has its own value head; the LM head is never tied there.
+        "share_embeddings_and_output_weights": bool(getattr(hf_config, "tie_word_embeddings", False))
+        and not value_head,
+        **_rope_kwargs(hf_config),
+    }
+
+
+def hf_to_transformer_config(
+    hf_config,
+    megatron_cfg: Mapping[str, Any] | None,
+    *,
+    device: str | torch.device,
+    dtype: torch.dtype,
+) -> TransformerConfig:
+    """Megatron TransformerConfig for ``hf_config`` under the current parallel state.
+
+    Parallel sizes come from ``megatron.core.parallel_state`` (set by
+    ``megarl.parallel.init_distributed``); ``megatron_cfg.sequence_parallel`` and
+    ``megatron_cfg.override_transformer_config`` (a dict of TransformerConfig fields,
+    applied last) are read from the verl-style ``megatron`` node.
+
+    Raises:
+        ValueError: unsupported architecture, or an unknown override key.
+    """
+    model_type = _check_supported(hf_config)
+    megatron_cfg = megatron_cfg if megatron_cfg is not None else {}
+    on_cpu = torch.device(device).type == "cpu"
+    if dtype not in _DTYPE_FLAGS:
+        raise ValueError(f"dtype {dtype} is not supported (float32, bfloat16, float16)")
+    num_heads = hf_config.num_attention_heads
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads
+
+    kwargs: dict[str, Any] = dict(
+        num_layers=hf_config.num_hidden_layers,
+        hidden_size=hf_config.hidden_size,
+        ffn_hidden_size=hf_config.intermediate_size,
+        num_attention_heads=num_heads,
+        num_query_groups=getattr(hf_config, "num_key_value_heads", None) or num_heads,
+        kv_channels=head_dim,
+        normalization="RMSNorm",
+        layernorm_epsilon=hf_config.rms_norm_eps,
+        activation_func=F.silu,
+        gated_linear_unit=True,
+        add_bias_linear=False,
+        add_qkv_bias=model_type == "qwen2" or bool(getattr(hf_config, "attention_bias", False)),
+        qk_layernorm=model_type in ("qwen3", "qwen3_moe"),
+        hidden_dropout=float(getattr(hf_config, "hidden_dropout", 0.0)),
+        attention_dropout=float(getattr(hf_config, "attention_dropout", 0.0)),
+        init_method_std=float(getattr(hf_config, "initializer_range", 0.02)),
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        **_DTYPE_FLAGS[dtype],
+        # Unfused paths: the fused kernels need CUDA/apex/TE.
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        persist_layer_norm=False,
+        use_cpu_initialization=on_cpu,
+        tensor_model_parallel_size=parallel_state.get_tensor_model_parallel_world_size(),
+        pipeline_model_parallel_size=parallel_state.get_pipeline_model_parallel_world_size(),
+        virtual_pipeline_model_parallel_size=parallel_state.get_virtual_pipeline_model_parallel_world_size(),
+        context_parallel_size=parallel_state.get_context_parallel_world_size(),
+        expert_model_parallel_size=parallel_state.get_expert_model_parallel_world_size(),
+        expert_tensor_parallel_size=parallel_state.get_expert_tensor_parallel_world_size(),
+        sequence_parallel=bool(megatron_cfg.get("sequence_parallel", False)),
+    )
+    if model_type == "qwen3_moe":
+        kwargs.update(
+            num_moe_experts=_num_experts(hf_config),
+            moe_router_topk=hf_config.num_experts_per_tok,
+            moe_ffn_hidden_size=hf_config.moe_intermediate_size,
+            # HF: softmax over all experts, top-k, renormalise iff norm_topk_prob.
+            # megatron: pre_softmax=False is top-k then softmax over the k (= renormalised).
+            moe_router_pre_softmax=not bool(getattr(hf_config, "norm_topk_prob", True)),
+            moe_router_score_function="softmax",
+            moe_router_load_balancing_type="none",
+            moe_grouped_gemm=False,
+            # The alltoall dispatcher creates a CUDA stream.
+            moe_token_dispatcher_type="allgather" if on_cpu else "alltoall",
+        )
+    if kwargs["sequence_parallel"] and kwargs["tensor_model_parallel_size"] == 1:
+        kwargs["sequence_parallel"] = False
+
+    overrides = dict(megatron_cfg.get("override_transformer_config", None) or {})
+    fields = {f.name for f in dataclasses.fields(TransformerConfig)}
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise ValueError(
+            f"megatron.override_transformer_config has unknown TransformerConfig fields: {unknown}"
+        )
+    kwargs.update(overrides)
+    return TransformerConfig(**kwargs)

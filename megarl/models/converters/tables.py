@@ -1,0 +1,135 @@
+"""Per-architecture name/layout tables: megatron parameter <-> HF parameter(s).
+
+One :class:`Rule` per megatron parameter. Templates use ``{layer}`` (global layer index
+in HF names, local index inside a GPTModel chunk in megatron names) and ``{expert}``
+(global expert index in HF names, local index on the EP rank in megatron names).
+Megatron names are those of the local layer spec (``megarl.models.spec``);
+:data:`TE_ALIASES` gives the transformer-engine spelling of the same parameters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Rule", "ArchTables", "arch_tables", "TE_ALIASES"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One megatron parameter and the HF parameter(s) it is made of.
+
+    Attributes:
+        mcore: megatron name template (relative to a GPTModel chunk).
+        hf: HF name templates; several when megatron fuses them (q/k/v, gate/up).
+        kind: layout kind, see ``megarl.models.converters.transforms``.
+    """
+
+    mcore: str
+    hf: tuple[str, ...]
+    kind: str
+
+
+@dataclass(frozen=True)
+class ArchTables:
+    """Rules of one model, by where the parameter lives.
+
+    ``first``: only on the first pipeline chunk; ``layer``: per decoder layer;
+    ``expert``: per expert of a MoE layer (split over EP, and ETP instead of TP);
+    ``last``: only on the last pipeline chunk.
+    """
+
+    first: tuple[Rule, ...]
+    layer: tuple[Rule, ...]
+    expert: tuple[Rule, ...]
+    last: tuple[Rule, ...]
+    # Tied embeddings: the last chunk's copy of the embedding, when it is not also the
+    # first chunk (PP > 1). Loaded from the embedding; never exported (same tensor).
+    tied_output: Rule | None = None
+
+
+_L = "model.layers.{layer}."
+_M = "decoder.layers.{layer}."
+
+_ATTENTION = (
+    Rule(_M + "input_layernorm.weight", (_L + "input_layernorm.weight",), "replicated"),
+    Rule(
+        _M + "self_attention.linear_qkv.weight",
+        tuple(_L + f"self_attn.{p}_proj.weight" for p in "qkv"),
+        "qkv",
+    ),
+    Rule(_M + "self_attention.linear_proj.weight", (_L + "self_attn.o_proj.weight",), "split1"),
+    Rule(_M + "pre_mlp_layernorm.weight", (_L + "post_attention_layernorm.weight",), "replicated"),
+)
+_QKV_BIAS = (
+    Rule(
+        _M + "self_attention.linear_qkv.bias",
+        tuple(_L + f"self_attn.{p}_proj.bias" for p in "qkv"),
+        "qkv",
+    ),
+)
+_QK_NORM = (
+    Rule(_M + "self_attention.q_layernorm.weight", (_L + "self_attn.q_norm.weight",), "replicated"),
+    Rule(_M + "self_attention.k_layernorm.weight", (_L + "self_attn.k_norm.weight",), "replicated"),
+)
+_DENSE_MLP = (
+    Rule(_M + "mlp.linear_fc1.weight", (_L + "mlp.gate_proj.weight", _L + "mlp.up_proj.weight"), "gate_up"),
+    Rule(_M + "mlp.linear_fc2.weight", (_L + "mlp.down_proj.weight",), "split1"),
+)
+_ROUTER = (Rule(_M + "mlp.router.weight", (_L + "mlp.gate.weight",), "replicated"),)
+_E = _L + "mlp.experts.{expert}."
+_EXPERTS = (
+    Rule(
+        _M + "mlp.experts.local_experts.{expert}.linear_fc1.weight",
+        (_E + "gate_proj.weight", _E + "up_proj.weight"),
+        "gate_up",
+    ),
+    Rule(_M + "mlp.experts.local_experts.{expert}.linear_fc2.weight", (_E + "down_proj.weight",), "split1"),
+)
+_EMBEDDING = (Rule("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), "vocab"),)
+_FINAL_NORM = Rule("decoder.final_layernorm.weight", ("model.norm.weight",), "replicated")
+_LM_HEAD = Rule("output_layer.weight", ("lm_head.weight",), "vocab")
+# A critic's value head: HF AutoModelForTokenClassification(num_labels=1) naming.
+_VALUE_HEAD = Rule("output_layer.weight", ("score.weight",), "replicated")
+
+# Transformer-engine spec spellings of the same parameters (layernorm fused into the
+# following linear; grouped experts): local name suffix -> TE name suffix.
+TE_ALIASES = {
+    "input_layernorm.weight": "self_attention.linear_qkv.layer_norm_weight",
+    "pre_mlp_layernorm.weight": "mlp.linear_fc1.layer_norm_weight",
+    "mlp.experts.local_experts.{expert}.linear_fc1.weight": "mlp.experts.linear_fc1.weight{expert}",
+    "mlp.experts.local_experts.{expert}.linear_fc2.weight": "mlp.experts.linear_fc2.weight{expert}",
+}
+
+
+def arch_tables(hf_config, *, value_head: bool = False) -> ArchTables:
+    """The rules for ``hf_config`` (llama, mistral, qwen2, qwen3, qwen3_moe).
+
+    Args:
+        value_head: critic model: ``output_layer`` is the value head (``score.weight``)
+            and never tied to the embedding.
+    """
+    model_type = hf_config.model_type
+    layer = list(_ATTENTION)
+    if model_type == "qwen2" or getattr(hf_config, "attention_bias", False):
+        layer += _QKV_BIAS
+    if model_type in ("qwen3", "qwen3_moe"):
+        layer += _QK_NORM
+    experts: tuple[Rule, ...] = ()
+    if model_type == "qwen3_moe":
+        layer += _ROUTER
+        experts = _EXPERTS
+    else:
+        layer += _DENSE_MLP
+    last = [_FINAL_NORM]
+    if value_head:
+        last.append(_VALUE_HEAD)
+    elif not getattr(hf_config, "tie_word_embeddings", False):
+        last.append(_LM_HEAD)
+    tied = not value_head and bool(getattr(hf_config, "tie_word_embeddings", False))
+    return ArchTables(
+        first=_EMBEDDING,
+        layer=tuple(layer),
+        expert=experts,
+        last=tuple(last),
+        tied_output=Rule("output_layer.weight", ("model.embed_tokens.weight",), "vocab") if tied else None,
+    )

@@ -1,0 +1,108 @@
+"""HF full tensors <-> one tensor-parallel shard of a megatron parameter.
+
+Pure functions, one pair per layout kind. ``to_shard`` takes the full HF tensors of one
+megatron parameter and returns tensor-parallel rank ``rank``'s shard; ``from_shards``
+takes every rank's shard (ordered by rank) and returns the full HF tensors.
+
+Kinds:
+  * ``replicated`` - same tensor on every TP rank (norms, router, value head).
+  * ``split0`` / ``split1`` - split along dim 0 (column parallel) / dim 1 (row parallel).
+  * ``vocab``  - split0 after padding rows to a multiple of the TP size (embedding,
+    LM head); padded rows are zero in megatron and dropped on export.
+  * ``qkv``    - HF q, k, v fused into megatron's linear_qkv: rows grouped by query
+    group, each group ``[q heads of the group; k; v]`` (GQA interleaving), then split0.
+  * ``gate_up`` - HF gate, up fused into linear_fc1: each TP shard is
+    ``[gate shard; up shard]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+KINDS = ("replicated", "split0", "split1", "vocab", "qkv", "gate_up")
+
+
+@dataclass(frozen=True)
+class Dims:
+    """Model sizes the transforms need: heads, query groups, head dim, HF vocab size."""
+
+    num_heads: int
+    num_query_groups: int
+    head_dim: int
+    vocab_size: int
+
+
+def _qkv_fuse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dims: Dims) -> torch.Tensor:
+    groups, hd = dims.num_query_groups, dims.head_dim
+    per_group = dims.num_heads // groups
+    rest = q.shape[1:]
+    fused = torch.cat(
+        [
+            q.reshape(groups, per_group * hd, *rest),
+            k.reshape(groups, hd, *rest),
+            v.reshape(groups, hd, *rest),
+        ],
+        dim=1,
+    )
+    return fused.reshape(groups * (per_group + 2) * hd, *rest)
+
+
+def _qkv_split(fused: torch.Tensor, dims: Dims) -> list[torch.Tensor]:
+    groups, hd = dims.num_query_groups, dims.head_dim
+    per_group = dims.num_heads // groups
+    rest = fused.shape[1:]
+    grouped = fused.reshape(groups, (per_group + 2) * hd, *rest)
+    q, k, v = torch.split(grouped, [per_group * hd, hd, hd], dim=1)
+    return [
+        q.reshape(groups * per_group * hd, *rest).contiguous(),
+        k.reshape(groups * hd, *rest).contiguous(),
+        v.reshape(groups * hd, *rest).contiguous(),
+    ]
+
+
+def to_shard(kind: str, hf: list[torch.Tensor], rank: int, size: int, dims: Dims) -> torch.Tensor:
+    """Full HF tensor(s) -> TP rank ``rank`` of ``size``'s shard of the megatron parameter."""
+    if kind == "replicated":
+        return hf[0]
+    if kind == "split0":
+        return hf[0].chunk(size, dim=0)[rank]
+    if kind == "split1":
+        return hf[0].chunk(size, dim=1)[rank]
+    if kind == "vocab":
+        full = hf[0]
+        padded_rows = -(-full.shape[0] // size) * size
+        if padded_rows != full.shape[0]:
+            pad = full.new_zeros(padded_rows - full.shape[0], *full.shape[1:])
+            full = torch.cat([full, pad], dim=0)
+        return full.chunk(size, dim=0)[rank]
+    if kind == "qkv":
+        return _qkv_fuse(*hf, dims).chunk(size, dim=0)[rank]
+    if kind == "gate_up":
+        gate, up = (t.chunk(size, dim=0)[rank] for t in hf)
+        return torch.cat([gate, up], dim=0)
+    raise ValueError(f"unknown layout kind {kind!r}; known: {KINDS}")
+
+
+def from_shards(kind: str, shards: list[torch.Tensor], dims: Dims) -> list[torch.Tensor]:
+    """Every TP rank's shard (rank order) -> the full HF tensor(s)."""
+    if kind == "replicated":
+        return [shards[0]]
+    if kind == "split0":
+        return [torch.cat(shards, dim=0)]
+    if kind == "split1":
+        return [torch.cat(shards, dim=1)]
+    if kind == "vocab":
+        return [torch.cat(shards, dim=0)[: dims.vocab_size].contiguous()]
+    if kind == "qkv":
+        return _qkv_split(torch.cat(shards, dim=0), dims)
+    if kind == "gate_up":
+        halves = [s.chunk(2, dim=0) for s in shards]
+        return [torch.cat([h[0] for h in halves]), torch.cat([h[1] for h in halves])]
+    raise ValueError(f"unknown layout kind {kind!r}; known: {KINDS}")
+
+
+def is_split(kind: str) -> bool:
+    """Whether the megatron parameter differs across TP ranks (needs a gather on export)."""
+    return kind != "replicated"

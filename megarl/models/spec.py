@@ -1,0 +1,169 @@
+"""Transformer layer specs: megatron-core local modules + an SDPA core attention.
+
+megatron's local ``DotProductAttention`` allocates its score buffer on CUDA and has no
+packed-sequence support, so CPU runs (and GPU runs without transformer-engine) use
+:class:`SDPACoreAttention`. With transformer-engine on CUDA the TE spec is used as is.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from megatron.core.models.gpt.gpt_layer_specs import (
+    get_gpt_layer_local_spec,
+    get_gpt_layer_with_transformer_engine_spec,
+)
+from megatron.core.packed_seq_params import PackedSeqParams
+from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+__all__ = ["SDPACoreAttention", "get_layer_spec", "have_transformer_engine"]
+
+_CAUSAL_TYPES = (AttnMaskType.causal, AttnMaskType.padding_causal)
+
+
+def have_transformer_engine() -> bool:
+    try:
+        import transformer_engine  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class SDPACoreAttention(MegatronModule):
+    """Core attention through ``torch.nn.functional.scaled_dot_product_attention``.
+
+    Drop-in for megatron's core-attention slot (same constructor and forward
+    signature as ``DotProductAttention``). Supports GQA (each group of
+    ``heads / query_groups`` consecutive query heads shares one KV head, as in megatron's
+    fused QKV layout), causal masking, megatron boolean attention masks
+    (``True`` = masked out, broadcastable to ``[b, 1, sq, sk]``; combined with the
+    causal mask for causal mask types) and packed ``thd`` sequences through
+    ``PackedSeqParams.cu_seqlens_*`` (block-diagonal causal attention).
+
+    Shapes: query ``[sq, b, np, hn]`` (``[t, np, hn]`` for thd), key/value
+    ``[sk, b, ng, hn]``; output ``[sq, b, np * hn]`` (``[t, np * hn]`` for thd). ``np``/``ng``
+    are the heads / query groups of this tensor-parallel rank.
+    """
+
+    def __init__(
+        self,
+        config: TransformerConfig,
+        layer_number: int,
+        attn_mask_type: AttnMaskType,
+        attention_type: str,
+        attention_dropout: Optional[float] = None,
+        softmax_scale: Optional[float] = None,
+        cp_comm_type: Optional[str] = None,
+        pg_collection=None,
+    ) -> None:
+        super().__init__(config=config)
+        if config.context_parallel_size != 1:
+            raise NotImplementedError(
+                "SDPACoreAttention does not support context parallelism "
+                "(megatron.context_parallel_size > 1 needs transformer-engine)"
+            )
+        self.attn_mask_type = attn_mask_type
+        self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
+        head_dim = config.kv_channels
+        self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
+        if config.apply_query_key_layer_scaling:
+            raise NotImplementedError("apply_query_key_layer_scaling is not supported by SDPA")
+
+    @staticmethod
+    def _packed_allowed(params: PackedSeqParams, sq: int, sk: int, device) -> torch.Tensor:
+        """[sq, sk] bool: True where query i may attend key j (same sequence, j <= i)."""
+        cu_q = params.cu_seqlens_q_padded if params.cu_seqlens_q_padded is not None else params.cu_seqlens_q
+        cu_k = params.cu_seqlens_kv_padded if params.cu_seqlens_kv_padded is not None else params.cu_seqlens_kv
+        seq_q = torch.bucketize(torch.arange(sq, device=device), cu_q[1:].to(device), right=True)
+        seq_k = torch.bucketize(torch.arange(sk, device=device), cu_k[1:].to(device), right=True)
+        pos_q = torch.arange(sq, device=device) - cu_q.to(device)[seq_q]
+        pos_k = torch.arange(sk, device=device) - cu_k.to(device)[seq_k]
+        same = seq_q[:, None] == seq_k[None, :]
+        return same & (pos_k[None, :] <= pos_q[:, None])
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: Optional[torch.Tensor],
+        attn_mask_type: Optional[AttnMaskType] = None,
+        attention_bias: Optional[torch.Tensor] = None,
+        packed_seq_params: Optional[PackedSeqParams] = None,
+    ) -> torch.Tensor:
+        if attention_bias is not None:
+            raise NotImplementedError("attention_bias is not supported by SDPACoreAttention")
+        mask_type = attn_mask_type if attn_mask_type is not None else self.attn_mask_type
+        packed = packed_seq_params is not None and packed_seq_params.qkv_format == "thd"
+        if packed:  # [t, n, hn] -> [t, 1, n, hn]
+            query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
+        sq, _, num_heads, _ = query.shape
+        sk, _, num_groups, _ = key.shape
+
+        # [s, b, n, hn] -> [b, n, s, hn]
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+        if num_heads != num_groups:
+            repeat = num_heads // num_groups
+            k = k.repeat_interleave(repeat, dim=1)
+            v = v.repeat_interleave(repeat, dim=1)
+
+        if packed:
+            allowed = self._packed_allowed(packed_seq_params, sq, sk, q.device)
+        elif mask_type in _CAUSAL_TYPES or attention_mask is None:
+            allowed = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(sk - sq)
+        else:
+            allowed = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
+        if attention_mask is not None and not packed:
+            allowed = allowed & ~attention_mask.to(torch.bool)  # -> [b, 1, sq, sk]
+        # A query whose keys are all masked (padding) attends to itself instead of
+        # producing NaN; its output is never used, but NaN would leak through 0 * NaN.
+        if sq == sk:
+            allowed = allowed | torch.eye(sq, dtype=torch.bool, device=q.device)
+
+        out = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=allowed,
+            dropout_p=self.dropout_p if self.training else 0.0,
+            scale=self.softmax_scale,
+        )
+        # [b, n, sq, hn] -> [sq, b, n * hn]
+        out = out.permute(2, 0, 1, 3).reshape(sq, out.shape[0], -1)
+        if packed:
+            out = out.squeeze(1)
+        return out
+
+
+def get_layer_spec(
+    config: TransformerConfig, *, use_te: bool, num_experts: Optional[int] = None
+) -> ModuleSpec:
+    """GPT decoder layer spec for ``config``.
+
+    Args:
+        config: the model's TransformerConfig (reads ``qk_layernorm``,
+            ``moe_grouped_gemm``, ``normalization``).
+        use_te: transformer-engine spec (CUDA with TE installed) instead of the local
+            spec with :class:`SDPACoreAttention`.
+        num_experts: experts per MoE layer, ``None`` for dense models.
+    """
+    if use_te:
+        return get_gpt_layer_with_transformer_engine_spec(
+            num_experts=num_experts,
+            moe_grouped_gemm=config.moe_grouped_gemm,
+            qk_layernorm=config.qk_layernorm,
+        )
+    spec = get_gpt_layer_local_spec(
+        num_experts=num_experts,
+        moe_grouped_gemm=config.moe_grouped_gemm,
+        qk_layernorm=config.qk_layernorm,
+        normalization=config.normalization,
+    )
+    spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
+    return spec

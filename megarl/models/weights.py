@@ -1,0 +1,282 @@
+"""Load HF safetensors into megatron chunks; export chunks back as full HF tensors."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+from safetensors import safe_open
+
+from megarl.models.converters import TE_ALIASES, ParamSource, build_plan, dims_of, from_shards, is_split, to_shard
+
+__all__ = ["load_hf_weights", "export_hf_weights", "save_hf_checkpoint", "unwrap_chunk"]
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+_TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+    "merges.txt", "tokenizer.model", "added_tokens.json", "chat_template.jinja",
+    "generation_config.json",
+)
+
+
+def unwrap_chunk(chunk: torch.nn.Module) -> torch.nn.Module:
+    """The GPTModel inside DDP / Float16Module wrappers."""
+    while hasattr(chunk, "module") and not hasattr(chunk, "decoder"):
+        chunk = chunk.module
+    return chunk
+
+
+def _meta(chunks: Sequence[torch.nn.Module]) -> dict:
+    model = unwrap_chunk(chunks[0])
+    meta = getattr(model, "megarl_meta", None)
+    if meta is None:
+        raise ValueError("chunks were not built by megarl.models.build_model (no megarl_meta)")
+    return meta
+
+
+def _find_param(params: dict[str, torch.nn.Parameter], name: str) -> torch.nn.Parameter | None:
+    """Parameter ``name`` (local-spec spelling) or its transformer-engine spelling."""
+    if name in params:
+        return params[name]
+    for local, te in TE_ALIASES.items():
+        if "{expert}" in local:
+            prefix, suffix = local.split("{expert}")
+            head, _, tail = name.partition(prefix)
+            if tail and tail.endswith(suffix):
+                expert = tail[: -len(suffix)]
+                te_name = head + te.format(expert=expert)
+                if te_name in params:
+                    return params[te_name]
+        elif name.endswith(local) and name[: -len(local)] + te in params:
+            return params[name[: -len(local)] + te]
+    return None
+
+
+class _SafetensorsDir:
+    """Lazy reader over the (possibly sharded) safetensors of an HF model directory."""
+
+    def __init__(self, hf_dir: str | os.PathLike) -> None:
+        self.hf_dir = Path(hf_dir)
+        index = self.hf_dir / "model.safetensors.index.json"
+        if index.exists():
+            weight_map = json.loads(index.read_text())["weight_map"]
+            self.file_of = {name: self.hf_dir / fname for name, fname in weight_map.items()}
+        else:
+            files = sorted(self.hf_dir.glob("*.safetensors"))
+            if not files:
+                raise FileNotFoundError(f"no *.safetensors in {self.hf_dir}")
+            self.file_of = {}
+            for path in files:
+                with safe_open(str(path), framework="pt") as handle:
+                    self.file_of.update({name: path for name in handle.keys()})
+        self._handles: dict[Path, object] = {}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.file_of
+
+    def get(self, name: str) -> torch.Tensor:
+        if name not in self.file_of:
+            raise KeyError(f"{self.hf_dir}: HF weight {name!r} not found in the safetensors files")
+        path = self.file_of[name]
+        if path not in self._handles:
+            self._handles[path] = safe_open(str(path), framework="pt")
+        return self._handles[path].get_tensor(name)
+
+
+def _local_view():
+    """(pp_rank, ep_rank, tp (rank, size), etp (rank, size)) of this process."""
+    return (
+        parallel_state.get_pipeline_model_parallel_rank(),
+        parallel_state.get_expert_model_parallel_rank(),
+        (parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_tensor_model_parallel_world_size()),
+        (parallel_state.get_expert_tensor_parallel_rank(), parallel_state.get_expert_tensor_parallel_world_size()),
+    )
+
+
+@torch.no_grad()
+def load_hf_weights(chunks: Sequence[torch.nn.Module], hf_dir: str | os.PathLike) -> None:
+    """Copy this rank's shard of every parameter from the HF safetensors in ``hf_dir``.
+
+    Every parameter of every chunk is written (cast to its dtype) except a critic's value
+    head when ``hf_dir`` has no ``score.weight`` (it keeps its initialisation).
+
+    Raises:
+        KeyError: an HF weight the model needs is missing (names it and the directory).
+        ValueError: a chunk parameter no table rule covers, or a shape mismatch.
+    """
+    meta = _meta(chunks)
+    hf_config, value_head = meta["hf_config"], meta["value_head"]
+    models = [unwrap_chunk(c) for c in chunks]
+    plan = build_plan(hf_config, models[0].config, value_head=value_head)
+    dims = dims_of(hf_config)
+    pp_rank, ep_rank, tp, etp = _local_view()
+    reader = _SafetensorsDir(hf_dir)
+
+    params = [dict(m.named_parameters()) for m in models]
+    loaded: list[set[int]] = [set() for _ in models]
+    for entry in plan:
+        if entry.pp_rank != pp_rank or entry.ep_rank not in (None, ep_rank):
+            continue
+        param = _find_param(params[entry.vp_stage], entry.mcore_name)
+        if param is None:
+            raise ValueError(f"megatron parameter {entry.mcore_name!r} (chunk {entry.vp_stage}) not found")
+        if value_head and entry.hf_names == ("score.weight",) and "score.weight" not in reader:
+            logger.info("%s has no score.weight: the value head keeps its initialisation", hf_dir)
+            loaded[entry.vp_stage].add(id(param))
+            continue
+        rank, size = etp if entry.tp_group == "etp" else tp
+        shard = to_shard(entry.kind, [reader.get(n) for n in entry.hf_names], rank, size, dims)
+        if shard.shape != param.shape:
+            raise ValueError(
+                f"{hf_dir}: {entry.hf_names} give shape {tuple(shard.shape)} for megatron "
+                f"{entry.mcore_name!r}, which has {tuple(param.shape)}"
+            )
+        param.copy_(shard.to(param.dtype))
+        loaded[entry.vp_stage].add(id(param))
+
+    for index, chunk_params in enumerate(params):
+        missing = [n for n, p in chunk_params.items() if id(p) not in loaded[index]]
+        if missing:
+            raise ValueError(f"no HF weight rule for megatron parameters {missing} (chunk {index})")
+
+
+def _broadcast_full(tensors: list[torch.Tensor] | None, count: int, src_stage: int, device) -> list[torch.Tensor]:
+    """Send ``count`` tensors from pipeline stage ``src_stage`` to every stage."""
+    group = parallel_state.get_pipeline_model_parallel_group()
+    src = dist.get_process_group_ranks(group)[src_stage]
+    out = []
+    for i in range(count):
+        header = torch.zeros(8, dtype=torch.int64, device=device)
+        if tensors is not None:
+            t = tensors[i]
+            header[0], header[1] = t.dim(), _DTYPES.index(t.dtype)
+            header[2 : 2 + t.dim()] = torch.tensor(t.shape)
+        dist.broadcast(header, src=src, group=group)
+        if tensors is not None:
+            buf = tensors[i].contiguous()
+        else:
+            ndim, code = int(header[0]), int(header[1])
+            buf = torch.empty(header[2 : 2 + ndim].tolist(), dtype=_DTYPES[code], device=device)
+        dist.broadcast(buf, src=src, group=group)
+        out.append(buf)
+    return out
+
+
+def _gather_shard(entry: ParamSource, param: torch.Tensor, ep_rank: int) -> list[torch.Tensor]:
+    """Every TP (or ETP) rank's shard of ``entry``, after fetching the owner's expert."""
+    shard = param.detach()
+    if entry.ep_rank is not None and parallel_state.get_expert_model_parallel_world_size() > 1:
+        ep_group = parallel_state.get_expert_model_parallel_group()
+        shard = shard.clone()
+        dist.broadcast(shard, src=dist.get_process_group_ranks(ep_group)[entry.ep_rank], group=ep_group)
+    if not is_split(entry.kind):
+        return [shard]
+    group = (
+        parallel_state.get_expert_tensor_parallel_group()
+        if entry.tp_group == "etp"
+        else parallel_state.get_tensor_model_parallel_group()
+    )
+    size = dist.get_world_size(group)
+    if size == 1:
+        return [shard]
+    shards = [torch.empty_like(shard) for _ in range(size)]
+    dist.all_gather(shards, shard.contiguous(), group=group)
+    return shards
+
+
+@torch.no_grad()
+def export_hf_weights(
+    chunks: Sequence[torch.nn.Module], hf_config
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(hf_name, full_tensor)`` for every HF parameter, in a fixed order.
+
+    Collective: every rank of the model-parallel group (TP x PP x EP, all ranks of the
+    world in practice) must iterate this generator in lockstep to the end. Every rank
+    receives the same full tensors (gathered over TP/ETP, broadcast from the owning
+    EP rank and pipeline stage), on the model's device and in its dtype. A tied LM head
+    is not yielded (HF ties it to ``model.embed_tokens.weight``); a critic yields its value
+    head as ``score.weight``. Tensors are fresh or detached views: copy before changing
+    the model.
+    """
+    meta = _meta(chunks)
+    models = [unwrap_chunk(c) for c in chunks]
+    plan = build_plan(hf_config, models[0].config, value_head=meta["value_head"])
+    dims = dims_of(hf_config)
+    pp_rank, ep_rank, _, _ = _local_view()
+    pp_size = parallel_state.get_pipeline_model_parallel_world_size()
+    params = [dict(m.named_parameters()) for m in models]
+    device = next(models[0].parameters()).device
+
+    for entry in plan:
+        if not entry.export:
+            continue
+        full = None
+        if entry.pp_rank == pp_rank:
+            param = _find_param(params[entry.vp_stage], entry.mcore_name)
+            if param is None:
+                raise ValueError(f"megatron parameter {entry.mcore_name!r} (chunk {entry.vp_stage}) not found")
+            full = from_shards(entry.kind, _gather_shard(entry, param, ep_rank), dims)
+        if pp_size > 1:
+            full = _broadcast_full(full, len(entry.hf_names), entry.pp_rank, device)
+        yield from zip(entry.hf_names, full)
+
+
+def save_hf_checkpoint(
+    chunks: Sequence[torch.nn.Module],
+    hf_config,
+    out_dir: str | os.PathLike,
+    *,
+    tokenizer_dir: str | os.PathLike | None = None,
+    max_shard_bytes: int = 5 * 1024**3,
+) -> None:
+    """Export the model as an HF directory (collective; global rank 0 writes).
+
+    Writes ``model.safetensors`` (or ``model-0000i-of-0000n.safetensors`` plus
+    ``model.safetensors.index.json`` beyond ``max_shard_bytes``), ``config.json`` and, when
+    ``tokenizer_dir`` is given, its tokenizer files.
+    """
+    from safetensors.torch import save_file
+
+    writer = not dist.is_initialized() or dist.get_rank() == 0
+    out = Path(out_dir)
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, tensor in export_hf_weights(chunks, hf_config):
+        if not writer:
+            continue
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor.detach().to("cpu", copy=True).contiguous()
+        size += nbytes
+    if writer:
+        out.mkdir(parents=True, exist_ok=True)
+        if len(shards) == 1:
+            save_file(shards[0], str(out / "model.safetensors"), metadata={"format": "pt"})
+        else:
+            weight_map = {}
+            for i, shard in enumerate(shards, start=1):
+                fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+                save_file(shard, str(out / fname), metadata={"format": "pt"})
+                weight_map.update({name: fname for name in shard})
+            total = sum(t.numel() * t.element_size() for s in shards for t in s.values())
+            (out / "model.safetensors.index.json").write_text(
+                json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
+            )
+        hf_config.save_pretrained(str(out))
+        if tokenizer_dir is not None:
+            for fname in _TOKENIZER_FILES:
+                if (Path(tokenizer_dir) / fname).exists():
+                    shutil.copy2(Path(tokenizer_dir) / fname, out / fname)
+    if dist.is_initialized():
+        dist.barrier()

@@ -1,0 +1,110 @@
+"""Run megatron-core 0.16.1 on CPU (gloo): the few places that assume CUDA.
+
+Applied by :func:`megarl.parallel.init_distributed` only when the device is CPU; never
+on GPU. Everything megatron needs beyond this (SDPA core attention instead of the
+default ``DotProductAttention``, ``use_cpu_initialization``, the ``allgather`` MoE
+dispatcher, seeding without ``model_parallel_cuda_manual_seed``) is chosen in
+``megarl.models`` / ``megarl.parallel`` rather than patched here.
+
+What it changes, process-wide, and why:
+
+* ``torch.cuda.current_device()`` returns ``torch.device("cpu")``: megatron allocates
+  p2p shape buffers, grad buffers and router/expert tensors with
+  ``device=torch.cuda.current_device()``. Without CUDA that call would raise.
+* ``torch.cuda.synchronize()`` is a no-op (p2p communication, DDP, parallel_state).
+* ``megatron.core.pipeline_parallel.schedules.torch`` is a thin proxy of ``torch`` whose
+  ``zeros``/``empty``/``tensor`` map ``device="cuda"`` to CPU (the schedules allocate
+  ``total_num_tokens`` with a literal ``device="cuda"``).
+* ``LanguageModule.setup_embeddings_and_output_layer`` runs with ``Tensor.cuda`` as
+  the identity: with tied embeddings and PP > 1 it moves the last stage's embedding
+  copy to CUDA before the first/last-stage all-reduce.
+* ``megatron.core.transformer.moe.moe_utils.te_general_gemm = None`` when
+  transformer-engine is absent (0.16.1 references it unguarded in the router gemm).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import types
+
+import torch
+
+_APPLIED = False
+
+
+def _cpu_if_cuda(kwargs: dict) -> dict:
+    device = kwargs.get("device")
+    if device is not None and torch.device(device).type == "cuda":
+        kwargs["device"] = "cpu"
+    return kwargs
+
+
+class _TorchCudaToCpu(types.ModuleType):
+    """``torch`` as seen by one megatron module: ``device="cuda"`` allocations go to CPU."""
+
+    def __init__(self) -> None:
+        super().__init__("torch")
+
+    def __getattr__(self, name: str):
+        return getattr(torch, name)
+
+    @staticmethod
+    def zeros(*args, **kwargs):
+        return torch.zeros(*args, **_cpu_if_cuda(kwargs))
+
+    @staticmethod
+    def empty(*args, **kwargs):
+        return torch.empty(*args, **_cpu_if_cuda(kwargs))
+
+    @staticmethod
+    def tensor(*args, **kwargs):
+        return torch.tensor(*args, **_cpu_if_cuda(kwargs))
+
+
+@contextlib.contextmanager
+def _tensor_cuda_is_identity():
+    original = torch.Tensor.cuda
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self
+    try:
+        yield
+    finally:
+        torch.Tensor.cuda = original
+
+
+def _without_cuda_moves(method):
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        with _tensor_cuda_is_identity():
+            return method(*args, **kwargs)
+
+    return wrapper
+
+
+def apply_cpu_compat() -> None:
+    """Install the CPU shims above (idempotent). Call only for CPU runs."""
+    global _APPLIED
+    if _APPLIED:
+        return
+    torch.cuda.current_device = lambda: torch.device("cpu")
+    torch.cuda.synchronize = lambda device=None: None
+
+    from megatron.core.pipeline_parallel import schedules
+    from megatron.core.transformer.moe import moe_utils
+
+    from megatron.core.models.common.language_module.language_module import LanguageModule
+
+    schedules.torch = _TorchCudaToCpu()
+    LanguageModule.setup_embeddings_and_output_layer = _without_cuda_moves(
+        LanguageModule.setup_embeddings_and_output_layer
+    )
+    try:
+        import transformer_engine  # noqa: F401
+    except ImportError:
+        moe_utils.te_general_gemm = None
+    _APPLIED = True
+
+
+def is_applied() -> bool:
+    """Whether :func:`apply_cpu_compat` ran in this process."""
+    return _APPLIED

@@ -1,0 +1,81 @@
+"""Tiny HF models built from config (no downloads) for the megatron conversion tests."""
+
+from __future__ import annotations
+
+import torch
+import transformers
+
+# name -> (config class, extra config kwargs)
+TINY = {
+    "qwen2": ("Qwen2Config", dict(tie_word_embeddings=False)),
+    "qwen2_tied": ("Qwen2Config", dict(tie_word_embeddings=True)),
+    "llama": ("LlamaConfig", dict(tie_word_embeddings=False, rope_theta=500000.0)),
+    "qwen3": ("Qwen3Config", dict(tie_word_embeddings=True, head_dim=16)),
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        dict(
+            tie_word_embeddings=False,
+            head_dim=16,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+        ),
+    ),
+}
+
+
+def make_tiny_hf(name: str, out_dir: str, *, vocab_size: int = 96, num_layers: int = 4, seed: int = 0) -> str:
+    """Save a randomly initialised tiny model ``name`` (see TINY) to ``out_dir``; return it."""
+    cls_name, extra = TINY[name]
+    config = getattr(transformers, cls_name)(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        rms_norm_eps=1e-6,
+        dtype="float32",
+        **extra,
+    )
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    # Random (not default-init) norms and biases so a wrong mapping cannot hide.
+    with torch.no_grad():
+        for pname, param in model.named_parameters():
+            if pname.endswith("norm.weight") or pname.endswith("layernorm.weight"):
+                param.uniform_(0.5, 1.5)
+            elif pname.endswith(".bias"):
+                param.normal_(0, 0.1)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    return out_dir
+
+
+def padded_batch(vocab_size: int, seed: int = 1):
+    """A left- and right-padded batch: input_ids, attention_mask, position_ids ``[4, 12]``."""
+    gen = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(0, vocab_size, (4, 12), generator=gen)
+    attention_mask = torch.ones(4, 12, dtype=torch.long)
+    attention_mask[0, :4] = 0   # left padding (prompt)
+    attention_mask[1, 9:] = 0   # right padding (response)
+    attention_mask[2, :2] = 0
+    attention_mask[2, 10:] = 0
+    input_ids = input_ids.masked_fill(attention_mask == 0, 0)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    return input_ids, attention_mask, position_ids
+
+
+def hf_token_log_probs(hf_dir: str, input_ids, attention_mask, position_ids) -> torch.Tensor:
+    """HF transformers reference: log p(token t+1 | <= t), ``[b, s-1]``, fp32 eager."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        hf_dir, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    with torch.no_grad():
+        logits = model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
+        ).logits
+    return torch.log_softmax(logits[:, :-1].float(), dim=-1).gather(-1, input_ids[:, 1:, None])[..., 0]

@@ -1,0 +1,82 @@
+"""Rank bodies for the multi-process megatron tests (spawned by dist_utils.run_distributed)."""
+
+from __future__ import annotations
+
+import torch
+import transformers
+
+
+def megatron_forward(chunks, input_ids, attention_mask, position_ids, *, value_head=False):
+    """Forward-only pass through megatron's pipeline schedule, 2 micro-batches.
+
+    Returns on the last pipeline stage: per-token log-probs of the next token
+    ``[b, s-1]`` (actor) or values ``[b, s]`` (critic); None on other stages.
+    """
+    from megatron.core import parallel_state
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+    from megarl.models import attention_mask_for_megatron
+
+    labels = torch.roll(input_ids, shifts=-1, dims=1)
+    micro = [
+        dict(input_ids=i, position_ids=p, mask=attention_mask_for_megatron(m), labels=l)
+        for i, p, m, l in zip(
+            input_ids.chunk(2), position_ids.chunk(2), attention_mask.chunk(2), labels.chunk(2)
+        )
+    ]
+
+    def forward_step(data_iterator, model):
+        batch = next(data_iterator)
+        output = model(batch["input_ids"], batch["position_ids"], batch["mask"])
+
+        def loss_func(out):
+            if value_head:
+                result = out[..., 0]
+            else:  # out: [b, s, V_pad / tp], this rank's vocab shard
+                result = -vocab_parallel_cross_entropy(out.float().transpose(0, 1).contiguous(),
+                                                        batch["labels"].transpose(0, 1).contiguous())
+                result = result.transpose(0, 1)[:, :-1]
+            return torch.zeros((), requires_grad=False), {"result": result.detach()}
+
+        return output, loss_func
+
+    iterators = [iter(micro) for _ in chunks] if len(chunks) > 1 else iter(micro)
+    outputs = get_forward_backward_func()(
+        forward_step_func=forward_step,
+        data_iterator=iterators,
+        model=chunks,
+        num_microbatches=2,
+        seq_length=input_ids.shape[1],
+        micro_batch_size=input_ids.shape[0] // 2,
+        forward_only=True,
+    )
+    if not parallel_state.is_pipeline_last_stage():
+        return None
+    return torch.cat([o["result"] for o in outputs])
+
+
+def convert_and_forward(megatron_cfg: dict, cases: list[dict]) -> list[dict]:
+    """For each case: build, load HF, forward the batch, export; results per case.
+
+    A case: ``hf_dir``, ``batch`` (input_ids, attention_mask, position_ids),
+    optional ``value_head``. Returns per case ``result`` (last stage) and ``export``
+    (``{hf_name: tensor}``, exported on every rank).
+    """
+    from megarl.models import build_model, export_hf_weights, load_hf_weights
+    from megarl.parallel import init_distributed
+
+    init_distributed(megatron_cfg, "cpu")
+    out = []
+    for case in cases:
+        hf_config = transformers.AutoConfig.from_pretrained(case["hf_dir"])
+        value_head = case.get("value_head", False)
+        chunks = build_model(hf_config, megatron_cfg, value_head=value_head, device="cpu")
+        load_hf_weights(chunks, case["hf_dir"])
+        for chunk in chunks:
+            chunk.eval()
+        with torch.no_grad():
+            result = megatron_forward(chunks, *case["batch"], value_head=value_head)
+        exported = {name: t.clone() for name, t in export_hf_weights(chunks, hf_config)}
+        out.append({"result": result, "export": exported})
+    return out
