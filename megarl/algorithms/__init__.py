@@ -1,7 +1,7 @@
 """RL algorithms as pure torch functions (no Ray / Megatron / vLLM).
 
 Registries map config strings to functions and reject unknown names with the valid
-list; the `*_S` name views below are live (they include later registrations) and are
+list; the name views below (ADV_ESTIMATORS, POLICY_LOSSES) are live (they include later registrations) and are
 what the config validator checks against.
 """
 
@@ -31,9 +31,37 @@ from megarl.algorithms.policy_loss_base import POLICY_LOSSES, get_policy_loss, r
 from megarl.algorithms import policy_losses_ppo as _ppo  # noqa: F401  (registers losses)
 from megarl.algorithms import policy_losses_extra as _extra  # noqa: F401  (registers losses)
 from megarl.algorithms.value import compute_value_loss, explained_variance
+from megarl.algorithms.dapo import (
+    BUILTIN_FILTER_METRICS,
+    apply_overlong_penalty,
+    filter_groups,
+    filter_metric_values,
+    overlong_penalty,
+)
+from megarl.algorithms.rollout_correction import (
+    ROLLOUT_CORR_LOSS_TYPES,
+    ROLLOUT_IS_LEVELS,
+    ROLLOUT_RS_OPTIONS,
+    compute_offpolicy_metrics,
+    compute_rollout_correction,
+    parse_is_threshold,
+    parse_rs_thresholds,
+)
 
 __all__ = [
     "ADV_ESTIMATORS",
+    "BUILTIN_FILTER_METRICS",
+    "ROLLOUT_CORR_LOSS_TYPES",
+    "ROLLOUT_IS_LEVELS",
+    "ROLLOUT_RS_OPTIONS",
+    "apply_overlong_penalty",
+    "compute_offpolicy_metrics",
+    "compute_rollout_correction",
+    "filter_groups",
+    "filter_metric_values",
+    "overlong_penalty",
+    "parse_is_threshold",
+    "parse_rs_thresholds",
     "KL_CTRL_TYPES",
     "KL_PENALTIES",
     "LOSS_AGG_MODES",

@@ -24,8 +24,7 @@ from megarl.algorithms.registry import cfg_get, check_choice
 from megarl.algorithms.rollout_correction import (
     ROLLOUT_CORR_LOSS_TYPES,
     compute_offpolicy_metrics,
-    compute_rollout_is_weights,
-    compute_rollout_rejection_mask,
+    rollout_weights_and_mask,
 )
 
 
@@ -275,21 +274,7 @@ def compute_policy_loss_bypass_mode(
     check_choice(loss_type, ROLLOUT_CORR_LOSS_TYPES, "bypass loss type", "algorithm.rollout_correction.loss_type")
     del rollout_is_weights
     with torch.no_grad():
-        lr = log_prob.detach() - old_log_prob
-        metrics: dict[str, float] = {}
-        weights = None
-        if cfg_get(rc, "rollout_is", None) is not None:
-            weights, m = compute_rollout_is_weights(
-                lr, response_mask, cfg_get(rc, "rollout_is"), cfg_get(rc, "rollout_is_threshold", 2.0),
-                bool(cfg_get(rc, "rollout_is_batch_normalize", False)),
-            )  # fmt: skip
-            metrics.update(m)
-        mask = response_mask
-        if cfg_get(rc, "rollout_rs", None) is not None:
-            mask, m = compute_rollout_rejection_mask(
-                lr, response_mask, cfg_get(rc, "rollout_rs"), cfg_get(rc, "rollout_rs_threshold", None)
-            )
-            metrics.update(m)
+        weights, mask, metrics = rollout_weights_and_mask(log_prob.detach() - old_log_prob, response_mask, rc)
         metrics.update(compute_offpolicy_metrics(log_prob, old_log_prob, response_mask))
     if loss_type == "ppo_clip":
         pg_loss, pg_m = compute_policy_loss_vanilla(

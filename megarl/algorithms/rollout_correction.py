@@ -8,8 +8,11 @@ Threshold specs (verl's):
   rollout_is_threshold: float / "2.0" = truncate weights at the upper bound (TIS);
       "lower_upper" (e.g. "0.5_2.0") = zero weights outside [lower, upper] (IcePop).
   rollout_rs_threshold: one spec per comma-separated rollout_rs option (or one shared):
-      *_k1 options take ratio bounds "lower_upper" (a single value u means 1/u_u);
+      ratio options (token, sequence, geometric) and *_k1 options take ratio bounds
+      "lower_upper" (a single value u means 1/u_u; for ratio options
+      rollout_rs_threshold_lower, when set, replaces the lower bound);
       other options take one upper bound on the divergence.
+  rollout_token_veto_threshold: reject a whole sequence if any token ratio is below it.
 """
 
 from __future__ import annotations
@@ -24,7 +27,10 @@ from megarl.algorithms.registry import cfg_get, check_choice
 
 SAFETY_BOUND = 20.0  # |log ratio| clamp before exp
 ROLLOUT_IS_LEVELS: tuple[str, ...] = ("token", "sequence", "geometric")
-ROLLOUT_RS_OPTIONS: tuple[str, ...] = (
+# Ratio options (verl <= 0.6 names) bound the IS ratio itself at the token / sequence-product
+# / geometric-mean level; the k options bound a divergence estimate (current verl names).
+ROLLOUT_RS_RATIO_OPTIONS: tuple[str, ...] = ("token", "sequence", "geometric")
+ROLLOUT_RS_OPTIONS: tuple[str, ...] = ROLLOUT_RS_RATIO_OPTIONS + (
     "token_k1", "token_k2", "token_k3",
     "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
     "seq_mean_k1", "seq_mean_k2", "seq_mean_k3",
@@ -71,7 +77,7 @@ def parse_rs_thresholds(options: list[str], spec: float | str | None) -> dict[st
             nums = [float(p) for p in s.split("_")]
         except ValueError:
             raise ValueError(f"{_KEY}rollout_rs_threshold: cannot parse {s!r} for {opt}") from None
-        if opt.endswith("k1"):
+        if opt.endswith("k1") or opt in ROLLOUT_RS_RATIO_OPTIONS:
             lower, upper = (1.0 / nums[0], nums[0]) if len(nums) == 1 else (nums[0], nums[1])
             if len(nums) > 2 or not 0 < lower <= upper:
                 raise ValueError(f"{_KEY}rollout_rs_threshold for {opt} needs ratio bounds 0 < lower <= upper, got {s!r}")
@@ -154,13 +160,16 @@ def compute_rollout_rejection_mask(
     response_mask: torch.Tensor,
     rollout_rs: str,
     rollout_rs_threshold: float | str | None,
+    rollout_rs_threshold_lower: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Reject tokens / whole sequences whose divergence between pi_old and pi_rollout is
     out of bounds. Returns (new response_mask with rejected positions 0, same dtype;
     metrics).
 
-    rollout_rs: comma-separated options, all must pass. Per token, with lr = log(pi_old /
-    pi_rollout): k1 = -lr, k2 = lr^2 / 2, k3 = exp(lr) - 1 - lr. token_kX tests each token;
+    rollout_rs: comma-separated options, all must pass. With lr = log(pi_old / pi_rollout):
+    token / sequence / geometric keep lower <= ratio <= upper for the token ratio exp(lr),
+    the sequence product exp(sum lr) or the geometric mean exp(mean lr) (sequence levels
+    reject whole sequences). Per token, k1 = -lr, k2 = lr^2 / 2, k3 = exp(lr) - 1 - lr. token_kX tests each token;
     seq_sum_kX / seq_mean_kX / seq_max_kX test the sum / mean / max over the sequence and
     reject the whole sequence. k1 options keep log(lower) <= stat <= log(upper); others
     keep stat <= upper.
@@ -173,6 +182,14 @@ def compute_rollout_rejection_mask(
     for opt in options:
         check_choice(opt, ROLLOUT_RS_OPTIONS, "rollout_rs option", _KEY + "rollout_rs")
     bounds = parse_rs_thresholds(options, rollout_rs_threshold)
+    if rollout_rs_threshold_lower is not None:
+        for opt in options:
+            if opt in ROLLOUT_RS_RATIO_OPTIONS:
+                if not 0 < rollout_rs_threshold_lower <= bounds[opt][1]:
+                    raise ValueError(
+                        f"{_KEY}rollout_rs_threshold_lower={rollout_rs_threshold_lower} must be in (0, upper={bounds[opt][1]}]"
+                    )
+                bounds[opt] = (rollout_rs_threshold_lower, bounds[opt][1])
     mask = response_mask.bool()
     lr = torch.where(mask, log_ratio.detach().float(), torch.zeros_like(log_ratio, dtype=torch.float32))
     lr = lr.clamp(-SAFETY_BOUND, SAFETY_BOUND)
@@ -181,9 +198,13 @@ def compute_rollout_rejection_mask(
     keep_all = torch.ones_like(mask)
     metrics: dict[str, float] = {}
     for opt in options:
-        level, k = opt.rsplit("_", 1)
-        stat = per_token[k]
-        if level == "seq_sum":
+        level, k = opt.rsplit("_", 1) if "_" in opt else (opt, "")
+        stat = per_token[k] if k else lr
+        if level == "sequence":
+            stat = masked_sum(lr, mask, dim=-1).unsqueeze(-1)
+        elif level == "geometric":
+            stat = masked_mean(lr, mask, dim=-1).unsqueeze(-1)
+        elif level == "seq_sum":
             stat = masked_sum(stat, mask, dim=-1).unsqueeze(-1)
         elif level == "seq_mean":
             stat = masked_mean(stat, mask, dim=-1).unsqueeze(-1)
@@ -202,6 +223,24 @@ def compute_rollout_rejection_mask(
     metrics["rollout_rs_seq_masked_fraction"] = masked_mean((~keep_all).any(-1).float(), seq_valid).item()
     new_mask = (response_mask * keep_all.to(response_mask.dtype)).to(response_mask.dtype)
     return new_mask, metrics
+
+
+def apply_token_veto(
+    log_ratio: torch.Tensor, response_mask: torch.Tensor, rollout_token_veto_threshold: float
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Reject whole sequences containing a token with pi_old / pi_rollout below the
+    threshold (`rollout_token_veto_threshold`). Returns (new response_mask, metrics
+    rollout_is_veto_fraction (of valid sequences), rollout_is_catastrophic_token_fraction)."""
+    if rollout_token_veto_threshold <= 0:
+        raise ValueError(f"{_KEY}rollout_token_veto_threshold must be > 0, got {rollout_token_veto_threshold}")
+    mask = response_mask.bool()
+    bad = (log_ratio.detach() < math.log(rollout_token_veto_threshold)) & mask
+    vetoed = bad.any(dim=-1, keepdim=True)
+    metrics = {
+        "rollout_is_veto_fraction": masked_mean(vetoed.squeeze(-1).float(), _seq_valid(mask)).item(),
+        "rollout_is_catastrophic_token_fraction": masked_mean(bad.float(), mask).item(),
+    }
+    return (response_mask * (~vetoed).to(response_mask.dtype)).to(response_mask.dtype), metrics
 
 
 def compute_offpolicy_metrics(
@@ -253,7 +292,8 @@ def compute_rollout_correction(
     """Decoupled-mode entry point for the trainer.
 
     Reads `algorithm.rollout_correction.{rollout_is, rollout_is_threshold,
-    rollout_is_batch_normalize, rollout_rs, rollout_rs_threshold}` and returns
+    rollout_is_batch_normalize, rollout_rs, rollout_rs_threshold (null: rollout_is_threshold),
+    rollout_rs_threshold_lower, rollout_token_veto_threshold}` and returns
     (rollout_is_weights `[batch, response_len]` or None when rollout_is is null,
     response_mask with rejected positions zeroed, metrics prefixed "rollout_corr/").
     Store the weights as batch['rollout_is_weights'] and pass them to the policy loss.
@@ -263,26 +303,40 @@ def compute_rollout_correction(
             f"rollout correction: old_log_probs {tuple(old_log_prob.shape)}, rollout_log_probs "
             f"{tuple(rollout_log_prob.shape)} and response_mask {tuple(response_mask.shape)} must match"
         )
-    cfg = rollout_correction_config
-    log_ratio = old_log_prob - rollout_log_prob
+    weights, new_mask, metrics = rollout_weights_and_mask(
+        old_log_prob - rollout_log_prob, response_mask, rollout_correction_config
+    )
+    metrics.update(compute_offpolicy_metrics(old_log_prob, rollout_log_prob, response_mask))
+    return weights, new_mask, {f"rollout_corr/{k}": v for k, v in metrics.items()}
+
+
+def rollout_weights_and_mask(
+    log_ratio: torch.Tensor, response_mask: torch.Tensor, cfg: Any
+) -> tuple[torch.Tensor | None, torch.Tensor, dict[str, float]]:
+    """IS weights (or None), rejected+vetoed mask and unprefixed metrics for
+    log_ratio = log(pi_train / pi_rollout), configured by `algorithm.rollout_correction`."""
     metrics: dict[str, float] = {}
     weights = None
     rollout_is = cfg_get(cfg, "rollout_is", None)
+    is_threshold = cfg_get(cfg, "rollout_is_threshold", 2.0)
     if rollout_is is not None:
         weights, m = compute_rollout_is_weights(
-            log_ratio,
-            response_mask,
-            rollout_is,
-            cfg_get(cfg, "rollout_is_threshold", 2.0),
-            bool(cfg_get(cfg, "rollout_is_batch_normalize", False)),
+            log_ratio, response_mask, rollout_is, is_threshold, bool(cfg_get(cfg, "rollout_is_batch_normalize", False))
         )
         metrics.update(m)
     new_mask = response_mask
     rollout_rs = cfg_get(cfg, "rollout_rs", None)
     if rollout_rs is not None:
+        rs_threshold = cfg_get(cfg, "rollout_rs_threshold", None)
+        ratio_only = all(o.strip() in ROLLOUT_RS_RATIO_OPTIONS for o in str(rollout_rs).split(",") if o.strip())
+        if rs_threshold is None and ratio_only:
+            rs_threshold = is_threshold  # ratio options share the IS bound unless set
         new_mask, m = compute_rollout_rejection_mask(
-            log_ratio, response_mask, rollout_rs, cfg_get(cfg, "rollout_rs_threshold", None)
+            log_ratio, response_mask, rollout_rs, rs_threshold, cfg_get(cfg, "rollout_rs_threshold_lower", None)
         )
         metrics.update(m)
-    metrics.update(compute_offpolicy_metrics(old_log_prob, rollout_log_prob, response_mask))
-    return weights, new_mask, {f"rollout_corr/{k}": v for k, v in metrics.items()}
+    veto = cfg_get(cfg, "rollout_token_veto_threshold", None)
+    if veto is not None:
+        new_mask, m = apply_token_veto(log_ratio, new_mask, float(veto))
+        metrics.update(m)
+    return weights, new_mask, metrics

@@ -121,3 +121,29 @@ def test_compute_rollout_correction_from_config():
     assert w is None and torch.equal(mask, MASK)
     with pytest.raises(ValueError, match="must match"):
         compute_rollout_correction(old, roll[:, :2], MASK, cfg)
+
+
+def test_ratio_rejection_levels_by_hand():
+    # token ratios: seq0 [3, 0.5], seq1 [1.5]; bounds [0.5, 2] (1/u default)
+    mask, _ = compute_rollout_rejection_mask(LR, MASK, "token", 2.0)
+    assert mask.tolist() == [[0, 1, 0], [1, 0, 0]]
+    # explicit lower 0.6 also rejects the 0.5 token
+    mask, _ = compute_rollout_rejection_mask(LR, MASK, "token", 2.0, rollout_rs_threshold_lower=0.6)
+    assert mask.tolist() == [[0, 0, 0], [1, 0, 0]]
+    # sequence products 1.5 and 1.5 pass [1/1.6, 1.6]; geometric sqrt(1.5) = 1.22 > 1.2 fails
+    mask, _ = compute_rollout_rejection_mask(LR, MASK, "sequence", 1.6)
+    assert mask.tolist() == [[1, 1, 0], [1, 0, 0]]
+    mask, m = compute_rollout_rejection_mask(LR, MASK, "geometric", "0.5_1.2")
+    assert mask.tolist() == [[0, 0, 0], [0, 0, 0]]
+    assert m["rollout_rs_seq_masked_fraction"] == 1.0
+
+
+def test_token_veto_and_config_defaults():
+    cfg = {"rollout_is": None, "rollout_is_threshold": 4.0, "rollout_rs": "token", "rollout_token_veto_threshold": 0.6}
+    old = torch.zeros(2, 3)
+    w, mask, m = compute_rollout_correction(old, -LR.float(), MASK, cfg)
+    # rs bounds default to the IS threshold [0.25, 4]: all pass; the veto removes seq 0 (token 0.5 < 0.6)
+    assert w is None and mask.tolist() == [[0, 0, 0], [1, 0, 0]]
+    assert m["rollout_corr/rollout_is_veto_fraction"] == 0.5
+    with pytest.raises(ValueError, match="rollout_rs_threshold"):
+        compute_rollout_correction(old, -LR.float(), MASK, {"rollout_rs": "token_k2"})
