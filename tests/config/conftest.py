@@ -1,0 +1,58 @@
+"""Fixtures: the composed default config pointed at a tiny model dir and data files in tmp."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from omegaconf import DictConfig, OmegaConf
+
+from megarl.config import load_config
+
+TINY_HF = {
+    "model_type": "qwen2",
+    "architectures": ["Qwen2ForCausalLM"],
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 4,
+    "max_position_embeddings": 128,
+    "vocab_size": 256,
+}
+
+
+@pytest.fixture(scope="session")
+def default_cfg() -> DictConfig:
+    return load_config()
+
+
+def write_model(model_dir: Path, **fields: Any) -> Path:
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.json").write_text(json.dumps({**TINY_HF, **fields}))
+    return model_dir
+
+
+@pytest.fixture
+def make(default_cfg: DictConfig, tmp_path: Path):
+    """make(overrides={dotted key: value}, hf={config.json fields}) -> a config on tmp assets."""
+    write_model(tmp_path / "model")
+    for name in ("train.parquet", "val.parquet"):
+        (tmp_path / name).write_bytes(b"")
+
+    def _make(overrides: dict[str, Any] | None = None, hf: dict[str, Any] | None = None) -> DictConfig:
+        if hf is not None:
+            write_model(tmp_path / "model", **hf)
+        cfg = copy.deepcopy(default_cfg)
+        OmegaConf.set_struct(cfg, False)
+        OmegaConf.update(cfg, "actor_rollout_ref.model.path", str(tmp_path / "model"))
+        OmegaConf.update(cfg, "data.train_files", str(tmp_path / "train.parquet"))
+        OmegaConf.update(cfg, "data.val_files", str(tmp_path / "val.parquet"))
+        for key, value in (overrides or {}).items():
+            OmegaConf.update(cfg, key, value, force_add=True)
+        return cfg
+
+    return _make

@@ -1,0 +1,61 @@
+"""The entry point: clean exit 2 on a bad config, override-key check, resolved config."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from omegaconf import OmegaConf
+
+from megarl.config import check_override_keys, resolve_config
+from megarl.main_ppo import prepare
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _run_main(*args: str, tmp_path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "MEGARL_DEMO_DIR": str(tmp_path / "demo"), "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "megarl.main_ppo", "--config-name=ppo_megatron_trainer", *args,
+         f"hydra.run.dir={tmp_path / 'hydra'}"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )
+
+
+def test_bad_type_exits_2_with_clean_message(tmp_path):
+    proc = _run_main("trainer.total_training_steps=abc", tmp_path=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "trainer.total_training_steps" in proc.stderr and "'abc'" in proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_unknown_override_key_exits_2_with_did_you_mean(tmp_path):
+    proc = _run_main("trainer.total_training_step=3", tmp_path=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "did you mean trainer.total_training_steps" in proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_override_key_check_skips_additions_and_hydra_keys():
+    assert check_override_keys(["+foo.bar=1", "hydra.run.dir=x", "--config-name=y", "~trainer.logger", "trainer.nnodes=2"]) == []
+    (issue,) = check_override_keys(["algorithm.adv_estimater=grpo"])
+    assert issue.key == "algorithm.adv_estimater" and "algorithm.adv_estimator" in issue.fix
+
+
+def test_prepare_returns_resolved_config_with_expanded_paths(make, monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cfg = make({"trainer.rollout_data_dir": "~/dumps"})
+    monkeypatch.setattr("megarl.main_ppo._optional", lambda module, name: None)  # no demo builder here
+    out = prepare(cfg)
+    assert out.trainer.rollout_data_dir == str(tmp_path / "dumps")
+    assert out.actor_rollout_ref.actor.optim.clip_grad == out.actor_rollout_ref.actor.grad_clip
+    assert out.actor_rollout_ref.rollout.response_length == out.data.max_response_length
+    assert "${" not in OmegaConf.to_yaml(out)
+
+
+def test_resolve_config_expands_lists_of_paths(make, monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    out = resolve_config(make({"data.val_files": ["~/a.parquet", "~/b.parquet"]}))
+    assert list(out.data.val_files) == [str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet")]

@@ -1,0 +1,111 @@
+"""Algorithm / rollout / reward cross-key rules."""
+
+from __future__ import annotations
+
+import pytest
+
+from config_testing import issue_for, no_issues
+from megarl.config.names import GROUP_ADV_ESTIMATORS
+
+A = "actor_rollout_ref.actor"
+R = "actor_rollout_ref.rollout"
+
+
+@pytest.mark.parametrize("estimator", GROUP_ADV_ESTIMATORS)
+def test_group_estimators_need_n_at_least_2(make, estimator):
+    overrides = {"algorithm.adv_estimator": estimator, f"{R}.n": 1, f"{A}.ppo_micro_batch_size_per_gpu": 8}
+    if estimator == "gdpo":
+        overrides["algorithm.gdpo_reward_keys"] = ["acc"]
+    issue_for(make(overrides), f"{R}.n", estimator, ">= 2")
+
+
+@pytest.mark.parametrize("estimator", ["gae", "remax", "reinforce_plus_plus"])
+def test_non_group_estimators_accept_n_1(make, estimator):
+    no_issues(make({"algorithm.adv_estimator": estimator, f"{R}.n": 1, f"{A}.ppo_micro_batch_size_per_gpu": 8, "critic.ppo_micro_batch_size_per_gpu": 8}))
+
+
+def test_group_estimator_with_greedy_rollout(make):
+    issue_for(make({f"{R}.do_sample": False}), f"{R}.do_sample", "identical")
+
+
+def test_kl_in_reward_and_kl_loss_together(make):
+    issue_for(make({"algorithm.use_kl_in_reward": True, f"{A}.use_kl_loss": True}), "algorithm.use_kl_in_reward", "use_kl_loss")
+
+
+def test_gae_with_critic_disabled(make):
+    issue_for(make({"algorithm.adv_estimator": "gae", "critic.enable": False}), "critic.enable", "gae")
+
+
+def test_critic_warmup_without_critic(make):
+    issue_for(make({"trainer.critic_warmup": 2}), "trainer.critic_warmup", "no critic")
+
+
+def test_gdpo_needs_reward_keys(make):
+    issue_for(make({"algorithm.adv_estimator": "gdpo"}), "algorithm.gdpo_reward_keys", "gdpo")
+    cfg = make({"algorithm.adv_estimator": "gdpo", "algorithm.gdpo_reward_keys": ["a", "b"], "algorithm.gdpo_reward_weights": [1.0]})
+    issue_for(cfg, "algorithm.gdpo_reward_weights", "one weight per reward key")
+
+
+def test_rollout_lengths_must_match_data(make):
+    issue_for(make({f"{R}.response_length": 16}), f"{R}.response_length", "data.max_response_length=8")
+
+
+def test_max_model_len_shorter_than_prompt_plus_response(make):
+    issue_for(make({f"{R}.max_model_len": 39}), f"{R}.max_model_len", "40")
+
+
+def test_max_num_batched_tokens_without_chunked_prefill(make):
+    issue_for(make({f"{R}.max_num_batched_tokens": 32}), f"{R}.max_num_batched_tokens", "chunked prefill")
+    no_issues(make({f"{R}.max_num_batched_tokens": 32, f"{R}.enable_chunked_prefill": True}))
+
+
+def test_greedy_validation_with_n_above_1(make):
+    issue_for(make({f"{R}.val_kwargs.n": 4}), f"{R}.val_kwargs.n", "identical")
+
+
+def test_rollout_correction_needs_rollout_log_probs(make):
+    cfg = make({"algorithm.rollout_correction.rollout_is": "token", f"{R}.calculate_log_probs": False})
+    issue_for(cfg, f"{R}.calculate_log_probs", "rollout_is")
+
+
+def test_rejection_thresholds_ordered(make):
+    cfg = make({"algorithm.rollout_correction.rollout_rs": "token", "algorithm.rollout_correction.rollout_rs_threshold_lower": 3.0})
+    issue_for(cfg, "algorithm.rollout_correction.rollout_rs_threshold_lower", "below the upper threshold 2.0")
+
+
+def test_clip_cov_bounds_ordered(make):
+    issue_for(make({f"{A}.policy_loss.clip_cov_lb": 6.0}), f"{A}.policy_loss.clip_cov_lb", "clip_cov_ub")
+
+
+def test_dual_clip_c_above_1(make):
+    issue_for(make({f"{A}.clip_ratio_c": 1.0}), f"{A}.clip_ratio_c", "> 1")
+
+
+def test_overlong_buffer_needs_dapo_manager(make):
+    issue_for(make({"reward_model.overlong_buffer.enable": True}), "reward_model.overlong_buffer.enable", "dapo")
+    cfg = make({"reward_model.overlong_buffer.enable": True, "reward_model.reward_manager": "dapo", "reward_model.overlong_buffer.len": 9})
+    issue_for(cfg, "reward_model.overlong_buffer.len", "max_response_length=8")
+
+
+def test_reward_model_enabled_without_path(make):
+    issue_for(make({"reward_model.enable": True}), "reward_model.model.path", "no reward model")
+
+
+def test_custom_reward_file_must_exist(make, tmp_path):
+    issue_for(make({"custom_reward_function.path": str(tmp_path / "score.py")}), "custom_reward_function.path", "does not exist")
+    (tmp_path / "score.py").write_text("def compute_score(**kw):\n    return 0.0\n")
+    no_issues(make({"custom_reward_function.path": str(tmp_path / "score.py")}))
+
+
+def test_custom_dataset_class_needs_name(make, tmp_path):
+    (tmp_path / "ds.py").write_text("")
+    issue_for(make({"data.custom_cls.path": str(tmp_path / "ds.py")}), "data.custom_cls.name", "no dataset class name")
+
+
+def test_betas_need_two_values(make):
+    issue_for(make({f"{A}.optim.betas": [0.9]}), f"{A}.optim.betas", "exactly two")
+
+
+def test_load_contents_must_be_saved(make):
+    cfg = make({f"{A}.checkpoint.save_contents": ["model"], f"{A}.checkpoint.load_contents": ["model", "optimizer"]})
+    issue_for(cfg, f"{A}.checkpoint.load_contents", "optimizer")

@@ -1,0 +1,47 @@
+"""Rules that read the model dir: existence, config.json, model_type, lengths."""
+
+from __future__ import annotations
+
+from config_testing import issue_for, no_issues
+
+P = "actor_rollout_ref.model.path"
+
+
+def test_missing_model_dir_names_model_path(make, tmp_path):
+    issue_for(make({P: str(tmp_path / "nope")}), P, "does not exist")
+
+
+def test_model_dir_without_config_json(make, tmp_path):
+    (tmp_path / "empty").mkdir()
+    issue_for(make({P: str(tmp_path / "empty")}), P, "no config.json")
+
+
+def test_unreadable_config_json(make, tmp_path):
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "config.json").write_text("{not json")
+    issue_for(make({P: str(tmp_path / "bad")}), P, "cannot read")
+
+
+def test_unsupported_model_type(make):
+    issue_for(make(hf={"model_type": "gpt2"}), P, "'gpt2'", "llama")
+
+
+def test_prompt_plus_response_longer_than_max_positions(make):
+    # 32 + 8 = 40 > 39
+    issue_for(make(hf={"max_position_embeddings": 39}), "data.max_response_length", "max_position_embeddings=39")
+    no_issues(make(hf={"max_position_embeddings": 40}))
+
+
+def test_rollout_max_model_len_above_max_positions(make):
+    issue_for(make({"actor_rollout_ref.rollout.max_model_len": 256}), "actor_rollout_ref.rollout.max_model_len", "max_position_embeddings=128")
+
+
+def test_critic_model_checked_when_critic_runs(make, tmp_path):
+    no_issues(make({"critic.model.path": str(tmp_path / "nope")}))  # grpo: no critic
+    cfg = make({"critic.model.path": str(tmp_path / "nope"), "algorithm.adv_estimator": "gae"})
+    issue_for(cfg, "critic.model.path", "does not exist")
+
+
+def test_tokenizer_dir_must_exist(make, tmp_path):
+    issue_for(make({"actor_rollout_ref.model.tokenizer_path": str(tmp_path / "tok")}), "actor_rollout_ref.model.tokenizer_path", "does not exist")
+    issue_for(make({"data.tokenizer": str(tmp_path / "tok")}), "data.tokenizer", "does not exist")

@@ -1,0 +1,91 @@
+"""Parallel layout rules, including the model-shape ones (config.json in a tmp dir)."""
+
+from __future__ import annotations
+
+import pytest
+
+from config_testing import issue_for, no_issues
+from megarl.config.rules_parallel import has_module
+
+M = "actor_rollout_ref.actor.megatron"
+R = "actor_rollout_ref.rollout"
+
+
+def test_tp_pp_cp_must_divide_world(make):
+    cfg = make({"trainer.n_gpus_per_node": 2, f"{M}.pipeline_model_parallel_size": 4})
+    issue_for(cfg, f"{M}.tensor_model_parallel_size", "pp=4", "world size")
+
+
+def test_ref_layout_checked_when_ref_runs(make):
+    cfg = make({"trainer.n_gpus_per_node": 2, "actor_rollout_ref.ref.megatron.tensor_model_parallel_size": 4, "algorithm.use_kl_in_reward": True})
+    issue_for(cfg, "actor_rollout_ref.ref.megatron.tensor_model_parallel_size", "world size")
+
+
+def test_ep_times_etp_must_divide_world_per_stage(make):
+    cfg = make({"trainer.n_gpus_per_node": 4, f"{M}.pipeline_model_parallel_size": 2, f"{M}.expert_model_parallel_size": 4,
+                f"{M}.expert_tensor_parallel_size": 1}, hf={"model_type": "qwen3_moe", "num_experts": 8})
+    issue_for(cfg, f"{M}.expert_model_parallel_size", "world / pp = 2")
+
+
+def test_vpp_needs_pp(make):
+    issue_for(make({f"{M}.virtual_pipeline_model_parallel_size": 2}), f"{M}.virtual_pipeline_model_parallel_size", "pipeline_model_parallel_size > 1")
+
+
+def test_attention_heads_divisible_by_tp(make):
+    cfg = make({"trainer.n_gpus_per_node": 3, f"{M}.tensor_model_parallel_size": 3, f"{M}.ppo_micro_batch_size_per_gpu": 1}, hf={"num_key_value_heads": 4})
+    issue_for(cfg, f"{M}.tensor_model_parallel_size", "num_attention_heads=4")
+
+
+def test_kv_heads_divisible_by_tp(make):
+    cfg = make({"trainer.n_gpus_per_node": 4, f"{M}.tensor_model_parallel_size": 4}, hf={"num_attention_heads": 8, "num_key_value_heads": 2})
+    issue_for(cfg, f"{M}.tensor_model_parallel_size", "num_key_value_heads=2")
+
+
+def test_layers_divisible_by_pp_times_vpp(make):
+    cfg = make({"trainer.n_gpus_per_node": 2, f"{M}.pipeline_model_parallel_size": 2, f"{M}.virtual_pipeline_model_parallel_size": 4})
+    issue_for(cfg, f"{M}.pipeline_model_parallel_size", "num_hidden_layers=4")
+    no_issues(make({"trainer.n_gpus_per_node": 2, f"{M}.pipeline_model_parallel_size": 2, f"{M}.virtual_pipeline_model_parallel_size": 2}))
+
+
+def test_override_config_is_applied_before_shape_checks(make):
+    cfg = make({"trainer.n_gpus_per_node": 2, f"{M}.pipeline_model_parallel_size": 2,
+                "actor_rollout_ref.model.override_config": {"num_hidden_layers": 3}})
+    issue_for(cfg, f"{M}.pipeline_model_parallel_size", "num_hidden_layers=3")
+
+
+def test_ep_on_dense_model(make):
+    issue_for(make({"trainer.n_gpus_per_node": 2, f"{M}.expert_model_parallel_size": 2}), f"{M}.expert_model_parallel_size", "no MoE experts")
+
+
+def test_experts_divisible_by_ep(make):
+    cfg = make({"trainer.n_gpus_per_node": 4, f"{M}.expert_model_parallel_size": 4}, hf={"model_type": "qwen3_moe", "num_experts": 6})
+    issue_for(cfg, f"{M}.expert_model_parallel_size", "6 experts")
+
+
+def test_rollout_tp_must_divide_world(make):
+    issue_for(make({f"{R}.tensor_model_parallel_size": 2}), f"{R}.tensor_model_parallel_size", "world size")
+
+
+def test_rollout_tp_vs_kv_heads(make):
+    # 8 heads, 4 KV heads: vLLM TP 8 replicates KV heads (fine); TP 2 splits them (fine).
+    no_issues(make({"trainer.n_gpus_per_node": 8, f"{R}.tensor_model_parallel_size": 8, "data.train_batch_size": 16,
+                    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 8}, hf={"num_attention_heads": 8, "num_key_value_heads": 4}))
+    cfg = make({"trainer.n_gpus_per_node": 3, f"{R}.tensor_model_parallel_size": 3, "actor_rollout_ref.actor.ppo_mini_batch_size": 8,
+                "data.train_batch_size": 24, "actor_rollout_ref.rollout.n": 3, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 8},
+               hf={"num_attention_heads": 6, "num_key_value_heads": 2})
+    issue_for(cfg, f"{R}.tensor_model_parallel_size", "num_key_value_heads=2")
+
+
+@pytest.mark.skipif(has_module("transformer_engine") or has_module("apex"), reason="TE/apex installed")
+def test_sequence_parallel_needs_te_or_apex(make):
+    issue_for(make({f"{M}.sequence_parallel": True}), f"{M}.sequence_parallel", "transformer-engine or apex")
+
+
+@pytest.mark.skipif(has_module("transformer_engine"), reason="TE installed")
+def test_context_parallel_needs_te(make):
+    issue_for(make({"trainer.n_gpus_per_node": 2, f"{M}.context_parallel_size": 2}), f"{M}.context_parallel_size", "transformer-engine")
+
+
+def test_dist_checkpointing_needs_an_existing_dir(make, tmp_path):
+    issue_for(make({f"{M}.use_dist_checkpointing": True}), f"{M}.dist_checkpointing_path", "not an existing directory")
+    no_issues(make({f"{M}.use_dist_checkpointing": True, f"{M}.dist_checkpointing_path": str(tmp_path)}))

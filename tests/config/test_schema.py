@@ -1,0 +1,150 @@
+"""Per-key checks: yaml <-> schema agreement, unknown keys, types, ranges, names."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from omegaconf import OmegaConf
+
+from megarl.config import CONFIG_DIR, CONFIG_NAME, ConfigError, check_schema, collect_issues, validate_config
+from megarl.config.schema import MegaRLConfig
+from megarl.config.walk import iter_schema_keys
+
+from config_testing import issue_for, no_issues
+
+YAML = f"{CONFIG_DIR}/{CONFIG_NAME}.yaml"
+
+
+def _yaml_leaf_keys(node, prefix=""):
+    for key, value in node.items_ex(resolve=False) if hasattr(node, "items_ex") else node.items():
+        full = f"{prefix}{key}"
+        child = node._get_node(key)
+        if OmegaConf.is_dict(child) and len(child) > 0:
+            yield from _yaml_leaf_keys(child, full + ".")
+        else:
+            yield full
+
+
+def test_yaml_and_schema_have_the_same_keys():
+    raw = OmegaConf.load(YAML)
+    yaml_keys = set(_yaml_leaf_keys(raw))
+    schema_keys = {key for key, _, _ in iter_schema_keys(MegaRLConfig)}
+    assert yaml_keys == schema_keys, (sorted(yaml_keys - schema_keys), sorted(schema_keys - yaml_keys))
+
+
+def test_every_yaml_key_has_a_comment():
+    for n, line in enumerate(open(YAML), 1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if re.match(r"^[A-Za-z_]\w*:\s*$", stripped):  # section header
+            continue
+        assert "  # " in line, f"{YAML}:{n} has no comment: {line.rstrip()}"
+
+
+def test_default_config_passes_schema(default_cfg):
+    assert check_schema(default_cfg) == []
+
+
+def test_default_config_validates_on_tiny_assets(make):
+    no_issues(make())
+
+
+def test_unknown_key_did_you_mean(make):
+    issue = issue_for(make({"actor_rollout_ref.rollout.temprature": 0.7}), "actor_rollout_ref.rollout.temprature", "unknown key")
+    assert "actor_rollout_ref.rollout.temperature" in issue.fix
+
+
+def test_unknown_key_found_elsewhere_in_tree(make):
+    issue = issue_for(make({"actor_rollout_ref.actor.n": 4}), "actor_rollout_ref.actor.n", "unknown key")
+    assert "actor_rollout_ref.rollout.n" in issue.fix
+
+
+def test_unknown_verl_key_says_not_supported(make):
+    issue_for(make({"actor_rollout_ref.model.lora_rank": 8}), "actor_rollout_ref.model.lora_rank", "LoRA is not supported")
+    issue_for(make({"actor_rollout_ref.actor.fsdp_config": {"param_offload": True}}), "actor_rollout_ref.actor.fsdp_config", "FSDP")
+
+
+def test_missing_key(make):
+    cfg = make()
+    del cfg.trainer["test_freq"]
+    issue_for(cfg, "trainer.test_freq", "missing key")
+
+
+def test_string_where_int_expected(make):
+    issue_for(make({"trainer.total_training_steps": "abc"}), "trainer.total_training_steps", "expected integer", "'abc'", "=30")
+
+
+def test_bool_and_float_are_not_ints(make):
+    issue_for(make({"data.train_batch_size": True}), "data.train_batch_size", "expected integer")
+    issue_for(make({"data.train_batch_size": 1.5}), "data.train_batch_size", "expected integer")
+
+
+def test_int_accepted_where_float_expected(make):
+    no_issues(make({"actor_rollout_ref.actor.optim.lr": 1}))
+
+
+def test_range_lr(make):
+    issue_for(make({"actor_rollout_ref.actor.optim.lr": 0.0}), "actor_rollout_ref.actor.optim.lr", "> 0")
+
+
+@pytest.mark.parametrize("value", [0.0, 1.5, -0.1])
+def test_gpu_memory_utilization_outside_0_1(make, value):
+    issue_for(make({"actor_rollout_ref.rollout.gpu_memory_utilization": value}), "actor_rollout_ref.rollout.gpu_memory_utilization")
+
+
+def test_gpu_memory_utilization_one_is_fine(make):
+    no_issues(make({"actor_rollout_ref.rollout.gpu_memory_utilization": 1.0}))
+
+
+@pytest.mark.parametrize(
+    "key,value,valid_name",
+    [
+        ("algorithm.adv_estimator", "grpoo", "grpo"),
+        ("actor_rollout_ref.actor.policy_loss.loss_mode", "vanila", "vanilla"),
+        ("actor_rollout_ref.actor.loss_agg_mode", "token_mean", "token-mean"),
+        ("algorithm.kl_penalty", "klx", "low_var_kl"),
+        ("actor_rollout_ref.actor.kl_loss_type", "lowvar", "low_var_kl"),
+        ("data.truncation", "cut", "left"),
+        ("trainer.logger", ["console", "mlflow"], "tensorboard"),
+    ],
+)
+def test_unknown_names_list_the_valid_ones(make, key, value, valid_name):
+    issue = issue_for(make({key: value}), key, "unknown name")
+    assert valid_name in issue.fix
+
+
+def test_registry_names_are_accepted(make):
+    algorithms = pytest.importorskip("megarl.algorithms")
+    for name in algorithms.ADV_ESTIMATORS:
+        issues = [i for i in collect_issues(make({"algorithm.adv_estimator": name})) if i.key == "algorithm.adv_estimator"]
+        assert not issues, name
+
+
+@pytest.mark.parametrize(
+    "key,value,words",
+    [
+        ("actor_rollout_ref.rollout.name", "sglang", "vLLM only"),
+        ("actor_rollout_ref.rollout.mode", "async", "synchronous"),
+        ("actor_rollout_ref.actor.strategy", "fsdp", "Megatron-Core only"),
+        ("actor_rollout_ref.hybrid_engine", False, "hybrid engine"),
+    ],
+)
+def test_unsupported_values(make, key, value, words):
+    issue_for(make({key: value}), key, "not supported", words)
+
+
+def test_broken_interpolation_names_key(make):
+    issue_for(make({"actor_rollout_ref.actor.optim.clip_grad": "${actor_rollout_ref.actor.no_such_key}"}), "actor_rollout_ref.actor.optim.clip_grad", "cannot resolve")
+
+
+def test_all_errors_reported_together(make):
+    cfg = make({"trainer.total_training_steps": "abc", "actor_rollout_ref.actor.optim.lr": -1.0, "actor_rollout_ref.rollout.n": 1, "data.max_prompt_length": 0})
+    with pytest.raises(ConfigError) as info:
+        validate_config(cfg)
+    assert isinstance(info.value, ValueError)
+    text = str(info.value)
+    for key in ("trainer.total_training_steps", "actor_rollout_ref.actor.optim.lr", "actor_rollout_ref.rollout.n", "data.max_prompt_length"):
+        assert key in text
+    assert len(info.value.issues) >= 4
