@@ -29,8 +29,8 @@ LOSS_AGG_MODES: tuple[str, ...] = (
     "seq-mean-token-mean",
     "seq-mean-token-sum-norm",
 )
-_TOKEN_UNIT_MODES = ("token-mean",)
-_SEQ_UNIT_MODES = ("seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+TOKEN_UNIT_MODES = ("token-mean",)
+SEQ_UNIT_MODES = ("seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 @dataclass(frozen=True)
@@ -52,9 +52,9 @@ class GlobalDenominator:
         return GlobalDenominator(self.num_tokens + other.num_tokens, self.num_seqs + other.num_seqs)
 
     def for_mode(self, loss_agg_mode: str) -> float | None:
-        if loss_agg_mode in _TOKEN_UNIT_MODES:
+        if loss_agg_mode in TOKEN_UNIT_MODES:
             return self.num_tokens
-        if loss_agg_mode in _SEQ_UNIT_MODES:
+        if loss_agg_mode in SEQ_UNIT_MODES:
             return self.num_seqs
         return None
 

@@ -33,11 +33,14 @@ def filter_metric_values(
     extra = reward_extra_info or {}
     if metric in extra:
         return np.asarray(extra[metric])
-    check_choice(metric, tuple(BUILTIN_FILTER_METRICS) + tuple(extra), "filter metric", "algorithm.filter_groups.metric")
+    valid = tuple(BUILTIN_FILTER_METRICS) + tuple(extra)
+    check_choice(metric, valid, "filter metric", "algorithm.filter_groups.metric")
     raise ValueError(f"algorithm.filter_groups.metric={metric} needs the tensor it is computed from")
 
 
-def filter_groups(uids: Sequence[Any] | np.ndarray, metric_values: Sequence[Any] | np.ndarray) -> tuple[np.ndarray, dict[str, int]]:
+def filter_groups(
+    uids: Sequence[Any] | np.ndarray, metric_values: Sequence[Any] | np.ndarray
+) -> tuple[np.ndarray, dict[str, int]]:
     """Dynamic sampling: keep the responses of prompts whose metric values are not all
     equal (they give a non-zero group-relative advantage). Single-response groups are kept.
 
@@ -77,7 +80,8 @@ def overlong_penalty(
         raise ValueError(f"reward_model.overlong_buffer.len must be > 0, got {overlong_buffer_len}")
     if overlong_buffer_len > max_response_length:
         raise ValueError(
-            f"reward_model.overlong_buffer.len ({overlong_buffer_len}) exceeds data.max_response_length ({max_response_length})"
+            f"reward_model.overlong_buffer.len ({overlong_buffer_len}) exceeds "
+            f"data.max_response_length ({max_response_length})"
         )
     expected = max_response_length - overlong_buffer_len
     exceed = response_lengths.float() - expected

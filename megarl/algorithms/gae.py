@@ -41,7 +41,8 @@ def reverse_discounted_cumsum(x: torch.Tensor, c: float) -> torch.Tensor:
     # with discount c^k, again a matmul.
     starts = local[:, :, 0] @ _discount_matrix(n, c**k, dtype, x.device)  # [B, n]
     carry = torch.nn.functional.pad(starts[:, 1:], (0, 1))  # start of the next chunk
-    tail = torch.pow(torch.tensor(c, dtype=dtype, device=x.device), torch.arange(k, 0, -1, device=x.device, dtype=dtype))
+    base = torch.tensor(c, dtype=dtype, device=x.device)
+    tail = torch.pow(base, torch.arange(k, 0, -1, device=x.device, dtype=dtype))
     local.addcmul_(carry.unsqueeze(-1), tail)  # + c^(k - i) * next chunk's start
     return local.view(B, n * k)[:, :T].to(x.dtype)
 

@@ -18,7 +18,9 @@ def group_ids(index: Sequence[Any] | np.ndarray, device: torch.device | str = "c
     return torch.tensor(ids, dtype=torch.long, device=device), len(seen)
 
 
-def group_mean_std(scores: torch.Tensor, gid: torch.Tensor, num_groups: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def group_mean_std(
+    scores: torch.Tensor, gid: torch.Tensor, num_groups: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-sample group mean, unbiased group std and group size, each `[batch]`.
 
     Singleton groups get mean 0 and std 1 (verl's convention: the advantage of a lone

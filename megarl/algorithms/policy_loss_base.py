@@ -44,7 +44,9 @@ def actor_cfg(config: Any, key: str, default: Any = ...) -> Any:
 def clip_range(config: Any) -> tuple[float, float]:
     """(clip_ratio_low, clip_ratio_high); each defaults to `clip_ratio` when unset."""
     clip_ratio = actor_cfg(config, "clip_ratio", 0.2)
-    return float(actor_cfg(config, "clip_ratio_low", clip_ratio)), float(actor_cfg(config, "clip_ratio_high", clip_ratio))
+    low = actor_cfg(config, "clip_ratio_low", clip_ratio)
+    high = actor_cfg(config, "clip_ratio_high", clip_ratio)
+    return float(low), float(high)
 
 
 def log_ratio(log_prob: torch.Tensor, old_log_prob: torch.Tensor, clamp: bool = True) -> torch.Tensor:

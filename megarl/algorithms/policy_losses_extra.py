@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from megarl.algorithms.agg import _SEQ_UNIT_MODES, Denominator, GlobalDenominator, agg_loss
+from megarl.algorithms.agg import SEQ_UNIT_MODES, Denominator, GlobalDenominator, agg_loss
 from megarl.algorithms.masked import masked_count, masked_sum
 from megarl.algorithms.policy_loss_base import (
     actor_cfg,
@@ -123,7 +123,7 @@ def compute_policy_loss_geo_mean(
     for micro-batch invariance. Config: clip_ratio_low/high (GMPO uses wider, e.g. 0.4)."""
     low, high = clip_range(config)
     if global_denominator is not None and not isinstance(global_denominator, GlobalDenominator):
-        if loss_agg_mode not in _SEQ_UNIT_MODES:
+        if loss_agg_mode not in SEQ_UNIT_MODES:
             raise ValueError(
                 "geo_mean averages over sequences: pass global_denominator as a GlobalDenominator "
                 f"(or a sequence count with a seq-mean-* loss_agg_mode), not a number with {loss_agg_mode}"

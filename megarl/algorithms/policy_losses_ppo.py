@@ -155,4 +155,5 @@ def compute_policy_loss_kl_cov(
         penalized.view(-1)[top] = True
     loss = torch.where(penalized, loss + kl_coef * lr.abs(), loss)
     pg_loss = aggregate(loss, response_mask, loss_agg_mode, config, global_denominator, rollout_is_weights)
-    return pg_loss, pg_metrics(response_mask, -lr, penalized, **{"actor/ppo_kl_abs": masked_mean(lr.detach().abs(), response_mask).item()})
+    kl_abs = masked_mean(lr.detach().abs(), response_mask).item()
+    return pg_loss, pg_metrics(response_mask, -lr, penalized, **{"actor/ppo_kl_abs": kl_abs})

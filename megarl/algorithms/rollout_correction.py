@@ -80,7 +80,9 @@ def parse_rs_thresholds(options: list[str], spec: float | str | None) -> dict[st
         if opt.endswith("k1") or opt in ROLLOUT_RS_RATIO_OPTIONS:
             lower, upper = (1.0 / nums[0], nums[0]) if len(nums) == 1 else (nums[0], nums[1])
             if len(nums) > 2 or not 0 < lower <= upper:
-                raise ValueError(f"{_KEY}rollout_rs_threshold for {opt} needs ratio bounds 0 < lower <= upper, got {s!r}")
+                raise ValueError(
+                    f"{_KEY}rollout_rs_threshold for {opt} needs ratio bounds 0 < lower <= upper, got {s!r}"
+                )
             out[opt] = (lower, upper)
         else:
             if len(nums) != 1 or nums[0] <= 0:
@@ -187,7 +189,8 @@ def compute_rollout_rejection_mask(
             if opt in ROLLOUT_RS_RATIO_OPTIONS:
                 if not 0 < rollout_rs_threshold_lower <= bounds[opt][1]:
                     raise ValueError(
-                        f"{_KEY}rollout_rs_threshold_lower={rollout_rs_threshold_lower} must be in (0, upper={bounds[opt][1]}]"
+                        f"{_KEY}rollout_rs_threshold_lower={rollout_rs_threshold_lower} "
+                        f"must be in (0, upper={bounds[opt][1]}]"
                     )
                 bounds[opt] = (rollout_rs_threshold_lower, bounds[opt][1])
     mask = response_mask.bool()

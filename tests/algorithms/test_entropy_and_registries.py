@@ -32,11 +32,16 @@ def test_name_views_are_complete_and_live():
     assert set(A.LOSS_AGG_MODES) >= {"token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"}
     assert {"kl", "abs", "mse", "low_var_kl", "full"} <= set(A.KL_PENALTIES)
 
+    from megarl.algorithms.policy_loss_base import POLICY_LOSS_REGISTRY
+
     @A.register_policy_loss("_test_custom")
     def custom(*args, **kwargs):
         return torch.tensor(0.0), {}
 
-    assert "_test_custom" in A.POLICY_LOSSES and A.get_policy_loss("_test_custom") is custom
+    try:
+        assert "_test_custom" in A.POLICY_LOSSES and A.get_policy_loss("_test_custom") is custom
+    finally:
+        POLICY_LOSS_REGISTRY._table.pop("_test_custom")
 
 
 @pytest.mark.parametrize(
