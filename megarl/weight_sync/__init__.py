@@ -7,7 +7,7 @@ log-prob gap).
 
 from megarl.weight_sync.integrity import WeightSyncIntegrityError
 from megarl.weight_sync.metrics import log_prob_gap
-from megarl.weight_sync.plan import MegatronLayout, ReshardPlan, build_plan, plan_for_hf_config
+from megarl.weight_sync.plan import MegatronLayout, ReshardPlan, build_plan, plan_for_model
 from megarl.weight_sync.transport import SyncStats, stream_broadcast, stream_in_process
 
 __all__ = [
@@ -17,7 +17,7 @@ __all__ = [
     "WeightSyncIntegrityError",
     "build_plan",
     "log_prob_gap",
-    "plan_for_hf_config",
+    "plan_for_model",
     "stream_broadcast",
     "stream_in_process",
 ]

@@ -1,0 +1,69 @@
+"""Rank bodies for the multi-process weight-sync tests (spawned by run_distributed)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def perturb_(chunks, scale: float, shift: float) -> None:
+    """An optimizer-like change of every megatron parameter: ``p <- p * scale + shift``.
+
+    Elementwise, so it commutes with any sharding, fusing or permutation: the expected
+    HF tensors are the HF checkpoint's tensors with the same change applied.
+    """
+    with torch.no_grad():
+        for chunk in chunks:
+            for p in chunk.parameters():
+                p.mul_(scale).add_(shift)
+
+
+def expected_hf_weights(hf_dir: str, scale: float, shift: float) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return {k: v.mul(scale).add(shift) for k, v in load_file(f"{hf_dir}/model.safetensors").items()}
+
+
+def sync_through_transport(megatron_cfg: dict, hf_dir: str, scale: float, shift: float,
+                           bucket_size_bytes: int, transport: str = "in_process") -> dict:
+    """Build + load + perturb a megatron model, then run the export through a transport.
+
+    Every rank captures the tensors the transport hands to its (would-be) engine and
+    checks them bitwise against the perturbed HF checkpoint. Rank 0 returns its
+    captured tensors. ``transport``: ``in_process`` (every rank exports) or
+    ``broadcast`` (global rank 0 is the source; every rank receives).
+    """
+    import transformers
+
+    from megarl.models import build_model, export_hf_weights, load_hf_weights, unwrap_chunk
+    from megarl.parallel import init_distributed
+    from megarl.weight_sync import SyncStats, plan_for_model, stream_broadcast, stream_in_process
+
+    init_distributed(megatron_cfg, "cpu")
+    hf_config = transformers.AutoConfig.from_pretrained(hf_dir)
+    chunks = build_model(hf_config, megatron_cfg, device="cpu")
+    load_hf_weights(chunks, hf_dir)
+    perturb_(chunks, scale, shift)
+    plan = plan_for_model(hf_config, unwrap_chunk(chunks[0]).config, hf_dir, rollout_tp=1,
+                          bucket_size_bytes=bucket_size_bytes, dtype=torch.float32)
+    stats = SyncStats()
+    export = export_hf_weights(chunks, hf_config)
+    if transport == "in_process":
+        stream = stream_in_process(export, plan, stats=stats)
+    else:
+        rank = torch.distributed.get_rank()
+        # The source exports; the other ranks still join the export's collectives.
+        if rank != 0:
+            for _ in export:
+                pass
+        stream = stream_broadcast(export if rank == 0 else None, plan, src=0, stats=stats)
+    captured = {name: t.clone() for name, t in stream}
+    expected = expected_hf_weights(hf_dir, scale, shift)
+    unequal = sorted(n for n in expected if n not in captured or not torch.equal(captured[n], expected[n]))
+    return {
+        "unequal": unequal,
+        "extra": sorted(set(captured) - set(expected)),
+        "order_matches_plan": list(captured) == [n for b in plan.buckets for n in b.names],
+        "metrics": stats.as_metrics(),
+        "max_bucket_bytes": plan.max_bucket_bytes,
+        "captured": captured if torch.distributed.get_rank() == 0 else None,
+    }
