@@ -16,16 +16,18 @@ from megarl.config import (
     CONFIG_DIR,
     CONFIG_NAME,
     ConfigError,
+    Issue,
     check_override_keys,
     check_schema,
     resolve_config,
     validate_config,
 )
+from megarl.config.errors import no_value
 
 EXIT_BAD_CONFIG = 2
 
 
-def _fail(error: ConfigError) -> None:
+def _fail(error: ValueError) -> None:
     print(f"megarl: {error}", file=sys.stderr)
     sys.exit(EXIT_BAD_CONFIG)
 
@@ -50,7 +52,10 @@ def prepare(cfg: DictConfig) -> DictConfig:
         raise ConfigError(issues)
     ensure_demo_assets = _optional("megarl.data.demo", "ensure_demo_assets")
     if ensure_demo_assets is not None:
-        ensure_demo_assets(cfg)
+        try:
+            ensure_demo_assets(cfg)
+        except ValueError as error:  # a demo path the builder does not know; names the key
+            raise ConfigError([Issue("demo assets", no_value(), str(error), "point the key at your own file or at a demo asset")]) from error
     validate_config(cfg)
     return resolve_config(cfg)
 
@@ -66,7 +71,10 @@ def main(cfg: DictConfig) -> None:
     if run_ppo is None:
         print("megarl: config is valid; megarl.trainer.run_ppo is not available yet, nothing to run.")
         return
-    run_ppo(resolved)
+    try:
+        run_ppo(resolved)
+    except ConfigError as error:  # a problem only the trainer can see (e.g. dataset size)
+        _fail(error)
 
 
 def cli() -> None:

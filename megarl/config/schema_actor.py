@@ -121,6 +121,7 @@ class RolloutConfig:
     enable_chunked_prefill: bool = spec()
     do_sample: bool = spec()
     n: int = spec(ge=1)
+    seed: int = spec(ge=0)
     calculate_log_probs: bool = spec()
     log_prob_micro_batch_size_per_gpu: int | None = spec(ge=1)
     log_prob_use_dynamic_bsz: bool = spec()
