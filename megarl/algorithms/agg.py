@@ -51,6 +51,15 @@ class GlobalDenominator:
     def __add__(self, other: "GlobalDenominator") -> "GlobalDenominator":
         return GlobalDenominator(self.num_tokens + other.num_tokens, self.num_seqs + other.num_seqs)
 
+    def to_tensor(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """`[2]` float64 tensor (num_tokens, num_seqs), e.g. to all-reduce (SUM) over DP ranks."""
+        return torch.tensor([self.num_tokens, self.num_seqs], dtype=torch.float64, device=device)
+
+    @classmethod
+    def from_tensor(cls, t: torch.Tensor) -> "GlobalDenominator":
+        num_tokens, num_seqs = t.tolist()
+        return cls(num_tokens=num_tokens, num_seqs=num_seqs)
+
     def for_mode(self, loss_agg_mode: str) -> float | None:
         if loss_agg_mode in TOKEN_UNIT_MODES:
             return self.num_tokens
@@ -63,10 +72,16 @@ Denominator = Union[float, int, torch.Tensor, GlobalDenominator, None]
 
 
 def resolve_denominator(global_denominator: Denominator, loss_agg_mode: str) -> float | torch.Tensor | None:
-    """The number to divide by for `loss_agg_mode`, or None for the local count."""
-    if isinstance(global_denominator, GlobalDenominator):
-        return global_denominator.for_mode(loss_agg_mode)
-    return global_denominator
+    """The number to divide by for `loss_agg_mode` (at least 1, so an all-masked
+    mini-batch gives loss 0), or None for the local count."""
+    denom = global_denominator
+    if isinstance(denom, GlobalDenominator):
+        denom = denom.for_mode(loss_agg_mode)
+    if denom is None:
+        return None
+    if isinstance(denom, torch.Tensor):
+        return denom.clamp_min(1.0)
+    return max(float(denom), 1.0)
 
 
 def agg_loss(

@@ -47,6 +47,7 @@ def test_micro_batch_split_invariance_with_global_denominator(mode):
     for c in chunks:
         denom = denom + GlobalDenominator.from_mask(mask[c])
     assert denom.num_tokens == 21 and denom.num_seqs == 7
+    denom = GlobalDenominator.from_tensor(denom.to_tensor())  # the all-reduce round trip
     total = sum(agg_loss(loss[c], mask[c], mode, global_denominator=denom) for c in chunks)
     (g_split,) = torch.autograd.grad(total, loss)
     assert total.item() == pytest.approx(whole.item(), rel=1e-6)
@@ -70,3 +71,10 @@ def test_unknown_mode_lists_valid_modes():
     with pytest.raises(ValueError, match="token-mean") as e:
         agg_loss(LOSS, MASK, "token-avg")
     assert "loss_agg_mode" in str(e.value)
+
+
+def test_all_masked_minibatch_gives_zero_loss():
+    zeros = torch.zeros(2, 3, dtype=torch.long)
+    for mode in LOSS_AGG_MODES:
+        assert agg_loss(LOSS[:2, :3], zeros, mode).item() == 0.0
+        assert agg_loss(LOSS[:2, :3], zeros, mode, global_denominator=GlobalDenominator(0, 0)).item() == 0.0
