@@ -80,3 +80,44 @@ def convert_and_forward(megatron_cfg: dict, cases: list[dict]) -> list[dict]:
         exported = {name: t.clone() for name, t in export_hf_weights(chunks, hf_config)}
         out.append({"result": result, "export": exported})
     return out
+
+
+def critic_save_and_config(megatron_cfg: dict, critic_dir: str, actor_dir: str, out_dir: str, batch) -> dict:
+    """Critic forward + export, actor save_hf_checkpoint, and config override checks."""
+    from megarl.models import build_model, export_hf_weights, load_hf_weights, save_hf_checkpoint
+    from megarl.models.config import hf_to_transformer_config
+    from megarl.parallel import init_distributed
+
+    init_distributed(megatron_cfg, "cpu")
+    hf_config = transformers.AutoConfig.from_pretrained(critic_dir)
+    critic = build_model(hf_config, megatron_cfg, value_head=True, device="cpu")
+    load_hf_weights(critic, critic_dir)
+    for chunk in critic:
+        chunk.eval()
+    with torch.no_grad():
+        values = megatron_forward(critic, *batch, value_head=True)
+    exported = {name: t.clone() for name, t in export_hf_weights(critic, hf_config)}
+
+    actor_config = transformers.AutoConfig.from_pretrained(actor_dir)
+    actor = build_model(actor_config, megatron_cfg, device="cpu")
+    load_hf_weights(actor, actor_dir)
+    save_hf_checkpoint(actor, actor_config, out_dir, tokenizer_dir=actor_dir)
+
+    override = hf_to_transformer_config(
+        hf_config, {"override_transformer_config": {"hidden_dropout": 0.25}}, device="cpu",
+        dtype=torch.float32,
+    )
+    try:
+        hf_to_transformer_config(
+            hf_config, {"override_transformer_config": {"no_such_field": 1}}, device="cpu",
+            dtype=torch.float32,
+        )
+        unknown_error = None
+    except ValueError as exc:
+        unknown_error = str(exc)
+    return {
+        "values": values,
+        "export": exported,
+        "hidden_dropout": override.hidden_dropout,
+        "unknown_error": unknown_error,
+    }

@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 
 # layout name -> (world size, megatron cfg, models run in that layout)
 LAYOUTS = {
-    "tp1": (1, {}, ["qwen2", "qwen3_moe"]),
+    "tp1": (1, {}, ["qwen2", "llama", "qwen3_moe"]),
     "tp2": (2, {"tensor_model_parallel_size": 2}, ["qwen2", "qwen2_tied", "llama", "qwen3", "qwen3_moe"]),
     "pp2": (2, {"pipeline_model_parallel_size": 2}, ["qwen2", "qwen2_tied", "qwen3_moe"]),
     "pp2_vpp2": (
@@ -29,8 +29,8 @@ LAYOUTS = {
         {"pipeline_model_parallel_size": 2, "virtual_pipeline_model_parallel_size": 2},
         ["qwen3"],
     ),
+    # EP=2 on 2 ranks: dense parameters are data-parallel (DP=2), experts split.
     "ep2": (2, {"expert_model_parallel_size": 2}, ["qwen3_moe"]),
-    "dp2": (2, {}, ["llama"]),
 }
 
 
