@@ -1,0 +1,255 @@
+"""Actor training throughput: plain megatron-core loop vs megarl's actor update path.
+
+Same model shape (Qwen2.5-1.5B, random bf16 weights), same TP layout and the same
+tokens per optimizer step in one run:
+
+  (a) plain: GPTModel (local spec + SDPA core attention, defined in _common.py), megatron
+      DDP + distributed optimizer, forward_backward_func with the built-in cross-entropy.
+  (b) megarl: ActorWorker.update_policy on a DataProto of full-length sequences (prompt
+      and response, no padding), PPO clipped loss, same micro-batch and mini-batch.
+
+FLOPs per token = 6*N + 6*L*s*d (see _common.train_flops_per_token); MFU against
+989 TFLOP/s dense bf16 per GPU.
+
+Run (2 GPUs):  torchrun --nproc_per_node=2 benchmarks/bench_actor_throughput.py --tp 2
+CPU dry run:   torchrun --nproc_per_node=2 benchmarks/bench_actor_throughput.py --tiny
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import (  # noqa: E402
+    H200_BF16_PEAK_TFLOPS,
+    QWEN2_TINY,
+    QWEN25_1P5B,
+    init_process_group,
+    median,
+    plain_gpt_model,
+    rank0_print,
+    seed_everything,
+    sync,
+    time_it,
+    train_flops_per_token,
+    write_json,
+)
+
+
+def make_batches(shape: dict, n_micro: int, micro_bs: int, seq_len: int, device, seed: int):
+    """`n_micro` micro-batches of random token ids [micro_bs, seq_len] (same on every rank)."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    return [
+        torch.randint(0, shape["vocab_size"], (micro_bs, seq_len), generator=g).to(device)
+        for _ in range(n_micro)
+    ]
+
+
+def plain_trainer(shape: dict, seq_len: int, tp: int, device, dtype):
+    """(model wrapped in megatron DDP, distributed optimizer) for the plain loop."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    model = plain_gpt_model(shape, seq_len, tp, dtype, device)
+    ddp_cfg = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=True
+    )
+    model = DistributedDataParallel(config=model.config, ddp_config=ddp_cfg, module=model)
+    opt_cfg = OptimizerConfig(
+        optimizer="adam",
+        lr=1e-6,
+        weight_decay=0.0,
+        bf16=dtype == torch.bfloat16,
+        params_dtype=dtype,
+        use_distributed_optimizer=True,
+        clip_grad=1.0,
+    )
+    optimizer = get_megatron_optimizer(opt_cfg, [model])
+    return model, optimizer
+
+
+def plain_step_fn(model, optimizer, batches, seq_len: int, device):
+    """One optimizer step over `batches` with megatron's no-pipeline schedule."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    fb = get_forward_backward_func()
+    micro_bs = batches[0].shape[0]
+    position_ids = torch.arange(seq_len, device=device).unsqueeze(0).expand(micro_bs, -1)
+
+    def forward_step(data_iter, model_):
+        tokens = next(data_iter)
+        labels = torch.roll(tokens, -1, dims=1)
+        per_token_loss = model_(tokens, position_ids, None, labels=labels)  # [b, s] fp32
+
+        def loss_func(output):
+            loss = output.float().mean()
+            return loss, {"loss": loss.detach()}
+
+        return per_token_loss, loss_func
+
+    def step():
+        model.zero_grad_buffer()
+        optimizer.zero_grad()
+        fb(
+            forward_step_func=forward_step,
+            data_iterator=iter(batches),
+            model=[model],
+            num_microbatches=len(batches),
+            seq_length=seq_len,
+            micro_batch_size=micro_bs,
+            forward_only=False,
+        )
+        optimizer.step()
+
+    return step
+
+
+def profile_step(step, device, label: str, top: int = 30) -> str:
+    """Kernel-time table of one step (CUDA only)."""
+    if device.type != "cuda":
+        return ""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        step()
+        sync(device)
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=top, max_name_column_width=70)
+    return f"== profile {label} ==\n{table}"
+
+
+def megarl_step_fn(shape, seq_len, tp, micro_bs, n_micro, device, batches):
+    """megarl's actor update path on the same model and tokens; returns a step callable."""
+    from megarl_actor_bench import build_actor_step  # noqa: F401  (benchmarks/ helper)
+
+    return build_actor_step(shape, seq_len, tp, micro_bs, n_micro, device, batches)
+
+
+def install_cpu_compat() -> None:
+    """CPU dry runs only: megarl's CPU compatibility layer (points megatron's CUDA calls
+    at the CPU)."""
+    from megarl.parallel import cpu_compat
+
+    for name in ("install", "install_cpu_compat", "apply"):
+        if hasattr(cpu_compat, name):
+            getattr(cpu_compat, name)()
+            return
+
+
+def report(label: str, times: list[float], tokens_per_step: int, flops_per_token: float, world: int):
+    t = median(times)
+    tok_s = tokens_per_step / t
+    tflops_gpu = tok_s * flops_per_token / world / 1e12
+    return dict(
+        label=label,
+        step_s_median=t,
+        step_s_all=times,
+        tokens_per_step=tokens_per_step,
+        tokens_per_s=tok_s,
+        tokens_per_s_per_gpu=tok_s / world,
+        tflops_per_gpu=tflops_gpu,
+        mfu=tflops_gpu / H200_BF16_PEAK_TFLOPS,
+    )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--tp", type=int, default=2)
+    p.add_argument("--seq", type=int, default=4096)
+    p.add_argument("--micro-bs", type=int, default=4)
+    p.add_argument("--n-micro", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--tiny", action="store_true", help="tiny model (CPU dry run)")
+    p.add_argument("--profile", action="store_true")
+    p.add_argument("--skip-megarl", action="store_true")
+    p.add_argument("--out", default="actor_throughput.json")
+    args = p.parse_args()
+
+    device = init_process_group()
+    from megatron.core import parallel_state as mpu
+
+    if device.type == "cpu":
+        install_cpu_compat()
+    mpu.initialize_model_parallel(tensor_model_parallel_size=args.tp)
+    world = dist.get_world_size()
+    dp = mpu.get_data_parallel_world_size()
+    shape = QWEN2_TINY if args.tiny else QWEN25_1P5B
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    seq = 64 if args.tiny else args.seq
+    fpt = train_flops_per_token(shape, seq)
+    # Each DP rank gets its own micro-batches; tokens per step count every DP rank.
+    tokens_per_step = args.micro_bs * args.n_micro * seq * dp
+    results = dict(
+        device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        torch=torch.__version__,
+        world=world,
+        tp=args.tp,
+        dp=dp,
+        seq=seq,
+        micro_bs=args.micro_bs,
+        n_micro=args.n_micro,
+        flops_per_token=fpt,
+        flops_formula="6*N_matmul + 6*L*s*d (causal attention)",
+        runs=[],
+    )
+    batches = make_batches(shape, args.n_micro, args.micro_bs, seq, device, seed=1 + mpu.get_data_parallel_rank())
+    profiles = []
+
+    # (a) plain megatron-core loop
+    seed_everything(1234, device)
+    model, optimizer = plain_trainer(shape, seq, args.tp, device, dtype)
+    step = plain_step_fn(model, optimizer, batches, seq, device)
+    times = time_it(step, device, args.warmup, args.iters)
+    results["runs"].append(report("a_plain_megatron", times, tokens_per_step, fpt, world))
+    if device.type == "cuda":
+        results["runs"][-1]["max_mem_GiB"] = torch.cuda.max_memory_allocated(device) / 2**30
+    if args.profile:
+        profiles.append(profile_step(step, device, "a_plain_megatron"))
+    del model, optimizer, step
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+    # (b) megarl actor update path
+    if not args.skip_megarl:
+        try:
+            step_b = megarl_step_fn(shape, seq, args.tp, args.micro_bs, args.n_micro, device, batches)
+            times = time_it(step_b, device, args.warmup, args.iters)
+            results["runs"].append(report("b_megarl_actor", times, tokens_per_step, fpt, world))
+            if device.type == "cuda":
+                results["runs"][-1]["max_mem_GiB"] = torch.cuda.max_memory_allocated(device) / 2**30
+            if args.profile:
+                profiles.append(profile_step(step_b, device, "b_megarl_actor"))
+        except Exception:
+            results["megarl_error"] = traceback.format_exc()
+            rank0_print("megarl path failed:\n" + results["megarl_error"])
+
+    runs = {r["label"]: r for r in results["runs"]}
+    if "a_plain_megatron" in runs and "b_megarl_actor" in runs:
+        a, b = runs["a_plain_megatron"], runs["b_megarl_actor"]
+        results["overhead_b_vs_a_pct"] = 100.0 * (b["step_s_median"] / a["step_s_median"] - 1.0)
+
+    write_json(args.out, results)
+    for prof in profiles:
+        rank0_print(prof)
+    rank0_print(f"\n# actor throughput  tp={args.tp} dp={dp} seq={seq} tokens/step={tokens_per_step}")
+    rank0_print(f"{'run':<20} {'step s':>8} {'tok/s/GPU':>10} {'TFLOP/s/GPU':>12} {'MFU':>6}")
+    for r in results["runs"]:
+        rank0_print(
+            f"{r['label']:<20} {r['step_s_median']:8.3f} {r['tokens_per_s_per_gpu']:10.0f} "
+            f"{r['tflops_per_gpu']:12.1f} {100 * r['mfu']:5.1f}%"
+        )
+    if "overhead_b_vs_a_pct" in results:
+        rank0_print(f"overhead (b) vs (a): {results['overhead_b_vs_a_pct']:+.2f}%")
+    mpu.destroy_model_parallel()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
