@@ -1,0 +1,163 @@
+"""Megatron dist checkpoints of a `MegatronEngine`: model, optimizer, lr scheduler, RNG.
+
+Layout-free: tensors are saved with their global shapes (megatron `dist_checkpointing`,
+torch_dist format), so a checkpoint written at TP=2 loads at TP=1 (and other TP/PP
+layouts); optimizer state is resharded with the model (non-distributed optimizer, and the
+distributed optimizer's reshardable format). RNG states are per (PP, TP) rank and restored
+only when the layout is unchanged. `contents` (verl `checkpoint.save_contents` /
+`load_contents`): "model", "optimizer", "extra" (lr scheduler, RNG), "hf_model" (an HF
+export under `<path>/huggingface`, save only).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from megatron.core import dist_checkpointing, parallel_state
+from megatron.core.dist_checkpointing.mapping import ShardedObject
+
+from megarl.models import save_hf_checkpoint, unwrap_chunk
+
+__all__ = ["save_checkpoint", "load_checkpoint", "load_model_only"]
+
+logger = logging.getLogger(__name__)
+
+_CONTENTS = ("model", "optimizer", "extra", "hf_model")
+
+
+def _check_contents(contents: Sequence[str]) -> None:
+    unknown = sorted(set(contents) - set(_CONTENTS))
+    if unknown:
+        raise ValueError(f"checkpoint contents {unknown} are not supported; choose from {_CONTENTS}")
+
+
+def _model_sharded_state_dict(chunks: Sequence[torch.nn.Module]) -> dict[str, Any]:
+    models = [unwrap_chunk(c) for c in chunks]
+    if len(models) == 1:
+        return {"model": models[0].sharded_state_dict()}
+    return {f"model{i}": m.sharded_state_dict() for i, m in enumerate(models)}
+
+
+def _layout() -> dict[str, int]:
+    return {
+        "tp": parallel_state.get_tensor_model_parallel_world_size(),
+        "pp": parallel_state.get_pipeline_model_parallel_world_size(),
+        "vpp": parallel_state.get_virtual_pipeline_model_parallel_world_size() or 1,
+    }
+
+
+def _rng_sharded_object(state: Any) -> ShardedObject:
+    return ShardedObject(
+        "rng_state",
+        state,
+        (parallel_state.get_pipeline_model_parallel_world_size(), parallel_state.get_tensor_model_parallel_world_size()),
+        (parallel_state.get_pipeline_model_parallel_rank(), parallel_state.get_tensor_model_parallel_rank()),
+        replica_id=parallel_state.get_data_parallel_rank(with_context_parallel=True),
+    )
+
+
+def _rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+        from megatron.core.tensor_parallel import get_cuda_rng_tracker
+
+        state["tracker"] = get_cuda_rng_tracker().get_states()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+        from megatron.core.tensor_parallel import get_cuda_rng_tracker
+
+        get_cuda_rng_tracker().set_states(state["tracker"])
+
+
+def save_checkpoint(engine, path: str, *, contents: Sequence[str], global_step: int = 0) -> None:
+    """Collective over all ranks of the engine's world; writes `<path>/dist_ckpt`."""
+    _check_contents(contents)
+    ckpt_dir = os.path.join(path, "dist_ckpt")
+    if torch.distributed.get_rank() == 0:
+        os.makedirs(ckpt_dir, exist_ok=True)
+    torch.distributed.barrier()
+    state: dict[str, Any] = {"megarl": {"global_step": int(global_step), "layout": _layout(), "contents": list(contents)}}
+    model_sd = _model_sharded_state_dict(engine.chunks)
+    if "model" in contents or "optimizer" in contents:
+        state.update(model_sd)
+    if "optimizer" in contents and engine.optimizer is not None:
+        state["optimizer"] = engine.optimizer.sharded_state_dict(model_sd, is_loading=False)
+    if "extra" in contents:
+        if engine.scheduler is not None:
+            state["lr_scheduler"] = engine.scheduler.state_dict()
+        state["rng_state"] = _rng_sharded_object(_rng_state())
+    dist_checkpointing.save(state, ckpt_dir)
+    if "hf_model" in contents:
+        save_hf_checkpoint(engine.chunks, engine.hf_config, os.path.join(path, "huggingface"),
+                           tokenizer_dir=engine.model_path)
+    torch.distributed.barrier()
+
+
+def load_checkpoint(engine, path: str, *, contents: Sequence[str]) -> dict[str, Any]:
+    """Load what `save_checkpoint` wrote, in any TP/PP layout. Returns its metadata."""
+    _check_contents(contents)
+    ckpt_dir = os.path.join(path, "dist_ckpt")
+    if not os.path.isdir(ckpt_dir):
+        raise FileNotFoundError(f"no megatron dist checkpoint at {ckpt_dir}")
+    common = dist_checkpointing.load_common_state_dict(ckpt_dir)
+    meta = common.get("megarl", {})
+    saved = set(meta.get("contents", []))
+    missing = sorted(set(contents) - saved - {"hf_model"})
+    if missing:
+        raise ValueError(f"checkpoint {path} has no {missing} (it holds {sorted(saved)}); adjust checkpoint.load_contents")
+    model_sd = _model_sharded_state_dict(engine.chunks)
+    request: dict[str, Any] = {}
+    if "model" in contents:
+        request.update(model_sd)
+    if "optimizer" in contents and engine.optimizer is not None:
+        request["optimizer"] = engine.optimizer.sharded_state_dict(model_sd, is_loading=True)
+    same_layout = meta.get("layout") == _layout()
+    if "extra" in contents and same_layout:
+        request["rng_state"] = _rng_sharded_object(None)
+    elif "extra" in contents:
+        logger.info("checkpoint layout %s differs from %s: RNG state not restored", meta.get("layout"), _layout())
+    loaded = dist_checkpointing.load(request, ckpt_dir)
+    if "model" in contents:
+        _load_model_state(engine.chunks, loaded)
+    if "optimizer" in contents and engine.optimizer is not None:
+        engine.optimizer.load_state_dict(loaded["optimizer"])
+    if "extra" in contents:
+        if engine.scheduler is not None and "lr_scheduler" in common:
+            engine.scheduler.load_state_dict(common["lr_scheduler"])
+        if same_layout:
+            _set_rng_state(loaded["rng_state"])
+    return meta
+
+
+def _load_model_state(chunks: Sequence[torch.nn.Module], loaded: dict[str, Any]) -> None:
+    models = [unwrap_chunk(c) for c in chunks]
+    if len(models) == 1:
+        models[0].load_state_dict(loaded["model"], strict=True)
+    else:
+        for i, m in enumerate(models):
+            m.load_state_dict(loaded[f"model{i}"], strict=True)
+
+
+def load_model_only(chunks: Sequence[torch.nn.Module], path: str) -> None:
+    """Initial weights from a dist checkpoint (`megatron.use_dist_checkpointing`).
+
+    `path` is a directory written by `save_checkpoint` (its `dist_ckpt` subdirectory is
+    used when present) or a bare dist checkpoint directory with a `model` entry.
+    """
+    ckpt_dir = os.path.join(path, "dist_ckpt") if os.path.isdir(os.path.join(path, "dist_ckpt")) else path
+    loaded = dist_checkpointing.load(_model_sharded_state_dict(chunks), ckpt_dir)
+    _load_model_state(chunks, loaded)

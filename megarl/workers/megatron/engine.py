@@ -1,0 +1,279 @@
+"""The Megatron model machinery shared by the actor, reference and critic workers.
+
+`MegatronEngine` owns one model (its chunks on this rank), and, when trainable, the DDP
+wrappers, the optimizer and the lr scheduler. It knows tensors and parallel layouts, not
+PPO: the workers give it per-micro-batch loss functions.
+
+Data contract: every rank of a data-parallel group receives the same rows (its DP
+slice). Results are computed on the last pipeline stage (identical on all TP ranks) and
+broadcast to every pipeline stage, so every rank returns the same values.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+from megatron.core.transformer.module import Float16Module
+from megatron.core.utils import get_model_config
+
+from megarl.models import build_model, export_hf_weights, load_hf_weights, unwrap_chunk
+from megarl.parallel import init_distributed
+from megarl.parallel.dynamic_batch import fixed_size_partitions, partition_by_token_budget, restore_order
+from megarl.workers.megatron.inputs import build_inputs
+from megarl.workers.megatron.optim import build_optimizer, build_scheduler
+from megarl.workers.megatron.schedule import MicroBatch, broadcast_from_last_stage, run_schedule
+
+__all__ = ["MegatronEngine", "MicroBatchSpec", "default_device"]
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_MODEL_TENSOR_KEYS = ("input_ids", "attention_mask", "position_ids")
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class MicroBatchSpec:
+    """How to cut rows into micro-batches: fixed count or token budget (`use_dynamic_bsz`)."""
+
+    def __init__(self, micro_batch_size: int | None, use_dynamic_bsz: bool, max_token_len: int | None, prefix: str):
+        self.micro_batch_size = micro_batch_size
+        self.use_dynamic_bsz = bool(use_dynamic_bsz)
+        self.max_token_len = max_token_len
+        self.prefix = prefix  # e.g. "actor_rollout_ref.actor.ppo_" for error messages
+
+    def partitions(self, attention_mask: torch.Tensor, min_num: int = 1) -> list[list[int]]:
+        if self.use_dynamic_bsz:
+            if self.max_token_len is None:
+                raise ValueError(f"{self.prefix}max_token_len_per_gpu is required with use_dynamic_bsz")
+            return partition_by_token_budget(
+                attention_mask.sum(-1).tolist(), int(self.max_token_len),
+                min_num_micro_batches=min_num, key=f"{self.prefix}max_token_len_per_gpu",
+            )
+        return fixed_size_partitions(attention_mask.shape[0], self.micro_batch_size, f"{self.prefix}micro_batch_size_per_gpu")
+
+
+class MegatronEngine:
+    """One Megatron model on this rank (see module docstring).
+
+    Args:
+        megatron_cfg: verl `megatron` node (parallel sizes, seed, dtype, offload flags,
+            use_distributed_optimizer, use_dist_checkpointing, override_transformer_config).
+        model_path: HF model directory (config.json + safetensors).
+        override_config: HF config fields to override (`model.override_config`).
+        value_head: critic model (`[b, s, 1]` outputs).
+        optim_cfg: verl `optim` node; None = inference only (reference model).
+        remove_padding: `model.use_remove_padding` (thd packing).
+        gradient_checkpointing: `model.enable_gradient_checkpointing` (full recompute).
+        prefix: dotted config path of this role, for messages (e.g. "critic").
+    """
+
+    def __init__(
+        self,
+        megatron_cfg: Mapping[str, Any],
+        model_path: str,
+        *,
+        override_config: Mapping[str, Any] | None = None,
+        value_head: bool = False,
+        optim_cfg: Mapping[str, Any] | None = None,
+        remove_padding: bool = False,
+        gradient_checkpointing: bool = False,
+        trust_remote_code: bool = False,
+        prefix: str,
+        device: str | None = None,
+    ) -> None:
+        self.megatron_cfg = dict(megatron_cfg or {})
+        self.model_path = model_path
+        self.override_config = dict(override_config or {})
+        self.value_head = value_head
+        self.optim_cfg = optim_cfg
+        self.remove_padding = bool(remove_padding)
+        self.gradient_checkpointing = bool(gradient_checkpointing)
+        self.trust_remote_code = trust_remote_code
+        self.prefix = prefix
+        self.device = device or default_device()
+        self.chunks: list[torch.nn.Module] = []
+        self.optimizer = None
+        self.scheduler = None
+        self.hf_config = None
+
+    # ------------------------------------------------------------------ setup
+    @property
+    def dtype(self) -> torch.dtype:
+        name = self.megatron_cfg.get("dtype", "auto") or "auto"
+        if name == "auto":
+            return torch.float32 if self.device == "cpu" else torch.bfloat16
+        if name not in _DTYPES:
+            raise ValueError(f"{self.prefix}.megatron.dtype={name!r}; choose auto or one of {sorted(_DTYPES)}")
+        return _DTYPES[name]
+
+    @property
+    def trainable(self) -> bool:
+        return self.optim_cfg is not None
+
+    def init_model(self) -> None:
+        import transformers
+
+        if int(self.megatron_cfg.get("context_parallel_size", 1) or 1) > 1:
+            raise NotImplementedError(
+                f"{self.prefix}.megatron.context_parallel_size > 1 is not supported by the megarl workers yet"
+            )
+        init_distributed(self.megatron_cfg, self.device)
+        if not os.path.isdir(self.model_path):
+            raise FileNotFoundError(f"{self.prefix} model path {self.model_path!r} is not a directory")
+        hf_config = transformers.AutoConfig.from_pretrained(self.model_path, trust_remote_code=self.trust_remote_code)
+        for key, value in self.override_config.items():
+            setattr(hf_config, key, value)
+        self.hf_config = hf_config
+        build_cfg = dict(self.megatron_cfg)
+        if self.gradient_checkpointing:
+            overrides = dict(build_cfg.get("override_transformer_config") or {})
+            overrides.setdefault("recompute_granularity", "full")
+            overrides.setdefault("recompute_method", "uniform")
+            overrides.setdefault("recompute_num_layers", 1)
+            build_cfg["override_transformer_config"] = overrides
+        chunks = build_model(hf_config, build_cfg, value_head=self.value_head, device=self.device, dtype=self.dtype)
+        if self.megatron_cfg.get("use_dist_checkpointing"):
+            from megarl.workers.megatron.checkpoint import load_model_only
+
+            path = self.megatron_cfg.get("dist_checkpointing_path")
+            if not path:
+                raise ValueError(f"{self.prefix}.megatron.use_dist_checkpointing needs dist_checkpointing_path")
+            load_model_only(chunks, path)
+        else:
+            load_hf_weights(chunks, self.model_path)
+        config = get_model_config(chunks[0])
+        if self.dtype != torch.float32:
+            chunks = [Float16Module(config, chunk) for chunk in chunks]
+        if self.trainable:
+            use_dist_opt = bool(self.megatron_cfg.get("use_distributed_optimizer", False))
+            if use_dist_opt and self.device == "cpu":
+                logger.warning(
+                    "%s.megatron.use_distributed_optimizer is ignored on CPU (megatron-core's "
+                    "distributed optimizer needs CUDA tensors)", self.prefix,
+                )
+                use_dist_opt = False
+            ddp_config = DistributedDataParallelConfig(
+                grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=use_dist_opt
+            )
+            chunks = [
+                DistributedDataParallel(config=config, ddp_config=ddp_config, module=chunk, disable_bucketing=i > 0)
+                for i, chunk in enumerate(chunks)
+            ]
+            self.optimizer = build_optimizer(
+                chunks, self.optim_cfg, use_distributed_optimizer=use_dist_opt, dtype=self.dtype,
+                device=self.device, prefix=f"{self.prefix}.optim",
+            )
+            self.scheduler = build_scheduler(self.optimizer, self.optim_cfg, prefix=f"{self.prefix}.optim")
+            config.grad_scale_func = self.optimizer.scale_loss
+            config.finalize_model_grads_func = finalize_model_grads
+        self.chunks = chunks
+
+    # ------------------------------------------------------------------ batches
+    def micro_batches(
+        self, data, spec: MicroBatchSpec, tensor_keys: Sequence[str]
+    ) -> tuple[list[MicroBatch], list[list[int]]]:
+        """Cut a DataProto's rows into model-ready micro-batches (and their row indices)."""
+        batch = data.batch
+        missing = [k for k in (*_MODEL_TENSOR_KEYS, *tensor_keys) if k not in batch.keys()]
+        if missing:
+            raise KeyError(f"{self.prefix}: the batch lacks tensor keys {missing}")
+        attention_mask = batch["attention_mask"]
+        min_num = parallel_state.get_pipeline_model_parallel_world_size() if len(self.chunks) > 1 else 1
+        parts = spec.partitions(attention_mask, min_num=min_num)
+        if len(self.chunks) > 1 and len(parts) < min_num:
+            raise ValueError(
+                f"{self.prefix}: the interleaved pipeline schedule (virtual_pipeline_model_parallel_size) needs at "
+                f"least pipeline_model_parallel_size={min_num} micro-batches per step, got {len(parts)}"
+            )
+        tp = parallel_state.get_tensor_model_parallel_world_size()
+        pad_multiple = tp if self.megatron_cfg.get("sequence_parallel") else 1
+        micro = []
+        for rows in parts:
+            index = torch.tensor(rows, dtype=torch.long)
+            inputs = build_inputs(
+                batch["input_ids"][index].to(self.device),
+                attention_mask[index].to(self.device),
+                batch["position_ids"][index].to(self.device),
+                remove_padding=self.remove_padding,
+                pad_multiple=pad_multiple,
+            )
+            tensors = {k: batch[k][index].to(self.device) for k in tensor_keys}
+            micro.append(MicroBatch(inputs, tensors, rows))
+        return micro, parts
+
+    def forward(
+        self, data, spec: MicroBatchSpec, tensor_keys: Sequence[str],
+        per_micro_batch: Callable[[torch.Tensor, MicroBatch], dict[str, torch.Tensor]],
+    ) -> dict[str, torch.Tensor]:
+        """Forward-only pass; `per_micro_batch(output, mb)` -> `{key: [b, ...]}`.
+
+        Returns `{key: [B, ...]}` in the rows' original order, on every rank.
+        """
+        for chunk in self.chunks:
+            chunk.eval()
+        micro, parts = self.micro_batches(data, spec, tensor_keys)
+
+        def loss_fn(output, mb):
+            outputs = {k: v.detach() for k, v in per_micro_batch(output, mb).items()}
+            return output.new_zeros(()), outputs
+
+        with torch.no_grad():
+            stats = run_schedule(self.chunks, micro, loss_fn, forward_only=True)
+        result = None
+        if parallel_state.is_pipeline_last_stage():
+            result = {k: restore_order([s[k] for s in stats], parts).cpu() for k in stats[0]} if stats else {}
+        return broadcast_from_last_stage(result)
+
+    def train_step(
+        self, micro: Sequence[MicroBatch], loss_fn: Callable[[torch.Tensor, MicroBatch], tuple[torch.Tensor, dict]]
+    ) -> tuple[list[dict], float, float]:
+        """One optimizer step over `micro` (one mini-batch on this DP rank).
+
+        `loss_fn` returns this micro-batch's share of the mini-batch loss (global
+        denominator over all micro-batches and DP ranks); megatron's averaging over
+        micro-batches and DP ranks is undone here, so gradients are those of the summed loss.
+
+        Returns (stats per micro-batch on the last stage else [], grad_norm, lr).
+        """
+        for chunk in self.chunks:
+            chunk.train()
+            chunk.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        dp_size = parallel_state.get_data_parallel_world_size()
+        stats = run_schedule(self.chunks, micro, loss_fn, forward_only=False, loss_scale=float(dp_size))
+        success, grad_norm, _ = self.optimizer.step()
+        if success:
+            self.scheduler.step(increment=1)
+        lr = self.optimizer.param_groups[0]["lr"]
+        return stats, float(grad_norm) if grad_norm is not None else float("nan"), float(lr)
+
+    # ------------------------------------------------------------------ weights
+    def export_hf_weights(self):
+        """Full HF tensors, collective over the model-parallel group (see megarl.models)."""
+        return export_hf_weights(self.chunks, self.hf_config)
+
+    def unwrapped_chunks(self) -> list[torch.nn.Module]:
+        return [unwrap_chunk(c) for c in self.chunks]
+
+
+def dp_all_reduce(values: dict[str, float], sum_keys: Sequence[str] = ()) -> dict[str, float]:
+    """Combine per-rank metrics over the data-parallel group: sums for `sum_keys`, means else."""
+    keys = sorted(values)
+    dp_size = parallel_state.get_data_parallel_world_size()
+    if dp_size == 1 or not keys:
+        return dict(values)
+    tensor = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
+    if dist.get_backend(parallel_state.get_data_parallel_group()) == "nccl":
+        tensor = tensor.cuda()
+    dist.all_reduce(tensor, group=parallel_state.get_data_parallel_group())
+    return {k: (v if k in sum_keys else v / dp_size) for k, v in zip(keys, tensor.cpu().tolist())}

@@ -1,0 +1,115 @@
+"""Run micro-batches through megatron's pipeline schedules (PP, VPP, gradient accumulation).
+
+`run_schedule` hides `get_forward_backward_func`: every micro-batch is built into model
+inputs, passed through the model chunks, and on the last pipeline stage handed to a
+`loss_fn(output, micro_batch) -> (loss, stats)`. Megatron divides each loss by the number of
+micro-batches before backward; `run_schedule` multiplies it back so that `loss` is summed,
+which is what micro-batch-split invariant losses (shares of a global denominator) need.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from megatron.core import parallel_state
+from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.utils import get_model_config
+
+from megarl.workers.megatron.inputs import MicroBatchInputs
+
+__all__ = ["MicroBatch", "run_schedule", "broadcast_from_last_stage"]
+
+LossFn = Callable[[torch.Tensor, "MicroBatch"], tuple[torch.Tensor, dict[str, Any]]]
+
+
+class MicroBatch:
+    """Model inputs plus the rows' tensors the loss needs (`[b, ...]` each)."""
+
+    def __init__(self, inputs: MicroBatchInputs, tensors: dict[str, torch.Tensor], rows: list[int]):
+        self.inputs = inputs
+        self.tensors = tensors
+        self.rows = rows
+
+
+def run_schedule(
+    chunks: Sequence[torch.nn.Module],
+    micro_batches: Sequence[MicroBatch],
+    loss_fn: LossFn,
+    *,
+    forward_only: bool,
+    loss_scale: float = 1.0,
+) -> list[dict[str, Any]]:
+    """One pass over `micro_batches` (forward, and backward unless `forward_only`).
+
+    Args:
+        chunks: the model chunks of this rank (one per virtual pipeline stage).
+        loss_fn: called on the last pipeline stage with the last chunk's output
+            (`[b, s, V/tp]` logits or `[b, s, 1]` values) and its micro-batch; returns the
+            loss to back-propagate and a dict of stats (tensors/floats) to collect.
+        loss_scale: multiplies every loss before megatron's own 1/num_micro_batches
+            (the caller passes num_micro_batches * dp_size to get summed gradients
+            out of megatron's averaging).
+
+    Returns:
+        The stats dicts in micro-batch order on the last pipeline stage; [] elsewhere.
+    """
+    if not micro_batches:
+        return []
+    config = get_model_config(chunks[0])
+    # Lengths differ between micro-batches (packing, dynamic batch size, last partial one).
+    config.variable_seq_lengths = True
+    num_micro_batches = len(micro_batches)
+
+    def forward_step(data_iterator, model):
+        micro_batch: MicroBatch = next(data_iterator)
+        inputs = micro_batch.inputs
+        output = model(
+            inputs.input_ids, inputs.position_ids, inputs.attention_mask, **inputs.model_kwargs()
+        )
+
+        def loss_func(output_tensor):
+            loss, stats = loss_fn(output_tensor, micro_batch)
+            return loss * (loss_scale * num_micro_batches), stats
+
+        return output, loss_func
+
+    if len(chunks) > 1:
+        data_iterator = [iter(micro_batches) for _ in chunks]
+    else:
+        data_iterator = iter(micro_batches)
+    first = micro_batches[0].inputs
+    return get_forward_backward_func()(
+        forward_step_func=forward_step,
+        data_iterator=data_iterator,
+        model=list(chunks),
+        num_microbatches=num_micro_batches,
+        seq_length=first.seq_length,
+        micro_batch_size=first.input_ids.shape[0],
+        forward_only=forward_only,
+    )
+
+
+def broadcast_from_last_stage(obj: Any) -> Any:
+    """Every pipeline stage gets the last stage's python object (tensors inside are CPU-moved)."""
+    pp_size = parallel_state.get_pipeline_model_parallel_world_size()
+    if pp_size == 1:
+        return obj
+    group = parallel_state.get_pipeline_model_parallel_group()
+    src = parallel_state.get_pipeline_model_parallel_last_rank()
+    payload = [obj if parallel_state.is_pipeline_last_stage() else None]
+    if isinstance(obj, torch.Tensor) or obj is not None:
+        payload[0] = _to_cpu(payload[0])
+    torch.distributed.broadcast_object_list(payload, src=src, group=group)
+    return payload[0]
+
+
+def _to_cpu(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj
