@@ -60,7 +60,8 @@ def convert_and_forward(megatron_cfg: dict, cases: list[dict]) -> list[dict]:
     """For each case: build, load HF, forward the batch, export; results per case.
 
     A case: ``hf_dir``, ``batch`` (input_ids, attention_mask, position_ids),
-    optional ``value_head``. Returns per case ``result`` (last stage) and ``export``
+    optional ``value_head``, ``packed`` (also run the thd-packed forward, PP=1 only).
+    Returns per case ``result`` (last stage), ``packed`` and ``export``
     (``{hf_name: tensor}``, exported on every rank).
     """
     from megarl.models import build_model, export_hf_weights, load_hf_weights
@@ -77,8 +78,11 @@ def convert_and_forward(megatron_cfg: dict, cases: list[dict]) -> list[dict]:
             chunk.eval()
         with torch.no_grad():
             result = megatron_forward(chunks, *case["batch"], value_head=value_head)
+            packed = None
+            if case.get("packed") and len(chunks) == 1:
+                packed = packed_log_probs(chunks[0], case["batch"][0], case["batch"][1])
         exported = {name: t.clone() for name, t in export_hf_weights(chunks, hf_config)}
-        out.append({"result": result, "export": exported})
+        out.append({"result": result, "packed": packed, "export": exported})
     return out
 
 
@@ -121,3 +125,32 @@ def critic_save_and_config(megatron_cfg: dict, critic_dir: str, actor_dir: str, 
         "hidden_dropout": override.hidden_dropout,
         "unknown_error": unknown_error,
     }
+
+
+def packed_log_probs(chunk, input_ids, attention_mask):
+    """Single-chunk forward of the valid tokens packed as thd ``[1, T]``; log-probs ``[b, s-1]``.
+
+    Rows' valid tokens are concatenated, positions restart at 0 per row; padded
+    positions of the result are 0.
+    """
+    from megatron.core.packed_seq_params import PackedSeqParams
+    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+    lengths = attention_mask.sum(-1)
+    tokens = input_ids[attention_mask.bool()][None]  # [1, T]
+    positions = torch.cat([torch.arange(int(n)) for n in lengths])[None]
+    cu = torch.cat([torch.zeros(1, dtype=torch.int32), lengths.cumsum(0).to(torch.int32)])
+    params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
+                             max_seqlen_q=int(lengths.max()), max_seqlen_kv=int(lengths.max()))
+    logits = chunk(tokens, positions, None, packed_seq_params=params)  # [1, T, V/tp]
+    labels = torch.roll(tokens, -1, dims=1)
+    logp = -vocab_parallel_cross_entropy(logits.float().transpose(0, 1).contiguous(),
+                                         labels.transpose(0, 1).contiguous())[:, 0]  # [T]
+    out = torch.zeros(input_ids.shape, dtype=logp.dtype)
+    out[attention_mask.bool()] = logp
+    # Left-aligned within a row's valid span: shift back to "next token of position t".
+    result = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1)
+    for row in range(input_ids.shape[0]):
+        idx = attention_mask[row].nonzero()[:, 0]
+        result[row, idx[:-1]] = logp[int(cu[row]): int(cu[row + 1]) - 1]
+    return result

@@ -4,7 +4,8 @@ Each test spawns the ranks once and runs several tiny architectures through: bui
 load HF safetensors -> forward-only pipeline schedule on a padded batch -> export.
 Checks, against independent references:
   * per-token log-probs equal HF transformers' eager fp32 forward (atol 1e-5) on the
-    valid tokens of a left/right padded batch;
+    valid tokens of a left/right padded batch, through megatron's pipeline schedule,
+    and (TP layouts) for the same rows packed as thd sequences;
   * the HF -> megatron -> HF export is bitwise identical to the safetensors, with the
     same names (tied LM heads not exported, as HF saves them);
   * every rank receives the same exported tensors.
@@ -44,12 +45,15 @@ def hf_dirs(tmp_path_factory):
     return dirs
 
 
-def _check(hf_dir: str, batch, per_rank: list[dict]) -> None:
+def _check(hf_dir: str, batch, per_rank: list[dict], packed: bool) -> None:
     input_ids, attention_mask, position_ids = batch
     expected = hf_token_log_probs(hf_dir, input_ids, attention_mask, position_ids)
     # Next-token log-probs where both the token and its context position are real.
     valid = (attention_mask[:, :-1] * attention_mask[:, 1:]).bool()
     results = [r["result"] for r in per_rank if r["result"] is not None]
+    packed_results = [r["packed"] for r in per_rank if r["packed"] is not None]
+    assert len(packed_results) == (len(per_rank) if packed else 0)
+    results += packed_results
     assert results, "no rank returned log-probs"
     for got in results:
         assert got.shape == expected.shape
@@ -73,7 +77,9 @@ def test_logprobs_and_roundtrip(layout, hf_dirs):
     cases = []
     for name in models:
         vocab = 97 if name.endswith("v97") else 96
-        cases.append({"hf_dir": hf_dirs[name], "batch": padded_batch(vocab)})
+        # thd packing (no padding compute) where the model is one chunk.
+        packed = layout in ("tp1", "tp2")
+        cases.append({"hf_dir": hf_dirs[name], "batch": padded_batch(vocab), "packed": packed})
     per_rank = run_distributed(convert_and_forward, world, megatron_cfg, cases, timeout=240)
     for index, case in enumerate(cases):
-        _check(case["hf_dir"], case["batch"], [r[index] for r in per_rank])
+        _check(case["hf_dir"], case["batch"], [r[index] for r in per_rank], case["packed"])
