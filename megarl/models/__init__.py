@@ -99,11 +99,13 @@ def build_model(
     if dtype is None:
         dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     config = hf_to_transformer_config(hf_config, megatron_cfg, device=device, dtype=dtype)
-    spec = get_layer_spec(
-        config,
-        use_te=device.type == "cuda" and have_transformer_engine(),
-        num_experts=config.num_moe_experts,
-    )
+    use_te = device.type == "cuda" and have_transformer_engine()
+    if config.sequence_parallel and not use_te:
+        raise ValueError(
+            "megatron.sequence_parallel=True needs transformer-engine on CUDA "
+            "(megatron's torch norms do not support it); set it to False"
+        )
+    spec = get_layer_spec(config, use_te=use_te, num_experts=config.num_moe_experts)
     model_kwargs = gpt_model_kwargs(hf_config, value_head=value_head)
     vpp = parallel_state.get_virtual_pipeline_model_parallel_world_size()
     chunks: list[torch.nn.Module] = []

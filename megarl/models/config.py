@@ -161,7 +161,12 @@ def hf_to_transformer_config(
     if kwargs["sequence_parallel"] and kwargs["tensor_model_parallel_size"] == 1:
         kwargs["sequence_parallel"] = False
 
-    overrides = dict(megatron_cfg.get("override_transformer_config", None) or {})
+    overrides = megatron_cfg.get("override_transformer_config", None) or {}
+    if hasattr(overrides, "_metadata"):  # an omegaconf DictConfig: plain containers
+        from omegaconf import OmegaConf
+
+        overrides = OmegaConf.to_container(overrides, resolve=True)
+    overrides = dict(overrides)
     fields = {f.name for f in dataclasses.fields(TransformerConfig)}
     unknown = sorted(set(overrides) - fields)
     if unknown:
