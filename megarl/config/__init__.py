@@ -7,6 +7,7 @@ worker starts and raises `ConfigError` naming every bad key, its value and the f
 
 from megarl.config.errors import ConfigError, Issue
 from megarl.config.load import CONFIG_DIR, CONFIG_NAME, load_config, resolve_config
+from megarl.config.roles import need_critic, need_reference
 from megarl.config.schema import MegaRLConfig
 from megarl.config.overrides import check_override_keys
 from megarl.config.validate import check_schema, collect_issues, validate_config
@@ -21,6 +22,8 @@ __all__ = [
     "check_override_keys",
     "collect_issues",
     "load_config",
+    "need_critic",
+    "need_reference",
     "resolve_config",
     "validate_config",
 ]

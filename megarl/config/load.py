@@ -28,8 +28,11 @@ def resolve_config(cfg: DictConfig) -> DictConfig:
     """A resolved copy: interpolations replaced by values and `~` expanded in path keys.
 
     Workers get sub-trees of this; nothing downstream needs to expand paths again.
+    `trainer.logger` given as one string (`trainer.logger=console`) becomes a list.
     """
     out = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    if isinstance(OmegaConf.select(out, "trainer.logger", default=None), str):
+        OmegaConf.update(out, "trainer.logger", [out.trainer.logger])
     for key, _, meta in iter_schema_keys(MegaRLConfig):
         if not meta.get("path"):
             continue

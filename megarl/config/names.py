@@ -34,6 +34,9 @@ _FALLBACK = {
     ),
     "KL_PENALTIES": ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full"),
     "KL_CTRL_TYPES": ("fixed", "adaptive"),
+    "ROLLOUT_IS_LEVELS": ("token", "sequence", "geometric"),
+    "ROLLOUT_RS_OPTIONS": ("token", "sequence", "geometric"),
+    "ROLLOUT_CORR_LOSS_TYPES": ("ppo_clip", "reinforce"),
 }
 
 
@@ -66,15 +69,24 @@ def kl_ctrl_types() -> tuple[str, ...]:
     return _registry("KL_CTRL_TYPES")
 
 
+def rollout_is_levels() -> tuple[str, ...]:
+    return _registry("ROLLOUT_IS_LEVELS")
+
+
+def rollout_rs_options() -> tuple[str, ...]:
+    return _registry("ROLLOUT_RS_OPTIONS")
+
+
+def rollout_corr_loss_types() -> tuple[str, ...]:
+    return _registry("ROLLOUT_CORR_LOSS_TYPES")
+
+
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 TRUNCATIONS = ("error", "left", "right", "middle")
 CHECKPOINT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
 OPTIMIZERS = ("adam", "sgd")
 LR_DECAY_STYLES = ("constant", "linear", "cosine")
 REWARD_MANAGERS = ("naive", "batch", "prime", "dapo")
-FILTER_GROUP_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")
-ROLLOUT_IS_LEVELS = ("token", "sequence")
-ROLLOUT_RS_LEVELS = ("token", "sequence", "geometric")
 LOGGERS = ("console", "tensorboard", "wandb")
 DEVICES = ("auto", "cpu", "cuda")
 RESUME_MODES = ("auto", "disable", "resume_path")

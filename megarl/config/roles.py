@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from omegaconf import DictConfig
+
 from megarl.config.view import View
 
 
@@ -32,6 +34,16 @@ def critic_enabled(v: View) -> bool:
 def ref_enabled(v: View) -> bool:
     """The reference model runs when a KL term (loss or reward) needs it."""
     return bool(v.get("actor_rollout_ref.actor.use_kl_loss") or v.get("algorithm.use_kl_in_reward"))
+
+
+def need_critic(cfg: DictConfig) -> bool:
+    """Whether the run trains a critic (critic.enable, null = exactly for GAE). For the trainer."""
+    return critic_enabled(View(cfg, set()))
+
+
+def need_reference(cfg: DictConfig) -> bool:
+    """Whether the run computes reference log-probs (KL loss or KL in reward). For the trainer."""
+    return ref_enabled(View(cfg, set()))
 
 
 def active_roles(v: View) -> list[Role]:

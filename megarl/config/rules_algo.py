@@ -98,6 +98,18 @@ def policy_loss(v: View) -> Iterator[Issue]:
         yield Issue(f"{ACTOR}.policy_loss.clip_cov_lb", lb, f"must be below clip_cov_ub={ub}", "set clip_cov_lb < clip_cov_ub")
 
 
+def loss_mode_needs(v: View) -> Iterator[Issue]:
+    mode = v.get(f"{ACTOR}.policy_loss.loss_mode")
+    if mode == "dro" and v.get(f"{ACTOR}.policy_loss.dro_beta") is None:
+        yield Issue(f"{ACTOR}.policy_loss.dro_beta", None, "loss_mode=dro needs the penalty weight", f"set {ACTOR}.policy_loss.dro_beta to a value > 0")
+    if mode == "bypass_mode" and not v.get("algorithm.rollout_correction.bypass_mode"):
+        yield Issue(
+            "algorithm.rollout_correction.bypass_mode", False,
+            "policy_loss.loss_mode=bypass_mode computes the loss against rollout log-probs, which only bypass mode provides",
+            "set algorithm.rollout_correction.bypass_mode=true (or choose another loss_mode)",
+        )
+
+
 def rollout_correction(v: View) -> Iterator[Issue]:
     rc = "algorithm.rollout_correction"
     used = [k for k in ("rollout_is", "rollout_rs") if v.get(f"{rc}.{k}") is not None]
@@ -162,4 +174,4 @@ def _optim_section(v: View, section: str) -> Iterator[Issue]:
         yield Issue(f"{section}.checkpoint.load_contents", load, f"{missing} are never saved (save_contents={save})", f"add them to {section}.checkpoint.save_contents or drop them from load_contents")
 
 
-RULES = (group_size, kl_sources, critic_needed, gdpo, lengths_copy, vllm_limits, sampling, policy_loss, rollout_correction, reward, plugin_files, optim)
+RULES = (group_size, kl_sources, critic_needed, gdpo, lengths_copy, vllm_limits, sampling, policy_loss, loss_mode_needs, rollout_correction, reward, plugin_files, optim)

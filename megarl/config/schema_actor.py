@@ -34,6 +34,7 @@ class PolicyLossConfig:
     clip_cov_ub: float = spec()
     kl_cov_ratio: float = spec(gt=0, le=1)
     ppo_kl_coef: float = spec(ge=0)
+    dro_beta: float | None = spec(gt=0)
 
 
 @dataclass
@@ -48,6 +49,8 @@ class ActorConfig:
     clip_ratio_low: float | None = spec(gt=0)
     clip_ratio_high: float | None = spec(gt=0)
     clip_ratio_c: float = spec(gt=1)
+    tau_pos: float = spec(gt=0)
+    tau_neg: float = spec(gt=0)
     policy_loss: PolicyLossConfig = spec()
     loss_agg_mode: str = spec(choices=names.loss_agg_modes)
     loss_scale_factor: float | None = spec(gt=0)

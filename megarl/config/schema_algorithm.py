@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from megarl.config import names
-from megarl.config.names import FILTER_GROUP_METRICS, ROLLOUT_IS_LEVELS, ROLLOUT_RS_LEVELS
 from megarl.config.spec import spec
 
 
@@ -20,20 +19,21 @@ class KLCtrlConfig:
 @dataclass
 class FilterGroupsConfig:
     enable: bool = spec()
-    metric: str = spec(choices=FILTER_GROUP_METRICS)
+    metric: str = spec()  # names are checked at runtime against the reward's extra info
     max_num_gen_batches: int = spec(ge=0)
 
 
 @dataclass
 class RolloutCorrectionConfig:
-    rollout_is: str | None = spec(choices=ROLLOUT_IS_LEVELS)
+    rollout_is: str | None = spec(choices=names.rollout_is_levels)
     rollout_is_threshold: float = spec(gt=0)
     rollout_is_batch_normalize: bool = spec()
-    rollout_rs: str | None = spec(choices=ROLLOUT_RS_LEVELS)
+    rollout_rs: str | None = spec(choices=names.rollout_rs_options)
     rollout_rs_threshold: float | None = spec(gt=0)
     rollout_rs_threshold_lower: float | None = spec(gt=0)
     rollout_token_veto_threshold: float | None = spec(gt=0)
     bypass_mode: bool = spec()
+    loss_type: str = spec(choices=names.rollout_corr_loss_types)
 
 
 @dataclass

@@ -59,3 +59,18 @@ def test_resolve_config_expands_lists_of_paths(make, monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
     out = resolve_config(make({"data.val_files": ["~/a.parquet", "~/b.parquet"]}))
     assert list(out.data.val_files) == [str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet")]
+
+
+def test_resolve_config_makes_logger_a_list(make):
+    assert list(resolve_config(make({"trainer.logger": "console"})).trainer.logger) == ["console"]
+
+
+def test_need_critic_and_reference(make):
+    from megarl.config import need_critic, need_reference
+
+    assert not need_critic(make()) and not need_reference(make())
+    assert need_critic(make({"algorithm.adv_estimator": "gae"}))
+    assert need_critic(make({"critic.enable": True}))
+    assert not need_critic(make({"algorithm.adv_estimator": "gae", "critic.enable": False}))
+    assert need_reference(make({"actor_rollout_ref.actor.use_kl_loss": True}))
+    assert need_reference(make({"algorithm.use_kl_in_reward": True}))

@@ -109,3 +109,18 @@ def test_betas_need_two_values(make):
 def test_load_contents_must_be_saved(make):
     cfg = make({f"{A}.checkpoint.save_contents": ["model"], f"{A}.checkpoint.load_contents": ["model", "optimizer"]})
     issue_for(cfg, f"{A}.checkpoint.load_contents", "optimizer")
+
+
+def test_dro_needs_beta(make):
+    issue_for(make({f"{A}.policy_loss.loss_mode": "dro"}), f"{A}.policy_loss.dro_beta", "loss_mode=dro")
+    no_issues(make({f"{A}.policy_loss.loss_mode": "dro", f"{A}.policy_loss.dro_beta": 0.1}))
+
+
+def test_bypass_loss_needs_bypass_mode(make):
+    issue_for(make({f"{A}.policy_loss.loss_mode": "bypass_mode"}), "algorithm.rollout_correction.bypass_mode", "rollout log-probs")
+    no_issues(make({f"{A}.policy_loss.loss_mode": "bypass_mode", "algorithm.rollout_correction.bypass_mode": True}))
+
+
+def test_rollout_rs_accepts_registry_options(make):
+    no_issues(make({"algorithm.rollout_correction.rollout_rs": "seq_mean_k3"}))
+    issue_for(make({"algorithm.rollout_correction.rollout_rs": "seq_mean_k9"}), "algorithm.rollout_correction.rollout_rs", "unknown name")
