@@ -56,18 +56,25 @@ def plain_trainer(shape: dict, seq_len: int, tp: int, device, dtype):
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
+    from megatron.core.transformer.module import Float16Module
+
+    # megatron-core's distributed optimizer needs CUDA tensors; CPU dry runs use the plain one.
+    dist_opt = torch.device(device).type == "cuda"
     model = plain_gpt_model(shape, seq_len, tp, dtype, device)
+    config = model.config
+    if dtype != torch.float32:  # as Megatron-LM's get_model does
+        model = Float16Module(config, model)
     ddp_cfg = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=True
+        grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=dist_opt
     )
-    model = DistributedDataParallel(config=model.config, ddp_config=ddp_cfg, module=model)
+    model = DistributedDataParallel(config=config, ddp_config=ddp_cfg, module=model)
     opt_cfg = OptimizerConfig(
         optimizer="adam",
         lr=1e-6,
         weight_decay=0.0,
         bf16=dtype == torch.bfloat16,
         params_dtype=dtype,
-        use_distributed_optimizer=True,
+        use_distributed_optimizer=dist_opt,
         clip_grad=1.0,
     )
     optimizer = get_megatron_optimizer(opt_cfg, [model])
@@ -123,22 +130,14 @@ def profile_step(step, device, label: str, top: int = 30) -> str:
     return f"== profile {label} ==\n{table}"
 
 
-def megarl_step_fn(shape, seq_len, tp, micro_bs, n_micro, device, batches):
-    """megarl's actor update path on the same model and tokens; returns a step callable."""
-    from megarl_actor_bench import build_actor_step  # noqa: F401  (benchmarks/ helper)
-
-    return build_actor_step(shape, seq_len, tp, micro_bs, n_micro, device, batches)
-
-
 def install_cpu_compat() -> None:
     """CPU dry runs only: megarl's CPU compatibility layer (points megatron's CUDA calls
     at the CPU)."""
-    from megarl.parallel import cpu_compat
+    from megarl.parallel import apply_cpu_compat
+    from megarl.workers.megatron.optim import apply_cpu_optimizer_compat
 
-    for name in ("install", "install_cpu_compat", "apply"):
-        if hasattr(cpu_compat, name):
-            getattr(cpu_compat, name)()
-            return
+    apply_cpu_compat()
+    apply_cpu_optimizer_compat()
 
 
 def report(label: str, times: list[float], tokens_per_step: int, flops_per_token: float, world: int):
@@ -216,24 +215,35 @@ def main() -> None:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
 
-    # (b) megarl actor update path
+    # (b) megarl actor update path: padded layout, then packed (use_remove_padding)
     if not args.skip_megarl:
-        try:
-            step_b = megarl_step_fn(shape, seq, args.tp, args.micro_bs, args.n_micro, device, batches)
-            times = time_it(step_b, device, args.warmup, args.iters)
-            results["runs"].append(report("b_megarl_actor", times, tokens_per_step, fpt, world))
+        from _actor_path import build_actor_step
+
+        for remove_padding in (False, True):
+            label = "b_megarl_actor" + ("_rmpad" if remove_padding else "")
+            try:
+                step_b, worker = build_actor_step(
+                    shape, seq, args.tp, args.micro_bs, args.n_micro, device, batches, remove_padding=remove_padding
+                )
+                times = time_it(step_b, device, args.warmup, args.iters)
+                results["runs"].append(report(label, times, tokens_per_step, fpt, world))
+                if device.type == "cuda":
+                    results["runs"][-1]["max_mem_GiB"] = torch.cuda.max_memory_allocated(device) / 2**30
+                if args.profile:
+                    profiles.append(profile_step(step_b, device, label))
+                del step_b, worker
+            except Exception:
+                results[label + "_error"] = traceback.format_exc()
+                rank0_print(f"{label} failed:\n" + results[label + "_error"])
             if device.type == "cuda":
-                results["runs"][-1]["max_mem_GiB"] = torch.cuda.max_memory_allocated(device) / 2**30
-            if args.profile:
-                profiles.append(profile_step(step_b, device, "b_megarl_actor"))
-        except Exception:
-            results["megarl_error"] = traceback.format_exc()
-            rank0_print("megarl path failed:\n" + results["megarl_error"])
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats(device)
 
     runs = {r["label"]: r for r in results["runs"]}
-    if "a_plain_megatron" in runs and "b_megarl_actor" in runs:
-        a, b = runs["a_plain_megatron"], runs["b_megarl_actor"]
-        results["overhead_b_vs_a_pct"] = 100.0 * (b["step_s_median"] / a["step_s_median"] - 1.0)
+    for label in ("b_megarl_actor", "b_megarl_actor_rmpad"):
+        if "a_plain_megatron" in runs and label in runs:
+            a, b = runs["a_plain_megatron"], runs[label]
+            results[f"overhead_{label}_vs_a_pct"] = 100.0 * (b["step_s_median"] / a["step_s_median"] - 1.0)
 
     write_json(args.out, results)
     for prof in profiles:
@@ -245,8 +255,9 @@ def main() -> None:
             f"{r['label']:<20} {r['step_s_median']:8.3f} {r['tokens_per_s_per_gpu']:10.0f} "
             f"{r['tflops_per_gpu']:12.1f} {100 * r['mfu']:5.1f}%"
         )
-    if "overhead_b_vs_a_pct" in results:
-        rank0_print(f"overhead (b) vs (a): {results['overhead_b_vs_a_pct']:+.2f}%")
+    for key, value in results.items():
+        if key.startswith("overhead_"):
+            rank0_print(f"{key}: {value:+.2f}%")
     mpu.destroy_model_parallel()
     dist.destroy_process_group()
 

@@ -1,0 +1,107 @@
+"""megarl's actor update path for the throughput benchmark: ActorWorker.update_policy.
+
+Builds a random HF checkpoint of the benchmark shape (rank 0 writes it, every rank
+loads its shard through megarl.models.load_hf_weights), an `actor_rollout_ref` config
+with verl key names, and a DataProto of full-length sequences holding exactly the
+benchmark's tokens (no padding), split into the same micro-batches.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def write_random_hf_dir(shape: dict, path: str, seed: int = 0) -> str:
+    """Random-init Qwen2 of `shape` saved as bf16 safetensors at `path` (global rank 0),
+    then a barrier. Initialised on the GPU when there is one (seconds for 1.5B)."""
+    import transformers
+
+    from _common import hf_config
+
+    if dist.get_rank() == 0 and not os.path.exists(os.path.join(path, "config.json")):
+        cfg = hf_config(shape)
+        torch.manual_seed(seed)
+        init_device = "cuda" if torch.cuda.is_available() else "cpu"
+        with torch.device(init_device):
+            model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+        model.save_pretrained(path, safe_serialization=True)
+        del model
+    dist.barrier()
+    return path
+
+
+def actor_config(model_path: str, tp: int, micro_bs: int, n_micro: int, remove_padding: bool, dist_opt: bool):
+    """`actor_rollout_ref` DictConfig: one mini-batch of micro_bs*n_micro rows per step."""
+    from omegaconf import OmegaConf
+
+    megatron = {
+        "tensor_model_parallel_size": tp,
+        "pipeline_model_parallel_size": 1,
+        "use_distributed_optimizer": dist_opt,
+        "seed": 42,
+    }
+    dp = dist.get_world_size() // tp
+    actor = {
+        "ppo_mini_batch_size": micro_bs * n_micro * dp,
+        "ppo_micro_batch_size_per_gpu": micro_bs,
+        "use_dynamic_bsz": False,
+        "ppo_epochs": 1,
+        "shuffle": False,
+        "clip_ratio": 0.2,
+        "policy_loss": {"loss_mode": "vanilla"},
+        "loss_agg_mode": "token-mean",
+        "entropy_coeff": 0.0,
+        "use_kl_loss": False,
+        "optim": {"optimizer": "adam", "lr": 1e-6, "weight_decay": 0.0, "clip_grad": 1.0, "lr_decay_style": "constant"},
+        "megatron": megatron,
+    }
+    return OmegaConf.create(
+        {
+            "model": {"path": model_path, "override_config": {}, "use_remove_padding": remove_padding},
+            "actor": actor,
+            "ref": {"megatron": megatron},
+            "rollout": {"n": 1, "temperature": 1.0, "log_prob_micro_batch_size_per_gpu": micro_bs},
+        }
+    )
+
+
+def full_length_batch(batches: list[torch.Tensor], response_len: int, seed: int = 0):
+    """DataProto of the benchmark's token rows (no padding): the last `response_len`
+    tokens of each row are the response."""
+    from megarl.protocol import DataProto
+
+    input_ids = torch.cat([b.cpu() for b in batches])  # [B, S]
+    B, S = input_ids.shape
+    g = torch.Generator().manual_seed(seed)
+    return DataProto.from_dict(
+        {
+            "input_ids": input_ids,
+            "attention_mask": torch.ones(B, S, dtype=torch.long),
+            "position_ids": torch.arange(S).unsqueeze(0).expand(B, -1).contiguous(),
+            "responses": input_ids[:, -response_len:].contiguous(),
+            "response_mask": torch.ones(B, response_len, dtype=torch.long),
+            "old_log_probs": -torch.rand(B, response_len, generator=g) * 2 - 10,
+            "advantages": torch.randn(B, response_len, generator=g),
+        },
+        meta_info={"temperature": 1.0},
+    )
+
+
+def build_actor_step(shape, seq_len, tp, micro_bs, n_micro, device, batches, *, remove_padding=False, model_dir=None):
+    """(step callable running one update_policy, the worker)."""
+    from megarl.workers.actor import ActorWorker
+
+    model_dir = model_dir or os.path.join(os.environ.get("TMPDIR", "/tmp"), f"megarl_bench_{shape['hidden_size']}")
+    write_random_hf_dir(shape, model_dir)
+    cfg = actor_config(model_dir, tp, micro_bs, n_micro, remove_padding, dist_opt=device.type == "cuda")
+    worker = ActorWorker(cfg, role="actor", device=device.type)
+    worker.init_model()
+    data = full_length_batch(batches, response_len=seq_len * 3 // 4)
+
+    def step():
+        return worker.update_policy(data)
+
+    return step, worker
