@@ -61,6 +61,8 @@ def schema_type_at(root: type, dotted: str) -> Any | None:
     """Type of the schema field at `dotted` (a dataclass for a section), or None if unknown."""
     tp: Any = root
     for part in dotted.split("."):
+        if tp is dict or typing.get_origin(tp) is dict:
+            return Any  # free-form mapping (override_config, engine_kwargs.vllm, ...): any sub-key
         if not dataclasses.is_dataclass(tp):
             return None
         field = schema_fields(tp).get(part)
@@ -73,7 +75,7 @@ def schema_type_at(root: type, dotted: str) -> Any | None:
 def unknown_key_issue(root: type, key: str) -> Issue:
     """An unknown-key issue with the best hint: an unsupported-verl-key reason or a did-you-mean."""
     for suffix, reason in UNSUPPORTED_VERL_KEYS.items():
-        if key == suffix or key.endswith("." + suffix) or f".{suffix}." in f".{key}.":
+        if f".{suffix}." in f".{key}.":  # suffix matches whole dotted parts anywhere in key
             return Issue(key, no_value(), f"not accepted: {reason}", f"remove {key}")
     parent, _, leaf = key.rpartition(".")
     paths = all_schema_paths(root)

@@ -74,3 +74,8 @@ def test_need_critic_and_reference(make):
     assert not need_critic(make({"algorithm.adv_estimator": "gae", "critic.enable": False}))
     assert need_reference(make({"actor_rollout_ref.actor.use_kl_loss": True}))
     assert need_reference(make({"algorithm.use_kl_in_reward": True}))
+
+
+def test_override_key_check_allows_keys_inside_free_form_mappings():
+    assert check_override_keys(["actor_rollout_ref.model.override_config.num_hidden_layers=2"]) == []
+    assert check_override_keys(["actor_rollout_ref.model.path.x=2"]) != []
