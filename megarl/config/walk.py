@@ -150,11 +150,7 @@ def _default_example(key: str, tp: Any) -> str | None:
         return None
     if isinstance(value, str) and "${" in value or not _matches(value, tp):
         return None
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
-    return str(value) if not isinstance(value, list) else "[" + ",".join(map(str, value)) + "]"
+    return "[" + ",".join(map(_cli, value)) + "]" if isinstance(value, list) else _cli(value)
 
 
 def _example(tp: Any) -> str:
@@ -195,7 +191,7 @@ def _check_constraints(key: str, value: Any, tp: Any, meta: Mapping[str, Any]) -
 
 def _type_issue(key: str, value: Any, tp: Any, meta: Mapping[str, Any]) -> Issue:
     if typing.get_origin(tp) is typing.Literal:
-        allowed = " or ".join(repr(a) for a in typing.get_args(tp))
+        allowed = " or ".join(_cli(a) for a in typing.get_args(tp))
         note = f" ({meta['note']})" if "note" in meta else ""
         return Issue(key, value, f"not supported{note}", f"set {key}={allowed} (or remove the override)")
     default = _default_example(key, tp)
@@ -259,3 +255,12 @@ def check_tree(node: DictConfig, cls: type, prefix: str = "", root: type | None 
 
 def _article(noun: str) -> str:
     return f"an {noun}" if noun[:1] in "aeiou" else f"a {noun}"
+
+
+def _cli(value: Any) -> str:
+    """`value` as written on a Hydra command line (true/false/null, bare strings)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
