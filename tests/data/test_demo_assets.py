@@ -1,0 +1,148 @@
+"""The embedded demo: deterministic assets, loadable by transformers, built only where asked."""
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from megarl.data.demo import TRAIN_ROWS, VAL_ROWS, demo_dir, ensure_demo_assets
+from megarl.data.demo_data import generate_rows, make_prompt_text
+from megarl.reward.demo_task import DATA_SOURCE, compute_score
+
+
+def demo_cfg(root: Path) -> dict:
+    return {
+        "data": {"train_files": str(root / "train.parquet"), "val_files": [str(root / "val.parquet")]},
+        "actor_rollout_ref": {"model": {"path": str(root / "model")}},
+    }
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The demo assets built twice, in two fresh demo dirs."""
+    roots = []
+    mp = pytest.MonkeyPatch()
+    for name in ("a", "b"):
+        root = tmp_path_factory.mktemp(name)
+        mp.setenv("MEGARL_DEMO_DIR", str(root))
+        ensure_demo_assets(demo_cfg(root))
+        roots.append(root)
+    mp.undo()
+    return roots
+
+
+def test_demo_dir_env_and_default(monkeypatch, tmp_path):
+    monkeypatch.setenv("MEGARL_DEMO_DIR", str(tmp_path / "x"))
+    assert demo_dir() == (tmp_path / "x").resolve()
+    monkeypatch.delenv("MEGARL_DEMO_DIR")
+    assert demo_dir() == (Path.home() / ".cache/megarl/demo").resolve()
+
+
+def test_assets_are_deterministic(built):
+    a, b = built
+    for name in ("train.parquet", "val.parquet", "model/model.safetensors", "model/tokenizer.json", "model/config.json"):
+        assert digest(a / name) == digest(b / name), name
+
+
+def test_rows_follow_the_task_definition(built):
+    train = pq.read_table(built[0] / "train.parquet").to_pylist()
+    val = pq.read_table(built[0] / "val.parquet").to_pylist()
+    assert len(train) == TRAIN_ROWS and len(val) == VAL_ROWS
+    for split, rows in (("train", train), ("val", val)):
+        for i, r in enumerate(rows):
+            assert r["data_source"] == DATA_SOURCE and r["reward_model"]["style"] == "rule"
+            assert r["extra_info"] == {"split": split, "index": i}
+            (message,) = r["prompt"]
+            assert message["role"] == "user"
+            question, digits = message["content"].split(" : ")
+            assert question == "largest digit"
+            assert r["reward_model"]["ground_truth"] == max(digits.split())
+    answers = [r["reward_model"]["ground_truth"] for r in train]
+    assert 0.35 < answers.count("9") / len(answers) < 0.47  # 1 - 0.9**5 = 0.41
+
+
+def test_generate_rows_depends_on_seed_and_split():
+    assert generate_rows("train", 8, 0) == generate_rows("train", 8, 0)
+    assert generate_rows("train", 8, 0) != generate_rows("train", 8, 1)
+    assert generate_rows("train", 8, 0) != generate_rows("val", 8, 0)
+    with pytest.raises(ValueError, match="demo split"):
+        generate_rows("test", 1, 0)
+
+
+def test_tokenizer_loads_and_round_trips_task_text(built):
+    tokenizer = AutoTokenizer.from_pretrained(built[0] / "model")
+    assert len(tokenizer) == 64
+    text = make_prompt_text([3, 7, 1, 5, 2])
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert tokenizer.decode(ids) == text
+    digits = tokenizer("3 7 1 5 2", add_special_tokens=False)["input_ids"]
+    assert tokenizer.convert_ids_to_tokens(digits) == ["3", "Ġ", "7", "Ġ", "1", "Ġ", "5", "Ġ", "2"]
+    chat = [{"role": "user", "content": text}]
+    rendered = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    assert rendered == f"<|user|>{text}<|assistant|>"
+    # a response as the rollout decodes it: digits, spaces, then eos/pad (skipped)
+    response = tokenizer.convert_tokens_to_ids(["9", "Ġ", "3", "<eos>", "<pad>"])
+    decoded = tokenizer.decode(response, skip_special_tokens=True)
+    assert decoded == "9 3" and compute_score(decoded, "9") == 1.0
+
+
+def test_model_has_the_specified_shape_and_loads(built):
+    model = AutoModelForCausalLM.from_pretrained(built[0] / "model", dtype=torch.float32)
+    c = model.config
+    assert (c.model_type, c.vocab_size, c.hidden_size, c.num_hidden_layers) == ("qwen2", 64, 128, 2)
+    assert (c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.intermediate_size) == (4, 2, 32, 256)
+    assert c.max_position_embeddings == 128 and c.tie_word_embeddings is False
+    assert model.lm_head.weight.dtype == torch.float32
+    assert not torch.equal(model.lm_head.weight, model.model.embed_tokens.weight)
+    tokenizer = AutoTokenizer.from_pretrained(built[0] / "model")
+    assert (c.eos_token_id, c.pad_token_id) == (tokenizer.eos_token_id, tokenizer.pad_token_id)
+    logits = model(torch.tensor([[4, 5, 6]])).logits
+    assert logits.shape == (1, 3, 64) and torch.isfinite(logits).all()
+
+
+def test_existing_assets_are_not_rebuilt(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEGARL_DEMO_DIR", str(tmp_path))
+    (tmp_path / "train.parquet").write_bytes(b"mine")
+    built = ensure_demo_assets({"data": {"train_files": str(tmp_path / "train.parquet")}})
+    assert built == [tmp_path / "train.parquet"]
+    assert (tmp_path / "train.parquet").read_bytes() == b"mine"
+
+
+def test_paths_outside_the_demo_dir_are_never_touched(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEGARL_DEMO_DIR", str(tmp_path / "demo"))
+    user_file = tmp_path / "user" / "train.parquet"
+    assert ensure_demo_assets({"data": {"train_files": [str(user_file)], "val_files": None}}) == []
+    assert not user_file.exists() and not (tmp_path / "demo").exists()
+
+
+def test_unknown_path_in_demo_dir_names_the_key(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEGARL_DEMO_DIR", str(tmp_path))
+    with pytest.raises(ValueError, match=r"actor_rollout_ref.model.path=.*model2.*not a demo asset"):
+        ensure_demo_assets({"actor_rollout_ref": {"model": {"path": str(tmp_path / "model2")}}})
+
+
+BUILD = """
+import sys
+from megarl.data.demo import ensure_demo_assets
+root = sys.argv[1]
+ensure_demo_assets({"data": {"train_files": root + "/train.parquet"}, "actor_rollout_ref": {"model": {"path": root + "/model"}}})
+"""
+
+
+@pytest.mark.slow
+def test_two_processes_building_at_once(tmp_path, built):
+    env = {"MEGARL_DEMO_DIR": str(tmp_path), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+    procs = [subprocess.Popen([sys.executable, "-c", BUILD, str(tmp_path)], env=env) for _ in range(2)]
+    assert [p.wait(timeout=300) for p in procs] == [0, 0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "train.parquet"]  # no temp dirs left
+    for name in ("train.parquet", "model/model.safetensors", "model/tokenizer.json"):
+        assert digest(tmp_path / name) == digest(built[0] / name)
