@@ -5,11 +5,12 @@ digit (``"7"``). Rows are verl-style: ``data_source``, ``prompt`` (chat messages
 ``ability``, ``reward_model {style, ground_truth}``, ``extra_info {split, index}``.
 Generation is seeded and platform independent (numpy PCG64).
 
-Why this task: a random-init policy over a 64-token vocabulary says some digit first with
-probability ~10/64 (reward 0.1) and the right one ~1/64 (reward 1.0), mean reward ~0.03,
-and ~74% of 8-sample groups have nonzero reward variance. Always answering "9" already
-earns ~0.47 (9 is the largest of 5 uniform digits with probability 1 - 0.9**5 = 0.41);
-comparing the digits earns 1.0.
+Why this task (scored on the response's first character, see the scorer): a random-init
+policy over the 64-token vocabulary starts with some digit ~1/6 of the time (reward 0.1)
+and with the right one ~1/80 (reward 1.0): mean reward ~0.03 (measured 0.028 on the demo
+model), and ~80% of 8-sample groups have nonzero reward variance. Always answering "9"
+already earns ~0.48 (9 is the largest of 5 uniform digits with probability
+1 - 0.9**5 = 0.41); comparing the digits earns 1.0.
 """
 
 from __future__ import annotations

@@ -146,3 +146,12 @@ def test_two_processes_building_at_once(tmp_path, built):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "train.parquet"]  # no temp dirs left
     for name in ("train.parquet", "model/model.safetensors", "model/tokenizer.json"):
         assert digest(tmp_path / name) == digest(built[0] / name)
+
+
+def test_accepts_an_omegaconf_config(tmp_path, monkeypatch):
+    from omegaconf import OmegaConf
+
+    monkeypatch.setenv("MEGARL_DEMO_DIR", str(tmp_path))
+    cfg = OmegaConf.create({"data": {"train_files": [str(tmp_path / "val.parquet")], "val_files": None}})
+    assert ensure_demo_assets(cfg) == [tmp_path / "val.parquet"]
+    assert pq.read_table(tmp_path / "val.parquet").num_rows == VAL_ROWS

@@ -127,3 +127,10 @@ def test_custom_cls_errors_name_the_key(cfg, tokenizer, tmp_path, custom, messag
     custom = {k: (v.format(file=path) if isinstance(v, str) else v) for k, v in custom.items()}
     with pytest.raises(DataError, match=message.replace("(", r"\(").replace(".", r"\.")):
         create_dataloader({**cfg, "custom_cls": custom}, tokenizer, "val")
+
+
+def test_accepts_an_omegaconf_config(cfg, tokenizer):
+    from omegaconf import OmegaConf
+
+    loader = create_dataloader(OmegaConf.create({**cfg, "val_files": cfg["val_files"]}), tokenizer, "val")
+    assert indices(next(iter(loader))) == [0, 1, 2, 3, 4]
