@@ -31,6 +31,18 @@ QWEN25_1P5B: dict = dict(
     hidden_act="silu",
 )
 
+# Qwen2.5-7B's shape (untied LM head).
+QWEN25_7B: dict = dict(
+    QWEN25_1P5B,
+    hidden_size=3584,
+    intermediate_size=18944,
+    num_hidden_layers=28,
+    num_attention_heads=28,
+    num_key_value_heads=4,
+    vocab_size=152064,
+    tie_word_embeddings=False,
+)
+
 # A few-MB model with the same structure (GQA, qkv bias, tied embeddings) for CPU dry runs
 # and GPU tests.
 QWEN2_TINY: dict = dict(

@@ -40,6 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import (  # noqa: E402
     QWEN2_TINY,
     QWEN25_1P5B,
+    QWEN25_7B,
     QWEN25_7B_BYTES,
     MemProbe,
     hf_config,
@@ -105,6 +106,7 @@ def measure(label, fn, device, warmup, iters, full_bytes, bucket_bytes=None):
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--tiny", action="store_true")
+    p.add_argument("--shape", choices=["1.5b", "7b"], default="1.5b")
     p.add_argument("--bucket-mb", type=int, nargs="+", default=[128, 256, 512])
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--iters", type=int, default=3)
@@ -120,7 +122,7 @@ def main() -> None:
     init_distributed({"tensor_model_parallel_size": 2, "seed": 7}, device_type)
     device = torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
     dtype = torch.bfloat16
-    shape = QWEN2_TINY if args.tiny else QWEN25_1P5B
+    shape = QWEN2_TINY if args.tiny else {"1.5b": QWEN25_1P5B, "7b": QWEN25_7B}[args.shape]
     hf = hf_config(shape)
     chunks = build_model(hf, {"tensor_model_parallel_size": 2}, device=device, dtype=dtype)
     tconf = chunks[0].config
@@ -138,6 +140,7 @@ def main() -> None:
     results = dict(
         device=torch.cuda.get_device_name(device) if device_type == "cuda" else "cpu",
         torch=torch.__version__,
+        shape="tiny" if args.tiny else args.shape,
         full_bytes=full_bytes,
         num_tensors=len(shapes),
         bytes_7b_equiv=QWEN25_7B_BYTES,
@@ -161,7 +164,7 @@ def main() -> None:
 
     tp_group = parallel_state.get_tensor_model_parallel_group()
     local_bytes = (full_bytes + 1) // 2
-    raw_in = torch.randn(local_bytes // 2 + 1, device=device).to(torch.bfloat16)[: local_bytes // 2]
+    raw_in = torch.empty(local_bytes // 2, dtype=torch.bfloat16, device=device).normal_()
     raw_out = torch.empty(2 * raw_in.numel(), dtype=raw_in.dtype, device=device)
     run("raw_all_gather_whole_model", lambda: dist.all_gather_into_tensor(raw_out, raw_in, group=tp_group))
     for mb in args.bucket_mb:

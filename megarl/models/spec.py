@@ -26,6 +26,19 @@ __all__ = ["SDPACoreAttention", "get_layer_spec", "have_transformer_engine"]
 
 _CAUSAL_TYPES = (AttnMaskType.causal, AttnMaskType.padding_causal)
 
+try:  # torch >= 2.10: flash attention over packed (thd) sequences, CUDA only
+    import inspect
+
+    from torch.nn.attention.varlen import varlen_attn as _varlen_attn
+
+    _VARLEN_CAUSAL = (
+        {"window_size": (-1, 0)}
+        if "window_size" in inspect.signature(_varlen_attn).parameters
+        else {"is_causal": True}
+    )
+except ImportError:  # pragma: no cover - older torch
+    _varlen_attn, _VARLEN_CAUSAL = None, {}
+
 
 def have_transformer_engine() -> bool:
     try:
@@ -87,6 +100,44 @@ class SDPACoreAttention(MegatronModule):
         same = seq_q[:, None] == seq_k[None, :]
         return same & (pos_k[None, :] <= pos_q[:, None])
 
+    def _mask_free(self, query, key, value, attention_mask, packed_params) -> Optional[torch.Tensor]:
+        """Kernels that need no materialised mask (the masked path below runs SDPA's slow
+        masked kernels: on H200 3-6x slower than cuDNN/flash causal at seq 4096, and
+        O(T^2) over a whole packed batch). Returns ``[sq, b, np * hn]`` or None.
+
+        * no padding mask, sq == sk: SDPA ``is_causal`` (cuDNN / flash backend), GQA native;
+        * packed thd on CUDA: ``torch.nn.attention.varlen.varlen_attn`` with a causal
+          window over each sequence (KV heads repeated: its GQA support varies by torch).
+        """
+        dropout = self.dropout_p if self.training else 0.0
+        sq, b, num_heads, _ = query.shape
+        sk, _, num_groups, _ = key.shape
+        if packed_params is not None:
+            if _varlen_attn is None or not query.is_cuda or dropout > 0.0 or sq != sk:
+                return None
+            cu_q = packed_params.cu_seqlens_q_padded
+            cu_q = cu_q if cu_q is not None else packed_params.cu_seqlens_q
+            cu_k = packed_params.cu_seqlens_kv_padded
+            cu_k = cu_k if cu_k is not None else packed_params.cu_seqlens_kv
+            q, k, v = query[:, 0], key[:, 0], value[:, 0]  # [t, n, hn]
+            if num_heads != num_groups:
+                k = k.repeat_interleave(num_heads // num_groups, dim=1)
+                v = v.repeat_interleave(num_heads // num_groups, dim=1)
+            out = _varlen_attn(
+                q, k, v, cu_q.to(torch.int32), cu_k.to(torch.int32),
+                int(packed_params.max_seqlen_q), int(packed_params.max_seqlen_kv),
+                scale=self.softmax_scale, **_VARLEN_CAUSAL,
+            )
+            return out.reshape(sq, 1, -1)
+        if attention_mask is not None or sq != sk:
+            return None
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+        out = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, dropout_p=dropout, scale=self.softmax_scale,
+            enable_gqa=num_heads != num_groups,
+        )
+        return out.permute(2, 0, 1, 3).reshape(sq, b, -1)
+
     def forward(
         self,
         query: torch.Tensor,
@@ -105,6 +156,9 @@ class SDPACoreAttention(MegatronModule):
             query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
         sq, _, num_heads, _ = query.shape
         sk, _, num_groups, _ = key.shape
+        fast = self._mask_free(query, key, value, attention_mask, packed_seq_params if packed else None)
+        if fast is not None:
+            return fast.squeeze(1) if packed else fast
 
         # [s, b, n, hn] -> [b, n, s, hn]
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))

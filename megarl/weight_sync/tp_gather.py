@@ -1,21 +1,24 @@
 """Bucketed tensor-parallel export: one all_gather per bucket instead of one per tensor.
 
-Same output as :func:`megarl.models.export_hf_weights` (same names, order, values and
-dtype: each full tensor is built by the same ``from_shards`` of megarl.models), but the
-local TP shards of many parameters are packed into one flat buffer and gathered with a
-single ``all_gather_into_tensor``; the next bucket's gather runs on NCCL's stream while
-this bucket's tensors are rebuilt and consumed.
+Same output as :func:`megarl.models.export_hf_weights` (names, order, values, dtype;
+checked bitwise by ``benchmarks/bench_weight_sync_gpu.py`` and the GPU tests), built
+for speed on GPUs:
 
-Why: per-tensor ``all_gather`` of a 1.5B model in bf16 reached 39 % of the raw gather
-bandwidth on 2 x H200 (hundreds of small collectives plus a cat per tensor); one gather
-per 256 MiB reaches the raw rate.
+* the local TP shards of many parameters are packed with one ``torch.cat`` and
+  gathered with one ``all_gather_into_tensor`` into ``[tp, bucket]``;
+* each full HF tensor is then one strided view of that buffer plus at most one copy
+  (per layout kind: ``split0``/``vocab`` rank-major rows, ``split1`` columns,
+  ``gate_up`` halves, ``qkv`` query groups), i.e. 2-3 host ops per tensor instead of
+  ~10: on 2 x H200 the per-tensor export was host-bound (~100 us per tensor);
+* the next bucket's gather is launched before this bucket's tensors are handed out,
+  so it runs on NCCL's stream while the consumer copies them.
 
 Extra device memory: two buckets in flight, each ``bucket_size_bytes`` gathered plus
-``bucket_size_bytes / tp`` packed, i.e. about ``2 * (1 + 1/tp) * bucket_size_bytes``
-before the consumer's copies (pass half the byte budget to stay within one).
+``bucket_size_bytes / tp`` packed. Yielded tensors may be views of the gathered buffer
+(an embedding alone in its bucket): consume (copy) them before the next ``next()``.
 
-Scope: pipeline and expert parallel size 1 (the colocated TP layouts); anything else
-falls back to the per-tensor export.
+Scope: pipeline and expert parallel size 1 with one chunk (the colocated TP layouts);
+anything else falls back to the per-tensor export.
 """
 
 from __future__ import annotations
@@ -26,17 +29,39 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 
-__all__ = ["export_hf_weights_bucketed"]
-
-_ALIGN = 16
+__all__ = ["export_hf_weights_bucketed", "full_from_gathered"]
 
 
-def _align(n: int) -> int:
-    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+def full_from_gathered(kind: str, gathered: torch.Tensor, shard_shape: torch.Size, dims) -> list[torch.Tensor]:
+    """Full HF tensor(s) from every TP rank's shard of one parameter.
 
+    Args:
+        kind: layout kind (``megarl.models.converters.transforms``).
+        gathered: ``[tp, shard.numel()]`` (any row stride), row r = rank r's shard.
+        shard_shape: the local shard's shape.
+        dims: ``megarl.models.converters.Dims``.
 
-def _bytes_of(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
+    Equals ``from_shards(kind, [rank shards], dims)``.
+    """
+    tp = gathered.shape[0]
+    rows, rest = shard_shape[0], tuple(shard_shape[1:])
+    if kind == "replicated":
+        return [gathered[0].view(shard_shape)]
+    if kind in ("split0", "vocab"):
+        full = gathered.view(tp, *shard_shape).reshape(tp * rows, *rest)
+        return [full[: dims.vocab_size] if kind == "vocab" else full]
+    if kind == "split1":
+        cols = rest[0]
+        return [gathered.view(tp, rows, cols).transpose(0, 1).reshape(rows, tp * cols)]
+    if kind == "gate_up":
+        halves = gathered.view(tp, 2, rows // 2, *rest)
+        return [halves[:, 0].reshape(tp * rows // 2, *rest), halves[:, 1].reshape(tp * rows // 2, *rest)]
+    if kind == "qkv":
+        hd, per_group = dims.head_dim, dims.num_heads // dims.num_query_groups
+        grouped = gathered.view(tp, rows // ((per_group + 2) * hd), (per_group + 2) * hd, *rest)
+        q, k, v = torch.split(grouped, [per_group * hd, hd, hd], dim=2)
+        return [q.reshape(-1, *rest), k.reshape(-1, *rest), v.reshape(-1, *rest)]
+    raise ValueError(f"unknown layout kind {kind!r}")
 
 
 @torch.no_grad()
@@ -55,7 +80,7 @@ def export_hf_weights_bucketed(
             a bucket of its own.
     """
     from megarl.models import export_hf_weights, unwrap_chunk
-    from megarl.models.converters import build_plan, dims_of, from_shards, is_split
+    from megarl.models.converters import build_plan, dims_of, is_split
     from megarl.models.weights import _find_param
 
     if bucket_size_bytes <= 0:
@@ -77,9 +102,8 @@ def export_hf_weights_bucketed(
     params = dict(model.named_parameters())
     group = parallel_state.get_tensor_model_parallel_group()
     tp = dist.get_world_size(group)
-    local_budget = max(1, bucket_size_bytes // tp)
 
-    # Buckets of (entry, local shard, byte offset); replicated params ride along unsplit.
+    # Buckets: lists of (entry, shard, element offset); offset None = yielded as is.
     buckets: list[list[tuple]] = []
     current: list[tuple] = []
     used = 0
@@ -89,51 +113,42 @@ def export_hf_weights_bucketed(
             raise ValueError(f"megatron parameter {entry.mcore_name!r} not found")
         shard = param.detach()
         if tp == 1 or not is_split(entry.kind):
-            if current:
-                buckets.append(current)
-                current, used = [], 0
             buckets.append([(entry, shard, None)])
             continue
-        offset = _align(used)
-        if current and offset + _bytes_of(shard) > local_budget:
+        nbytes = tp * shard.numel() * shard.element_size()
+        if current and (used + nbytes > bucket_size_bytes or shard.dtype != current[0][1].dtype):
             buckets.append(current)
-            current, used, offset = [], 0, 0
+            current, used = [], 0
+        offset = sum(s.numel() for _, s, _ in current)
         current.append((entry, shard, offset))
-        used = offset + _bytes_of(shard)
+        used += nbytes
     if current:
         buckets.append(current)
 
     def launch(bucket):
-        """Pack and start the gather of `bucket`; returns (bucket, gathered, local_bytes, work)."""
-        if bucket[0][2] is None:  # unsplit parameter
-            return bucket, None, 0, None
-        entry, last, last_off = bucket[-1]
-        local_bytes = _align(last_off + _bytes_of(last))
-        device = last.device
-        packed = torch.empty(local_bytes, dtype=torch.uint8, device=device)
-        for _, shard, offset in bucket:
-            packed[offset : offset + _bytes_of(shard)].copy_(shard.contiguous().reshape(-1).view(torch.uint8))
-        gathered = torch.empty(tp * local_bytes, dtype=torch.uint8, device=device)
+        """Pack and start the gather of `bucket`: (bucket, gathered [tp, n] or None, work)."""
+        if bucket[0][2] is None:
+            return bucket, None, None
+        shards = [shard.reshape(-1) for _, shard, _ in bucket]
+        numel = sum(s.numel() for s in shards)
+        packed = torch.cat(shards) if len(shards) > 1 else shards[0].contiguous()
+        gathered = torch.empty(tp * numel, dtype=packed.dtype, device=packed.device)
         work = dist.all_gather_into_tensor(gathered, packed, group=group, async_op=True)
-        return bucket, gathered, local_bytes, work
+        return bucket, gathered.view(tp, numel), work
 
     pending = launch(buckets[0]) if buckets else None
     for index in range(len(buckets)):
-        bucket, gathered, local_bytes, work = pending
+        bucket, gathered, work = pending
         pending = launch(buckets[index + 1]) if index + 1 < len(buckets) else None
         if work is not None:
             work.wait()
         for entry, shard, offset in bucket:
             if offset is None:
-                full = from_shards(entry.kind, [shard], dims)
+                from megarl.models.converters import from_shards
+
+                full = from_shards(entry.kind, [shard], dims) if tp == 1 else [shard]
             else:
-                n = _bytes_of(shard)
-                shards = [
-                    gathered[r * local_bytes + offset : r * local_bytes + offset + n]
-                    .view(shard.dtype)
-                    .view(shard.shape)
-                    for r in range(tp)
-                ]
-                full = from_shards(entry.kind, shards, dims)
+                view = gathered[:, offset : offset + shard.numel()]
+                full = full_from_gathered(entry.kind, view, shard.shape, dims)
             yield from zip(entry.hf_names, full)
         del gathered, bucket

@@ -2,14 +2,14 @@
 
 Each tensor-parallel rank holds logits for a contiguous slice of the vocabulary
 (`[..., vocab / tp]`, megatron's `ColumnParallelLinear` output layer with
-`parallel_output=True`). The full vocabulary is never gathered: three small all-reduces
-over the TP group give the max, the partition function and the target logit.
+`parallel_output=True`). The full vocabulary is never gathered: two small all-reduces
+over the TP group give the max, then (stacked) the target logit, the partition
+function and the entropy's sum.
 
-Gradients: the max is a detached shift (log-softmax is shift invariant); sums go through
-megatron's `reduce_from_tensor_model_parallel_region` (all-reduce forward, identity
-backward), which is exact because every TP rank computes the same loss from the reduced
-values. Logits of vocab padding rows may be `-inf` (megarl masks them): they contribute
-zero probability and no NaN.
+Gradients are written by hand (`_LogProbEntropy`): each TP rank's slice gets its part of
+the gradient of the reduced loss, which every TP rank computes identically, so the
+backward needs no communication. Logits of vocab padding rows may be `-inf` (megarl
+masks them): they contribute zero probability and no NaN.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
-from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
 
 __all__ = ["vocab_parallel_log_probs", "vocab_parallel_log_probs_and_entropy"]
 
@@ -52,37 +51,77 @@ def vocab_parallel_log_probs_and_entropy(
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     tp_group = tp_group if tp_group is not None else parallel_state.get_tensor_model_parallel_group()
-    logits = logits.float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    local_vocab = logits.shape[-1]
-    vocab_start = _local_vocab_start(local_vocab, tp_group)
+    log_probs, entropy = _LogProbEntropy.apply(logits, target, float(temperature), bool(compute_entropy), tp_group)
+    return log_probs, (entropy if compute_entropy else None)
 
-    with torch.no_grad():
-        shift = logits.max(dim=-1, keepdim=True).values
-        if tp_group.size() > 1:
+
+class _LogProbEntropy(torch.autograd.Function):
+    """Fused vocab-parallel log pi(target) and entropy (forward and backward by hand).
+
+    One fp32 copy of the logits is shifted in place and turned into the softmax, which
+    is also the gradient buffer (megatron's vocab-parallel cross-entropy does the same);
+    the entropy keeps the shifted logits as a second buffer. Autograd through the
+    elementwise chain held ~5 fp32 copies of `[tokens, vocab / tp]` and ran 3x the
+    memory passes. Gradients (x = logits / T, shifted; p = softmax(x); H = entropy):
+        d log p_t / dx_j = [j == t] - p_j
+        dH / dx_j        = -p_j (x_j - log Z + H)
+    """
+
+    @staticmethod
+    def forward(ctx, logits, target, temperature, compute_entropy, tp_group):
+        x = logits.float()
+        if x.data_ptr() == logits.data_ptr():
+            x = x.clone()
+        if temperature != 1.0:
+            x.div_(temperature)
+        local_vocab = x.shape[-1]
+        vocab_start = _local_vocab_start(local_vocab, tp_group)
+        tp = tp_group.size()
+
+        shift = x.max(dim=-1, keepdim=True).values
+        if tp > 1:
             dist.all_reduce(shift, op=dist.ReduceOp.MAX, group=tp_group)
-    shifted = logits - shift  # [..., V/tp], <= 0
-    exp_shifted = shifted.exp()
-    sum_exp = reduce_from_tensor_model_parallel_region(exp_shifted.sum(dim=-1), group=tp_group)
-    log_z = sum_exp.log()  # [...]
+        x.sub_(shift)  # <= 0; -inf on masked vocab rows
+        if compute_entropy:  # p * x must be 0, not NaN, where p == 0
+            x.clamp_(min=-1e20)
+        local_target = target - vocab_start
+        in_slice = (local_target >= 0) & (local_target < local_vocab)
+        index = local_target.clamp(0, local_vocab - 1).unsqueeze(-1)
+        target_logit = x.gather(-1, index).squeeze(-1).masked_fill(~in_slice, 0.0)
 
-    local_target = target - vocab_start
-    in_slice = (local_target >= 0) & (local_target < local_vocab)
-    index = local_target.clamp(0, local_vocab - 1).unsqueeze(-1)
-    target_local = shifted.gather(-1, index).squeeze(-1).masked_fill(~in_slice, 0.0)
-    target_shifted = reduce_from_tensor_model_parallel_region(target_local, group=tp_group)
-    log_probs = target_shifted - log_z
+        p = x.exp()
+        sums = [target_logit, p.sum(dim=-1)]
+        if compute_entropy:
+            sums.append(torch.linalg.vecdot(p, x))  # sum_j exp(x_j) x_j
+        sums = torch.stack(sums)
+        if tp > 1:
+            dist.all_reduce(sums, group=tp_group)
+        sum_exp = sums[1]
+        log_z = sum_exp.log()
+        log_probs = sums[0] - log_z
+        p.div_(sum_exp.unsqueeze(-1))  # softmax
+        entropy = log_z - sums[2] / sum_exp if compute_entropy else torch.zeros_like(log_z)
 
-    if not compute_entropy:
-        return log_probs, None
-    # H = log Z - E_p[z]; -inf rows (vocab padding) have p = 0 and are zeroed first.
-    finite_shifted = shifted.masked_fill(~torch.isfinite(shifted), 0.0)
-    weighted = reduce_from_tensor_model_parallel_region(
-        (exp_shifted * finite_shifted).sum(dim=-1), group=tp_group
-    )
-    entropy = log_z - weighted / sum_exp
-    return log_probs, entropy
+        ctx.temperature, ctx.compute_entropy, ctx.dtype = temperature, compute_entropy, logits.dtype
+        saved = (p, index, in_slice, log_z, entropy) + ((x,) if compute_entropy else ())
+        ctx.save_for_backward(*saved)
+        return log_probs, entropy
+
+    @staticmethod
+    def backward(ctx, grad_log_probs, grad_entropy):
+        p, index, in_slice, log_z, entropy, *rest = ctx.saved_tensors
+        g_lp = grad_log_probs if grad_log_probs is not None else torch.zeros_like(log_z)
+        if ctx.compute_entropy and grad_entropy is not None:
+            (x,) = rest
+            # grad = p * (-g_lp - g_H * (x - log Z + H)), built in x's buffer
+            grad = x.sub_((log_z - entropy).unsqueeze(-1)).mul_(-grad_entropy.unsqueeze(-1))
+            grad.sub_(g_lp.unsqueeze(-1)).mul_(p)
+        else:
+            grad = p.mul_(-g_lp.unsqueeze(-1))
+        grad.scatter_add_(-1, index, (g_lp * in_slice).unsqueeze(-1))
+        if ctx.temperature != 1.0:
+            grad.div_(ctx.temperature)
+        return grad.to(ctx.dtype), None, None, None, None
 
 
 def vocab_parallel_log_probs(

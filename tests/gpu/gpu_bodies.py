@@ -1,0 +1,93 @@
+"""Rank bodies of the GPU tests (CUDA + NCCL; spawned by dist_utils.run_distributed).
+
+Each body runs on 2 GPUs (one process each) and returns CPU tensors from rank 0.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "workers"))
+from tiny import actor_rollout_ref_config, megatron_node  # noqa: E402
+
+TEMPERATURE = 0.7
+
+
+def _data(batch: dict, rows: slice | None = None):
+    from megarl.protocol import DataProto
+
+    tensors = {k: (v[rows] if rows is not None else v) for k, v in batch.items()}
+    return DataProto.from_dict(tensors, meta_info={"temperature": TEMPERATURE})
+
+
+def _dp_rows(batch: dict) -> slice:
+    from megatron.core import parallel_state
+
+    size = next(iter(batch.values())).shape[0] // parallel_state.get_data_parallel_world_size()
+    rank = parallel_state.get_data_parallel_rank()
+    return slice(rank * size, (rank + 1) * size)
+
+
+def actor_log_probs_and_step(model_path: str, batch: dict, tp: int, dtype: str, device: str = "cuda") -> dict:
+    """Log-probs of this rank's DP rows, then one PPO step; HF export after it (rank 0)."""
+    from megarl.workers.actor import ActorWorker
+
+    megatron = megatron_node(tensor_model_parallel_size=tp, dtype=dtype, use_distributed_optimizer=True)
+    cfg = actor_rollout_ref_config(model_path, megatron)
+    actor = ActorWorker(cfg, "actor", device=device)
+    actor.init_model()
+    rows = _dp_rows(batch)
+    data = _data(batch, rows)
+    out = actor.compute_log_prob(data)
+    result = {
+        "rows": (rows.start, rows.stop),
+        "log_probs": out.batch["old_log_probs"].cpu(),
+        "entropys": out.batch["entropys"].cpu(),
+        "metrics": actor.update_policy(data),
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+    }
+    exported = {name: t.detach().float().cpu() for name, t in actor.export_hf_weights()}
+    result["updated"] = exported if torch.distributed.get_rank() == 0 else None
+    return result
+
+
+def weight_sync_bitwise(model_path: str, bucket_bytes: int, device: str = "cuda") -> dict:
+    """TP=2 bf16 model loaded from `model_path`: per-tensor export, bucketed export,
+    in-process stream (checked) and NCCL broadcast stream, all as CPU tensors (rank 0/1)."""
+    import transformers
+    import torch.distributed as dist
+
+    from megarl.models import build_model, export_hf_weights, load_hf_weights
+    from megarl.parallel import init_distributed
+    from megarl.weight_sync import MegatronLayout, build_plan, stream_broadcast, stream_in_process
+    from megarl.weight_sync.tp_gather import export_hf_weights_bucketed
+
+    init_distributed({"tensor_model_parallel_size": 2}, device)
+    hf_config = transformers.AutoConfig.from_pretrained(model_path)
+    chunks = build_model(hf_config, {"tensor_model_parallel_size": 2}, device=device, dtype=torch.bfloat16)
+    load_hf_weights(chunks, model_path)
+
+    def to_cpu(stream):
+        return {name: t.detach().cpu().clone() for name, t in stream}
+
+    per_tensor = to_cpu(export_hf_weights(chunks, hf_config))
+    bucketed = to_cpu(export_hf_weights_bucketed(chunks, hf_config, bucket_size_bytes=bucket_bytes))
+    meta = [(n, tuple(t.shape), t.dtype) for n, t in per_tensor.items()]
+    plan = build_plan(
+        meta, layout=MegatronLayout.from_transformer_config(chunks[0].config), rollout_tp=1,
+        bucket_size_bytes=bucket_bytes,
+    )
+    in_process = to_cpu(stream_in_process(export_hf_weights(chunks, hf_config), plan, integrity_check=True))
+    full_on_rank0 = export_hf_weights(chunks, hf_config)
+    if dist.get_rank() == 0:
+        source = list((n, t.clone()) for n, t in full_on_rank0)
+    else:
+        list(full_on_rank0)  # collective: every TP rank iterates
+        source = None
+    broadcast = to_cpu(
+        stream_broadcast(source, plan, src=0, group=dist.group.WORLD, device=device, integrity_check=True)
+    )
+    return {"per_tensor": per_tensor, "bucketed": bucketed, "in_process": in_process, "broadcast": broadcast}
