@@ -6,7 +6,7 @@ import torch
 import transformers
 from omegaconf import OmegaConf
 
-PROMPT_LEN, RESPONSE_LEN, VOCAB = 6, 5, 96
+PROMPT_LEN, RESPONSE_LEN, VOCAB = 6, 5, 97  # 97: not divisible by TP=2 (vocab padding)
 
 
 def make_tiny_qwen2(out_dir: str, *, vocab_size: int = VOCAB, num_layers: int = 2, seed: int = 0) -> str:
@@ -62,7 +62,8 @@ def actor_rollout_ref_config(model_path: str, megatron: dict, **actor_overrides)
         "clip_ratio": 0.2, "clip_ratio_c": 3.0, "policy_loss": {"loss_mode": "vanilla"},
         "loss_agg_mode": "token-mean", "entropy_coeff": 0.01, "use_kl_loss": True, "kl_loss_coef": 0.1,
         "kl_loss_type": "low_var_kl",
-        "optim": {"optimizer": "adam", "lr": 1e-2, "lr_warmup_steps": -1, "lr_warmup_steps_ratio": 0.0,
+        # SGD (momentum 0.9): a step proportional to the gradient, unlike Adam's first step.
+        "optim": {"optimizer": "sgd", "lr": 0.5, "lr_warmup_steps": -1, "lr_warmup_steps_ratio": 0.0,
                   "lr_decay_style": "constant", "min_lr_ratio": 0.0, "weight_decay": 0.01,
                   "betas": [0.9, 0.999], "clip_grad": 1.0, "total_training_steps": -1},
         "checkpoint": {"save_contents": ["model", "optimizer", "extra"], "load_contents": ["model", "optimizer", "extra"]},
@@ -90,3 +91,28 @@ def hf_response_log_probs(model_path: str, batch: dict, temperature: float) -> t
     entropy = -(logp_all.exp() * logp_all).sum(-1)
     mask = batch["response_mask"].double()
     return (logp * mask).float(), (entropy * mask).float()
+
+
+def critic_config(model_path: str, megatron: dict, **overrides):
+    """A small `critic` DictConfig with verl key names."""
+    cfg = {
+        "model": {"path": model_path, "override_config": {}},
+        "megatron": megatron,
+        "optim": {"optimizer": "sgd", "lr": 0.5, "lr_warmup_steps": -1, "lr_decay_style": "constant",
+                  "weight_decay": 0.01, "betas": [0.9, 0.999], "clip_grad": 1.0, "total_training_steps": -1},
+        "ppo_mini_batch_size": 8, "ppo_micro_batch_size_per_gpu": 4, "use_dynamic_bsz": False,
+        "ppo_max_token_len_per_gpu": 64, "ppo_epochs": 1, "shuffle": False, "cliprange_value": 0.5,
+        "loss_agg_mode": "token-mean",
+    }
+    cfg.update(overrides)
+    return OmegaConf.create(cfg)
+
+
+def hf_values(model_path: str, batch: dict, head: torch.Tensor) -> torch.Tensor:
+    """HF backbone's final hidden states times the value head, aligned to responses `[B, R]`."""
+    model = transformers.AutoModel.from_pretrained(model_path, dtype=torch.float32, attn_implementation="eager").eval()
+    with torch.no_grad():
+        hidden = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                       position_ids=batch["position_ids"]).last_hidden_state.double()
+    values = (hidden @ head.double().T)[..., 0][:, PROMPT_LEN - 1 : -1]
+    return (values * batch["response_mask"]).float()

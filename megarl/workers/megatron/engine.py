@@ -214,6 +214,7 @@ class MegatronEngine:
     def forward(
         self, data, spec: MicroBatchSpec, tensor_keys: Sequence[str],
         per_micro_batch: Callable[[torch.Tensor, MicroBatch], dict[str, torch.Tensor]],
+        fp32_output: bool = True,
     ) -> dict[str, torch.Tensor]:
         """Forward-only pass; `per_micro_batch(output, mb)` -> `{key: [b, ...]}`.
 
@@ -228,14 +229,17 @@ class MegatronEngine:
             return output.new_zeros(()), outputs
 
         with torch.no_grad():
-            stats = run_schedule(self.chunks, micro, loss_fn, forward_only=True)
+            stats = run_schedule(self.chunks, micro, loss_fn, forward_only=True, fp32_output=fp32_output)
         result = None
         if parallel_state.is_pipeline_last_stage():
             result = {k: restore_order([s[k] for s in stats], parts).cpu() for k in stats[0]} if stats else {}
         return broadcast_from_last_stage(result)
 
     def train_step(
-        self, micro: Sequence[MicroBatch], loss_fn: Callable[[torch.Tensor, MicroBatch], tuple[torch.Tensor, dict]]
+        self,
+        micro: Sequence[MicroBatch],
+        loss_fn: Callable[[torch.Tensor, MicroBatch], tuple[torch.Tensor, dict]],
+        fp32_output: bool = True,
     ) -> tuple[list[dict], float, float]:
         """One optimizer step over `micro` (one mini-batch on this DP rank).
 
@@ -250,7 +254,9 @@ class MegatronEngine:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
         dp_size = parallel_state.get_data_parallel_world_size()
-        stats = run_schedule(self.chunks, micro, loss_fn, forward_only=False, loss_scale=float(dp_size))
+        stats = run_schedule(
+            self.chunks, micro, loss_fn, forward_only=False, loss_scale=float(dp_size), fp32_output=fp32_output
+        )
         success, grad_norm, _ = self.optimizer.step()
         if success:
             self.scheduler.step(increment=1)

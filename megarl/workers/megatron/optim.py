@@ -116,7 +116,25 @@ def build_optimizer(
         params_dtype=dtype,
         use_distributed_optimizer=use_distributed_optimizer,
     )
-    return get_megatron_optimizer(config, list(chunks))
+    optimizer = get_megatron_optimizer(config, list(chunks))
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        if getattr(opt, "init_state_fn", None) is None and name == "sgd":
+            opt.init_state_fn = _init_sgd_state  # needed to load an SGD checkpoint
+    return optimizer
+
+
+def _init_sgd_state(torch_optimizer: torch.optim.Optimizer, config=None) -> None:
+    """Zero momentum buffers (what SGD's first step would otherwise create lazily).
+
+    megatron builds the optimizer part of a checkpoint request from existing state; SGD
+    has none before its first step and megatron-core ships no init function for it.
+    A zero buffer gives the same first step as a lazily created one (buf = grad).
+    """
+    for group in torch_optimizer.param_groups:
+        for param in group["params"]:
+            state = torch_optimizer.state[param]
+            if "momentum_buffer" not in state:
+                state["momentum_buffer"] = torch.zeros_like(param.data)
 
 
 def build_scheduler(optimizer, optim_cfg: Mapping[str, Any], *, prefix: str) -> OptimizerParamScheduler:

@@ -40,6 +40,7 @@ def run_schedule(
     *,
     forward_only: bool,
     loss_scale: float = 1.0,
+    fp32_output: bool = True,
 ) -> list[dict[str, Any]]:
     """One pass over `micro_batches` (forward, and backward unless `forward_only`).
 
@@ -51,6 +52,9 @@ def run_schedule(
         loss_scale: multiplies every loss before megatron's own 1/num_micro_batches
             (the caller passes num_micro_batches * dp_size to get summed gradients
             out of megatron's averaging).
+        fp32_output: False hands `loss_fn` the bf16/fp16 output of a Float16Module-wrapped
+            model as is (no fp32 copy of `[b, s, V/tp]` logits; the actor's vocab-parallel
+            log-prob upcasts once itself).
 
     Returns:
         The stats dicts in micro-batch order on the last pipeline stage; [] elsewhere.
@@ -61,12 +65,13 @@ def run_schedule(
     # Lengths differ between micro-batches (packing, dynamic batch size, last partial one).
     config.variable_seq_lengths = True
     num_micro_batches = len(micro_batches)
+    output_kwargs = {} if fp32_output or not _half_wrapped(chunks[0]) else {"fp32_output": False}
 
     def forward_step(data_iterator, model):
         micro_batch: MicroBatch = next(data_iterator)
         inputs = micro_batch.inputs
         output = model(
-            inputs.input_ids, inputs.position_ids, inputs.attention_mask, **inputs.model_kwargs()
+            inputs.input_ids, inputs.position_ids, inputs.attention_mask, **inputs.model_kwargs(), **output_kwargs
         )
 
         def loss_func(output_tensor):
@@ -89,6 +94,17 @@ def run_schedule(
         micro_batch_size=first.input_ids.shape[0],
         forward_only=forward_only,
     )
+
+
+def _half_wrapped(chunk: torch.nn.Module) -> bool:
+    """Whether a Float16Module sits in `chunk`'s wrapper chain (DDP -> Float16Module -> model)."""
+    from megatron.core.transformer.module import Float16Module
+
+    while chunk is not None:
+        if isinstance(chunk, Float16Module):
+            return True
+        chunk = getattr(chunk, "module", None)
+    return False
 
 
 def broadcast_from_last_stage(obj: Any) -> Any:

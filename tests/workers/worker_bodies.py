@@ -1,0 +1,153 @@
+"""Rank bodies for the multi-process worker tests (spawned by dist_utils.run_distributed)."""
+
+from __future__ import annotations
+
+import torch
+
+from tiny import actor_rollout_ref_config, critic_config, megatron_node
+
+TEMPERATURE = 0.7
+
+
+def _data(batch: dict, rows: slice | None = None):
+    from megarl.protocol import DataProto
+
+    tensors = {k: (v[rows] if rows is not None else v) for k, v in batch.items()}
+    return DataProto.from_dict(tensors, meta_info={"temperature": TEMPERATURE})
+
+
+def _dp_rows(batch: dict) -> slice:
+    from megatron.core import parallel_state
+
+    size = next(iter(batch.values())).shape[0] // parallel_state.get_data_parallel_world_size()
+    rank = parallel_state.get_data_parallel_rank()
+    return slice(rank * size, (rank + 1) * size)
+
+
+def _export(worker) -> dict[str, torch.Tensor]:
+    return {name: t.detach().clone() for name, t in worker.export_hf_weights()}
+
+
+def _allow_checkpoint_writer_processes() -> None:
+    """dist_utils ranks are daemonic; megatron's dist-checkpoint writer forks writer
+    processes and starts a multiprocessing manager, which daemonic processes may not.
+    Ray workers / torchrun ranks are not daemonic, so this is test-only."""
+    import multiprocessing
+
+    multiprocessing.current_process()._config["daemon"] = False
+
+
+def _rank0(value):
+    return value if torch.distributed.get_rank() == 0 else None
+
+
+def actor_and_critic(model_path: str, batch: dict, megatron: dict, ckpt_dir: str | None = None) -> dict:
+    """Log-probs (actor + ref), one PPO step, critic values + one step; optional checkpoint."""
+    from megarl.workers.actor import ActorWorker
+    from megarl.workers.critic import CriticWorker
+
+    out: dict = {}
+    cfg = actor_rollout_ref_config(model_path, megatron)
+    actor = ActorWorker(cfg, "actor", device="cpu")
+    actor.init_model()
+    rows = _dp_rows(batch)
+    data = _data(batch, rows)
+    log_probs = actor.compute_log_prob(data)
+    ref = ActorWorker(cfg, "ref", device="cpu")
+    ref.init_model()
+    out["log_probs"] = log_probs.batch["old_log_probs"]
+    out["entropys"] = log_probs.batch["entropys"]
+    out["ref_log_prob"] = ref.compute_log_prob(data).batch["ref_log_prob"]
+    out["metrics"] = actor.update_policy(data)
+    out["updated"] = _rank0(_export(actor))
+    if ckpt_dir is not None:
+        _allow_checkpoint_writer_processes()
+        actor.save_checkpoint(ckpt_dir)
+        out["log_probs_after_step"] = actor.compute_log_prob(data).batch["old_log_probs"]
+        out["metrics_step2"] = actor.update_policy(data)
+        out["updated_step2"] = _rank0(_export(actor))
+
+    critic = CriticWorker(critic_config(model_path, megatron), device="cpu")
+    critic.init_model()
+    head = critic.value_head_weight()
+    out["value_head"] = None if head is None else head.detach().clone()
+    out["values"] = critic.compute_values(data).batch["values"]
+    out["critic_metrics"] = critic.update_critic(data)
+    out["critic_values_after"] = critic.compute_values(data).batch["values"]
+    return out
+
+
+def resume_from_checkpoint(model_path: str, batch: dict, megatron: dict, ckpt_dir: str) -> dict:
+    """Fresh actor, load `ckpt_dir` (any layout), then log-probs and a second step."""
+    from megarl.workers.actor import ActorWorker
+
+    actor = ActorWorker(actor_rollout_ref_config(model_path, megatron), "actor", device="cpu")
+    actor.init_model()
+    actor.load_checkpoint(ckpt_dir)
+    data = _data(batch, _dp_rows(batch))
+    out = {"log_probs": actor.compute_log_prob(data).batch["old_log_probs"]}
+    out["metrics_step2"] = actor.update_policy(data)
+    out["updated_step2"] = _rank0(_export(actor))
+    return out
+
+
+def split_variants(model_path: str, batch: dict) -> dict:
+    """One PPO step with the same mini-batch cut differently (TP=1, one process)."""
+    from megarl.workers.actor import ActorWorker
+
+    variants = {
+        "micro1": dict(ppo_micro_batch_size_per_gpu=8),
+        "micro4": dict(ppo_micro_batch_size_per_gpu=2),
+        "dynamic": dict(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=30),
+    }
+    out = {}
+    for name, overrides in variants.items():
+        cfg = actor_rollout_ref_config(model_path, megatron_node(), **overrides)
+        if name == "dynamic":
+            cfg.model.use_remove_padding = True
+        actor = ActorWorker(cfg, "actor", device="cpu")
+        actor.init_model()
+        out[name + "_metrics"] = actor.update_policy(_data(batch))
+        out[name] = _export(actor)
+    return out
+
+
+def offload_roundtrip(model_path: str, batch: dict) -> dict:
+    """Offload everything, check storages are freed, onload, check exact restoration."""
+    from megarl.workers.actor import ActorWorker
+
+    megatron = megatron_node(param_offload=True, grad_offload=True, optimizer_offload=True)
+    actor = ActorWorker(actor_rollout_ref_config(model_path, megatron), "actor", device="cpu")
+    actor.init_model()
+    data = _data(batch)
+    actor.update_policy(data)  # creates optimizer state and fills grad buffers
+    params = [p.detach().clone() for c in actor.engine.chunks for p in c.parameters()]
+    opt_state = [v.clone() for s in actor.engine.optimizer.optimizer.state.values() for v in s.values()
+                 if isinstance(v, torch.Tensor)]
+    before = actor.compute_log_prob(data).batch["old_log_probs"]
+    actor.offload()
+    freed = all(p.untyped_storage().nbytes() == 0 for c in actor.engine.chunks for p in c.parameters())
+    # Methods onload around their work and re-offload afterwards.
+    during = actor.compute_log_prob(data).batch["old_log_probs"]
+    still_freed = all(p.untyped_storage().nbytes() == 0 for c in actor.engine.chunks for p in c.parameters())
+    actor.onload()
+    params_after = [p.detach().clone() for c in actor.engine.chunks for p in c.parameters()]
+    opt_after = [v.clone() for s in actor.engine.optimizer.optimizer.state.values() for v in s.values()
+                 if isinstance(v, torch.Tensor)]
+    return {
+        "freed": freed, "still_freed": still_freed, "before": before, "during": during,
+        "params_equal": all(torch.equal(a, b) for a, b in zip(params, params_after)),
+        "opt_equal": len(opt_state) > 0 and all(torch.equal(a, b) for a, b in zip(opt_state, opt_after)),
+    }
+
+
+def tp1_suite(model_path: str, batch: dict) -> dict:
+    """Everything that runs at TP=1 in one process (one spawn, one megatron import)."""
+    from megarl.parallel import init_distributed
+
+    init_distributed(megatron_node(), "cpu")
+    return {
+        "main": actor_and_critic(model_path, batch, megatron_node()),
+        "split": split_variants(model_path, batch),
+        "offload": offload_roundtrip(model_path, batch),
+    }
