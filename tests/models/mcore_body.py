@@ -6,11 +6,14 @@ import torch
 import transformers
 
 
-def megatron_forward(chunks, input_ids, attention_mask, position_ids, *, value_head=False):
-    """Forward-only pass through megatron's pipeline schedule, 2 micro-batches.
+def megatron_forward(chunks, input_ids, attention_mask, position_ids, *, value_head=False,
+                     backward=False):
+    """Pass through megatron's pipeline schedule, 2 micro-batches.
 
     Returns on the last pipeline stage: per-token log-probs of the next token
-    ``[b, s-1]`` (actor) or values ``[b, s]`` (critic); None on other stages.
+    ``[b, s-1]`` (actor) or values ``[b, s]`` (critic); None on other stages. With
+    ``backward``, also back-propagates ``-sum(valid log-probs) / 2`` (the schedule divides
+    each micro-batch loss by the number of micro-batches) into the parameters' ``.grad``.
     """
     from megatron.core import parallel_state
     from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -20,7 +23,8 @@ def megatron_forward(chunks, input_ids, attention_mask, position_ids, *, value_h
 
     labels = torch.roll(input_ids, shifts=-1, dims=1)
     micro = [
-        dict(input_ids=i, position_ids=p, mask=attention_mask_for_megatron(m), labels=l)
+        dict(input_ids=i, position_ids=p, mask=attention_mask_for_megatron(m), labels=l,
+             valid=(m[:, :-1] * m[:, 1:]).float())
         for i, p, m, l in zip(
             input_ids.chunk(2), position_ids.chunk(2), attention_mask.chunk(2), labels.chunk(2)
         )
@@ -37,7 +41,8 @@ def megatron_forward(chunks, input_ids, attention_mask, position_ids, *, value_h
                 result = -vocab_parallel_cross_entropy(out.float().transpose(0, 1).contiguous(),
                                                         batch["labels"].transpose(0, 1).contiguous())
                 result = result.transpose(0, 1)[:, :-1]
-            return torch.zeros((), requires_grad=False), {"result": result.detach()}
+            loss = -(result * batch["valid"]).sum() if backward and not value_head else torch.zeros(())
+            return loss, {"result": result.detach()}
 
         return output, loss_func
 
@@ -49,7 +54,7 @@ def megatron_forward(chunks, input_ids, attention_mask, position_ids, *, value_h
         num_microbatches=2,
         seq_length=input_ids.shape[1],
         micro_batch_size=input_ids.shape[0] // 2,
-        forward_only=True,
+        forward_only=not backward,
     )
     if not parallel_state.is_pipeline_last_stage():
         return None
@@ -82,8 +87,44 @@ def convert_and_forward(megatron_cfg: dict, cases: list[dict]) -> list[dict]:
             if case.get("packed") and len(chunks) == 1:
                 packed = packed_log_probs(chunks[0], case["batch"][0], case["batch"][1])
         exported = {name: t.clone() for name, t in export_hf_weights(chunks, hf_config)}
-        out.append({"result": result, "packed": packed, "export": exported})
+        grads = None
+        if case.get("grad"):
+            grads = hf_layout_grads(chunks, hf_config, case["batch"])
+        out.append({"result": result, "packed": packed, "export": exported, "grads": grads})
     return out
+
+
+def hf_layout_grads(chunks, hf_config, batch) -> dict:
+    """Backward through the schedule; the gradients exported in HF names and layout.
+
+    (Overwrites the parameters with their gradients to reuse the exporter.)
+    """
+    from megarl.models import export_hf_weights
+
+    for chunk in chunks:
+        chunk.zero_grad(set_to_none=True)
+    megatron_forward(chunks, *batch, backward=True)
+    # What megatron's finalize_model_grads does for these under DDP: each TP rank saw only
+    # its heads, so replicated QK-norm weights need their gradients summed over TP.
+    from megatron.core import parallel_state
+
+    tp_group = parallel_state.get_tensor_model_parallel_group()
+    for chunk in chunks:
+        for name, param in chunk.named_parameters():
+            if ("q_layernorm" in name or "k_layernorm" in name) and param.grad is not None:
+                torch.distributed.all_reduce(param.grad, group=tp_group)
+    # Tied embeddings at PP > 1: the first stage's embedding and the last stage's copy
+    # sum their gradients over the embedding group (finalize_model_grads does it too).
+    if parallel_state.get_pipeline_model_parallel_world_size() > 1:
+        for chunk in chunks:
+            if chunk.share_embeddings_and_output_weights and (chunk.pre_process or chunk.post_process):
+                weight = chunk.shared_embedding_or_output_weight()
+                torch.distributed.all_reduce(weight.grad, group=parallel_state.get_embedding_group())
+    with torch.no_grad():
+        for chunk in chunks:
+            for param in chunk.parameters():
+                param.copy_(param.grad if param.grad is not None else torch.zeros_like(param))
+    return {name: t.clone() for name, t in export_hf_weights(chunks, hf_config)}
 
 
 def critic_save_and_config(megatron_cfg: dict, critic_dir: str, actor_dir: str, out_dir: str, batch) -> dict:

@@ -8,13 +8,16 @@ Checks, against independent references:
     and (TP layouts) for the same rows packed as thd sequences;
   * the HF -> megatron -> HF export is bitwise identical to the safetensors, with the
     same names (tied LM heads not exported, as HF saves them);
-  * every rank receives the same exported tensors.
+  * every rank receives the same exported tensors;
+  * (some models per layout) gradients of the summed log-probs through megatron's
+    schedule backward, exported in HF layout, equal HF autograd's.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+import transformers
 from dist_utils import run_distributed
 from hf_tiny import hf_token_log_probs, make_tiny_hf, padded_batch
 from mcore_body import convert_and_forward
@@ -32,6 +35,16 @@ LAYOUTS = {
     ),
     # EP=2 on 2 ranks: dense parameters are data-parallel (DP=2), experts split.
     "ep2": (2, {"expert_model_parallel_size": 2}, ["qwen3_moe"]),
+}
+
+
+# MoE + TP > 1 is forward-only here: megatron requires sequence parallelism to train it
+# (without SP the TP ranks' duplicate tokens double the expert gradients), and SP needs TE.
+GRAD_MODELS = {
+    "tp1": ("qwen3_moe",),
+    "tp2": ("qwen2_v97", "qwen3"),
+    "pp2": ("qwen2",),
+    "pp2_vpp2": ("qwen3",),
 }
 
 
@@ -68,6 +81,32 @@ def _check(hf_dir: str, batch, per_rank: list[dict], packed: bool) -> None:
             assert torch.equal(exported[name], tensor), name
 
 
+def _check_grads(hf_dir: str, batch, per_rank_grads: list[dict]) -> None:
+    """Megatron gradients (exported to HF layout) equal HF autograd's for the same loss."""
+    input_ids, attention_mask, position_ids = batch
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        hf_dir, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
+    logp = torch.log_softmax(logits[:, :-1], -1).gather(-1, input_ids[:, 1:, None])[..., 0]
+    valid = (attention_mask[:, :-1] * attention_mask[:, 1:]).float()
+    (-(logp * valid).sum() / 2).backward()
+    expected = {name: p.grad for name, p in model.named_parameters()}
+    # transformers 5 keeps MoE experts fused in memory ([E, 2I, H] gate|up, [E, H, I]
+    # down) and saves them per expert: split the gradients the same way.
+    for name in [n for n in expected if n.endswith("mlp.experts.gate_up_proj")]:
+        prefix = name[: -len("gate_up_proj")]
+        gate_up, down = expected.pop(name), expected.pop(prefix + "down_proj")
+        for e in range(gate_up.shape[0]):
+            gate, up = gate_up[e].chunk(2)
+            expected.update({f"{prefix}{e}.gate_proj.weight": gate, f"{prefix}{e}.up_proj.weight": up,
+                             f"{prefix}{e}.down_proj.weight": down[e]})
+    for grads in per_rank_grads:
+        assert set(grads) == set(expected)
+        for name, grad in grads.items():
+            torch.testing.assert_close(grad, expected[name], atol=2e-5, rtol=1e-4, msg=name)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_logprobs_and_roundtrip(layout, hf_dirs):
@@ -79,7 +118,12 @@ def test_logprobs_and_roundtrip(layout, hf_dirs):
         vocab = 97 if name.endswith("v97") else 96
         # thd packing (no padding compute) where the model is one chunk.
         packed = layout in ("tp1", "tp2")
-        cases.append({"hf_dir": hf_dirs[name], "batch": padded_batch(vocab), "packed": packed})
+        # Gradients through TP / PP / interleaved PP backward.
+        grad = name in GRAD_MODELS.get(layout, ())
+        cases.append({"hf_dir": hf_dirs[name], "batch": padded_batch(vocab), "packed": packed,
+                      "grad": grad})
     per_rank = run_distributed(convert_and_forward, world, megatron_cfg, cases, timeout=240)
     for index, case in enumerate(cases):
         _check(case["hf_dir"], case["batch"], [r[index] for r in per_rank], case["packed"])
+        if case["grad"]:
+            _check_grads(case["hf_dir"], case["batch"], [r[index]["grads"] for r in per_rank])
