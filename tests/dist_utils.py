@@ -106,7 +106,9 @@ def run_distributed(
         ctx.Process(
             target=_rank_main,
             args=(fn, rank, world_size, port, dict(env or {}), args, kwargs, result_queue),
-            daemon=True,
+            # Not daemonic: ranks may start processes of their own (megatron's
+            # dist-checkpoint writer); every rank is joined or killed below.
+            daemon=False,
         )
         for rank in range(world_size)
     ]

@@ -16,7 +16,7 @@ from safetensors import safe_open
 
 from megarl.models.converters import TE_ALIASES, ParamSource, build_plan, dims_of, from_shards, is_split, to_shard
 
-__all__ = ["load_hf_weights", "export_hf_weights", "save_hf_checkpoint", "unwrap_chunk"]
+__all__ = ["load_hf_weights", "export_hf_weights", "save_hf_checkpoint", "unwrap_chunk", "find_param"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def _meta(chunks: Sequence[torch.nn.Module]) -> dict:
     return meta
 
 
-def _find_param(params: dict[str, torch.nn.Parameter], name: str) -> torch.nn.Parameter | None:
+def find_param(params: dict[str, torch.nn.Parameter], name: str) -> torch.nn.Parameter | None:
     """Parameter ``name`` (local-spec spelling) or its transformer-engine spelling."""
     if name in params:
         return params[name]
@@ -59,6 +59,9 @@ def _find_param(params: dict[str, torch.nn.Parameter], name: str) -> torch.nn.Pa
         elif name.endswith(local) and name[: -len(local)] + te in params:
             return params[name[: -len(local)] + te]
     return None
+
+
+_find_param = find_param  # older spelling, kept for callers
 
 
 class _SafetensorsDir:
@@ -126,7 +129,7 @@ def load_hf_weights(chunks: Sequence[torch.nn.Module], hf_dir: str | os.PathLike
     for entry in plan:
         if entry.pp_rank != pp_rank or entry.ep_rank not in (None, ep_rank):
             continue
-        param = _find_param(params[entry.vp_stage], entry.mcore_name)
+        param = find_param(params[entry.vp_stage], entry.mcore_name)
         if param is None:
             raise ValueError(f"megatron parameter {entry.mcore_name!r} (chunk {entry.vp_stage}) not found")
         if value_head and entry.hf_names == ("score.weight",) and "score.weight" not in reader:
@@ -221,7 +224,7 @@ def export_hf_weights(
             continue
         full = None
         if entry.pp_rank == pp_rank:
-            param = _find_param(params[entry.vp_stage], entry.mcore_name)
+            param = find_param(params[entry.vp_stage], entry.mcore_name)
             if param is None:
                 raise ValueError(f"megatron parameter {entry.mcore_name!r} (chunk {entry.vp_stage}) not found")
             full = from_shards(entry.kind, _gather_shard(entry, param, ep_rank), dims)

@@ -81,6 +81,10 @@ def _without_cuda_moves(method):
     return wrapper
 
 
+# Public name for other CPU shims (e.g. the optimizer's) that redirect a module's torch.
+TorchCudaToCpu = _TorchCudaToCpu
+
+
 def apply_cpu_compat() -> None:
     """Install the CPU shims above (idempotent). Call only for CPU runs."""
     global _APPLIED
