@@ -61,7 +61,17 @@ def megatron_forward(chunks, input_ids, attention_mask, position_ids, *, value_h
     return torch.cat([o["result"] for o in outputs])
 
 
-def convert_and_forward(megatron_cfg: dict, cases: list[dict]) -> list[dict]:
+def _to(value, device):
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {k: _to(v, device) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to(v, device) for v in value)
+    return value
+
+
+def convert_and_forward(megatron_cfg: dict, cases: list[dict], device: str = "cpu") -> list[dict]:
     """For each case: build, load HF, forward the batch, export; results per case.
 
     A case: ``hf_dir``, ``batch`` (input_ids, attention_mask, position_ids),
@@ -72,12 +82,17 @@ def convert_and_forward(megatron_cfg: dict, cases: list[dict]) -> list[dict]:
     from megarl.models import build_model, export_hf_weights, load_hf_weights
     from megarl.parallel import init_distributed
 
-    init_distributed(megatron_cfg, "cpu")
+    init_distributed(megatron_cfg, device)
+    if device == "cuda":  # exact fp32 matmuls for the comparison with HF on CPU
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
     out = []
     for case in cases:
+        case = _to(case, device)
         hf_config = transformers.AutoConfig.from_pretrained(case["hf_dir"])
         value_head = case.get("value_head", False)
-        chunks = build_model(hf_config, megatron_cfg, value_head=value_head, device="cpu")
+        chunks = build_model(hf_config, megatron_cfg, value_head=value_head, device=device,
+                             dtype=torch.float32)
         load_hf_weights(chunks, case["hf_dir"])
         for chunk in chunks:
             chunk.eval()
@@ -90,7 +105,7 @@ def convert_and_forward(megatron_cfg: dict, cases: list[dict]) -> list[dict]:
         grads = None
         if case.get("grad"):
             grads = hf_layout_grads(chunks, hf_config, case["batch"])
-        out.append({"result": result, "packed": packed, "export": exported, "grads": grads})
+        out.append(_to({"result": result, "packed": packed, "export": exported, "grads": grads}, "cpu"))
     return out
 
 
@@ -179,18 +194,18 @@ def packed_log_probs(chunk, input_ids, attention_mask):
 
     lengths = attention_mask.sum(-1)
     tokens = input_ids[attention_mask.bool()][None]  # [1, T]
-    positions = torch.cat([torch.arange(int(n)) for n in lengths])[None]
-    cu = torch.cat([torch.zeros(1, dtype=torch.int32), lengths.cumsum(0).to(torch.int32)])
+    device = input_ids.device
+    positions = torch.cat([torch.arange(int(n), device=device) for n in lengths])[None]
+    cu = torch.cat([torch.zeros(1, dtype=torch.int32, device=device),
+                    lengths.cumsum(0).to(torch.int32)])
     params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
                              max_seqlen_q=int(lengths.max()), max_seqlen_kv=int(lengths.max()))
     logits = chunk(tokens, positions, None, packed_seq_params=params)  # [1, T, V/tp]
     labels = torch.roll(tokens, -1, dims=1)
     logp = -vocab_parallel_cross_entropy(logits.float().transpose(0, 1).contiguous(),
                                          labels.transpose(0, 1).contiguous())[:, 0]  # [T]
-    out = torch.zeros(input_ids.shape, dtype=logp.dtype)
-    out[attention_mask.bool()] = logp
-    # Left-aligned within a row's valid span: shift back to "next token of position t".
-    result = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1)
+    # Row r's valid span is cu[r]:cu[r+1]; its last token has no next token.
+    result = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1, device=device)
     for row in range(input_ids.shape[0]):
         idx = attention_mask[row].nonzero()[:, 0]
         result[row, idx[:-1]] = logp[int(cu[row]): int(cu[row + 1]) - 1]
