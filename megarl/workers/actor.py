@@ -137,7 +137,8 @@ class ActorWorker:
             return out
 
         with self._onloaded():
-            result = self.engine.forward(data, self.log_prob_spec, (), per_micro_batch)
+            # bf16 logits straight to the fused log-prob (it upcasts once): no fp32 logits copy
+            result = self.engine.forward(data, self.log_prob_spec, (), per_micro_batch, fp32_output=False)
         mask = response_mask_of(data).to(result["log_probs"].dtype)
         if self.role == "ref":
             tensors = {"ref_log_prob": result["log_probs"] * mask}
@@ -219,7 +220,7 @@ class ActorWorker:
                     stats["actor/entropy"] = entropy_loss.item()
                     return loss, stats
 
-                micro_stats, grad_norm, lr = self.engine.train_step(micro, loss_fn)
+                micro_stats, grad_norm, lr = self.engine.train_step(micro, loss_fn, fp32_output=False)
                 step = reduce_micro_stats(micro_stats, _SHARE_KEYS)
                 step.update({"actor/grad_norm": grad_norm, "actor/lr": lr})
                 steps.append(step)

@@ -65,6 +65,11 @@ def run_schedule(
     # Lengths differ between micro-batches (packing, dynamic batch size, last partial one).
     config.variable_seq_lengths = True
     num_micro_batches = len(micro_batches)
+    if len(chunks) > 1:
+        # Interleaved schedule: micro-batches run in groups of N per virtual stage, and
+        # megatron needs M % N == 0 (N in [pp, M]); N = M covers counts not divisible by pp.
+        pp_size = parallel_state.get_pipeline_model_parallel_world_size()
+        config.microbatch_group_size_per_vp_stage = pp_size if num_micro_batches % pp_size == 0 else num_micro_batches
     output_kwargs = {} if fp32_output or not _half_wrapped(chunks[0]) else {"fp32_output": False}
 
     def forward_step(data_iterator, model):
