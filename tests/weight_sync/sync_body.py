@@ -67,3 +67,62 @@ def sync_through_transport(megatron_cfg: dict, hf_dir: str, scale: float, shift:
         "max_bucket_bytes": plan.max_bucket_bytes,
         "captured": captured if torch.distributed.get_rank() == 0 else None,
     }
+
+
+def hybrid_generate_and_score(hf_dir: str, overrides: dict, prompt_rows: list[list[int]],
+                              scale: float, shift: float, temperature: float) -> dict:
+    """ActorRolloutRefWorker on every rank: init (actor from hf_dir, engine dummy),
+    perturb the actor as if it had been updated, then generate (this syncs weights),
+    score the samples with the actor and the reference, and generate greedily.
+
+    Every rank gets the same prompts (with rollout TP = world they form one replica;
+    with TP = 1 every rank is its own replica). Returns per rank: sampled batch,
+    actor log-probs, ref log-probs, greedy responses, sync metrics, dispatch info.
+    """
+    from tiny_hf import actor_rollout_ref_config
+
+    from megarl.protocol import DataProto
+    from megarl.workers.hybrid import ActorRolloutRefWorker
+
+    P = 8
+    cfg = actor_rollout_ref_config(hf_dir, P, 6, **overrides)
+    worker = ActorRolloutRefWorker(cfg, role="actor_rollout_ref", device="cpu")
+    worker.init_model()
+    perturb_(worker.actor.engine.unwrapped_chunks(), scale, shift)
+    worker._weights_version += 1  # what update_actor does after an optimizer step
+
+    ids = torch.zeros((len(prompt_rows), P), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, row in enumerate(prompt_rows):
+        ids[i, P - len(row):] = torch.tensor(row)
+        mask[i, P - len(row):] = 1
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    prompts = DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": pos},
+                                  {"uid": [str(i) for i in range(len(prompt_rows))]})
+    local = worker.generate_sequences(prompts)
+    sync_metrics = dict(local.meta_info["metrics"])
+    # The trainer's job: collect the replicas' outputs (first rank of each replica),
+    # concatenate in replica order and re-dispatch by Megatron DP rank (DP = 1 here:
+    # every rank gets everything; TP ranks must see identical inputs).
+    info = worker.dispatch_info()
+    parts = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(parts, (info["collect_rollout"], local))
+    sampled = DataProto.concat([part for collect, part in parts if collect])
+    scored = worker.compute_log_prob(sampled)
+    ref = worker.compute_ref_log_prob(sampled)
+    prompts.meta_info["do_sample"] = False
+    greedy = worker.generate_sequences(prompts)
+    worker.shutdown()
+    return {
+        "sampled": {k: v.clone() for k, v in sampled.batch.items()},
+        "local_responses": local.batch["responses"].clone(),
+        "temperature": sampled.meta_info["temperature"],
+        "old_log_probs": scored.batch["old_log_probs"].clone(),
+        "gap": scored.meta_info["metrics"],
+        "ref_log_prob": ref.batch["ref_log_prob"].clone(),
+        "greedy": greedy.batch["responses"].clone(),
+        "greedy_mask": greedy.batch["response_mask"].clone(),
+        "greedy_resynced": "weight_sync/bytes" in greedy.meta_info["metrics"],
+        "sync": sync_metrics,
+        "dispatch": info,
+    }

@@ -1,0 +1,188 @@
+"""The colocated worker: Megatron actor (+ reference) and a vLLM rollout engine per rank.
+
+One :class:`ActorRolloutRefWorker` per rank of the Megatron world (SPMD); the trainer
+calls every method on every rank.
+
+Dispatch the trainer must use (W = world size, t = ``rollout.tensor_model_parallel_size``):
+
+* ``generate_sequences``: split across the W / t rollout replicas. Replica ``r`` is
+  ranks ``r*t .. r*t+t-1``; every rank of a replica gets the SAME chunk ``r`` of the
+  prompt batch (pad the batch to a multiple of W / t, ``DataProto.pad_to_divisor``);
+  collect the output of the first rank of each replica (``dispatch_info()["collect_rollout"]``)
+  and concatenate in replica order. With t = 1 every rank is a replica.
+  The weight sync inside it is collective over the whole world: every rank must call
+  ``generate_sequences`` once per step, even with an empty-looking share (give it a
+  padded chunk).
+* ``compute_log_prob`` / ``compute_ref_log_prob`` / ``update_actor``: split by
+  Megatron data-parallel rank (every TP/PP rank of a DP group gets the same slice);
+  outputs are identical on all ranks of a DP group (the actor broadcasts from the
+  last pipeline stage), collect from any, e.g. TP rank 0 of the last stage.
+* ``save_checkpoint`` / ``load_checkpoint`` / ``init_model``: all ranks, same args.
+
+Weights: ``update_actor`` and ``load_checkpoint`` mark the actor's weights as changed;
+the next ``generate_sequences`` first streams them into vLLM (export over TP/PP/EP ->
+plan buckets -> checked -> ``reload_weights``), and returns the sync metrics in its
+``meta_info["metrics"]``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from megarl.protocol import DataProto
+from megarl.weight_sync import SyncStats, log_prob_gap, plan_for_model, stream_in_process
+
+ROLES = ("actor_rollout_ref", "actor_rollout")
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ActorRolloutRefWorker:
+    """Actor + optional reference + rollout in one process.
+
+    Args:
+        config: the ``actor_rollout_ref`` subtree.
+        role: ``"actor_rollout_ref"`` builds the reference model (the trainer uses it
+            when ``actor.use_kl_loss`` or ``algorithm.use_kl_in_reward``);
+            ``"actor_rollout"`` does not.
+        device: ``"cpu"`` | ``"cuda"``; default cuda when available.
+    """
+
+    def __init__(self, config: DictConfig, role: str = "actor_rollout_ref", device: str | None = None) -> None:
+        if role not in ROLES:
+            raise ValueError(f"ActorRolloutRefWorker role must be one of {ROLES}, got {role!r}")
+        if role == "actor_rollout" and bool(OmegaConf.select(config, "actor.use_kl_loss", default=False)):
+            raise ValueError(
+                "actor_rollout_ref.actor.use_kl_loss=true needs the reference model: "
+                "use role='actor_rollout_ref'"
+            )
+        from megarl.workers.actor import ActorWorker
+
+        self.config = config
+        self.role = role
+        self.device = device
+        self.actor = ActorWorker(config, role="actor", device=device)
+        self.ref = ActorWorker(config, role="ref", device=device) if role == "actor_rollout_ref" else None
+        self.rollout = None
+        self.plan = None
+        sync_cfg = OmegaConf.select(config, "rollout.weight_sync", default=None) or {}
+        bucket_mb = float(sync_cfg.get("bucket_size_mb", 128))
+        if bucket_mb <= 0:
+            raise ValueError(
+                f"actor_rollout_ref.rollout.weight_sync.bucket_size_mb must be > 0, got {bucket_mb}"
+            )
+        self.bucket_size_bytes = int(bucket_mb * 2**20)
+        self.integrity_check = bool(sync_cfg.get("integrity_check", True))
+        self._weights_version = 0
+        self._synced_version = -1
+
+    # ------------------------------------------------------------------ setup
+    def init_model(self) -> None:
+        """Megatron models (process groups first), then the vLLM engine (joins that world)
+        and the resharding plan. The engine has dummy weights until the first sync."""
+        from megarl.workers.rollout import RolloutWorker
+
+        self.actor.init_model()
+        if self.ref is not None:
+            self.ref.init_model()
+        self.rollout = RolloutWorker(self.config, self.config.model.path)
+        engine = self.actor.engine
+        dtype = _DTYPES[str(self.rollout.llm.llm_engine.model_config.dtype).replace("torch.", "")]
+        self.plan = plan_for_model(
+            engine.hf_config,
+            engine.unwrapped_chunks()[0].config,
+            self.config.model.path,
+            rollout_tp=int(self.config.rollout.tensor_model_parallel_size),
+            bucket_size_bytes=self.bucket_size_bytes,
+            dtype=dtype,
+        )
+
+    def dispatch_info(self) -> dict[str, Any]:
+        """Where this rank sits for dispatch: rollout replica and Megatron DP coordinates."""
+        from megatron.core import parallel_state as ps
+
+        rank = torch.distributed.get_rank()
+        tp = int(self.config.rollout.tensor_model_parallel_size)
+        return {
+            "rollout_replica": rank // tp,
+            "rollout_replicas": torch.distributed.get_world_size() // tp,
+            "collect_rollout": rank % tp == 0,
+            "dp_rank": ps.get_data_parallel_rank(),
+            "dp_size": ps.get_data_parallel_world_size(),
+            "collect_train": ps.get_tensor_model_parallel_rank() == 0 and ps.is_pipeline_last_stage(),
+        }
+
+    # ------------------------------------------------------------------ rollout
+    def sync_weights(self) -> dict[str, float]:
+        """Stream the actor's weights into this rank's engine (collective over the world).
+
+        Returns ``weight_sync/{seconds, bytes, gb_per_s, buckets, tensors, peak_extra_bytes}``.
+        """
+        stats = SyncStats()
+        start = time.perf_counter()
+        self.actor.onload()
+        try:
+            stream = stream_in_process(
+                self.actor.export_hf_weights(), self.plan, integrity_check=self.integrity_check, stats=stats
+            )
+            self.rollout.update_weights(stream)
+        finally:
+            self.actor.offload()
+        stats.seconds = time.perf_counter() - start
+        self._synced_version = self._weights_version
+        return stats.as_metrics()
+
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """This replica's share of prompts -> ``B * n`` rows (see RolloutWorker), after
+        syncing weights if they changed. meta_info["metrics"] gets the sync metrics and
+        ``timing/generate_s``."""
+        metrics: dict[str, float] = {}
+        if self._synced_version != self._weights_version:
+            metrics.update(self.sync_weights())
+        start = time.perf_counter()
+        out = self.rollout.generate_sequences(prompts)
+        metrics["timing/generate_s"] = time.perf_counter() - start
+        out.meta_info["metrics"] = {**out.meta_info.get("metrics", {}), **metrics}
+        return out
+
+    # ------------------------------------------------------------------ training
+    def compute_log_prob(self, data: DataProto) -> DataProto:
+        """``old_log_probs``, ``entropys`` ``[B, R]``; when ``data`` carries
+        ``rollout_log_probs``, meta_info["metrics"] gets the rollout/actor log-prob gap."""
+        out = self.actor.compute_log_prob(data)
+        if "rollout_log_probs" in data.batch.keys():
+            mask = data.batch["response_mask"] if "response_mask" in data.batch.keys() else None
+            if mask is None:
+                R = data.batch["responses"].shape[1]
+                mask = data.batch["attention_mask"][:, -R:]
+            out.meta_info["metrics"] = log_prob_gap(data.batch["rollout_log_probs"], out.batch["old_log_probs"], mask)
+        return out
+
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        """``ref_log_prob`` ``[B, R]`` from the frozen reference."""
+        if self.ref is None:
+            raise RuntimeError("compute_ref_log_prob: this worker has no reference (role='actor_rollout')")
+        return self.ref.compute_log_prob(data)
+
+    def update_actor(self, data: DataProto) -> dict[str, float]:
+        """PPO update; the rollout engine is re-synced before the next generation."""
+        metrics = self.actor.update_policy(data)
+        self._weights_version += 1
+        return metrics
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, path: str, global_step: int = 0) -> None:
+        self.actor.save_checkpoint(path, global_step=global_step)
+
+    def load_checkpoint(self, path: str) -> dict[str, Any]:
+        meta = self.actor.load_checkpoint(path)
+        self._weights_version += 1
+        return meta
+
+    def shutdown(self) -> None:
+        if self.rollout is not None:
+            self.rollout.shutdown()
+            self.rollout = None
