@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from megarl.parallel.cpu_compat import apply_cpu_compat
+from megarl.parallel.cpu_compat import apply_cpu_compat, apply_missing_te_compat
 
 __all__ = ["init_distributed", "parallel_sizes", "set_seed"]
 
@@ -73,8 +73,10 @@ def init_distributed(megatron_cfg: Mapping[str, Any], device: str | torch.device
     sizes = parallel_sizes(megatron_cfg)
     if device_type == "cpu":
         apply_cpu_compat()
-    elif "LOCAL_RANK" in os.environ:
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    else:
+        apply_missing_te_compat()
+        if "LOCAL_RANK" in os.environ:
+            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
 
     if not dist.is_initialized():
         dist.init_process_group(backend="gloo" if device_type == "cpu" else "nccl")

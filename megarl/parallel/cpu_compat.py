@@ -19,7 +19,8 @@ What it changes, process-wide, and why:
   the identity: with tied embeddings and PP > 1 it moves the last stage's embedding
   copy to CUDA before the first/last-stage all-reduce.
 * ``megatron.core.transformer.moe.moe_utils.te_general_gemm = None`` when
-  transformer-engine is absent (0.16.1 references it unguarded in the router gemm).
+  transformer-engine is absent (0.16.1 references it unguarded in the router gemm);
+  this one, :func:`apply_missing_te_compat`, is also applied on GPUs without TE.
 """
 
 from __future__ import annotations
@@ -94,7 +95,6 @@ def apply_cpu_compat() -> None:
     torch.cuda.synchronize = lambda device=None: None
 
     from megatron.core.pipeline_parallel import schedules
-    from megatron.core.transformer.moe import moe_utils
 
     from megatron.core.models.common.language_module.language_module import LanguageModule
 
@@ -102,11 +102,20 @@ def apply_cpu_compat() -> None:
     LanguageModule.setup_embeddings_and_output_layer = _without_cuda_moves(
         LanguageModule.setup_embeddings_and_output_layer
     )
-    try:
-        import transformer_engine  # noqa: F401
-    except ImportError:
-        moe_utils.te_general_gemm = None
+    apply_missing_te_compat()
     _APPLIED = True
+
+
+def apply_missing_te_compat() -> None:
+    """``moe_utils.te_general_gemm = None`` when transformer-engine is absent (CPU or GPU).
+
+    megatron-core 0.16.1 only binds that name when TE imports, but the MoE router reads
+    it unguarded; without this a MoE forward raises ``NameError``.
+    """
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
 
 
 def is_applied() -> bool:
