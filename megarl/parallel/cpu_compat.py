@@ -1,7 +1,7 @@
 """Run megatron-core 0.16.1 on CPU (gloo): the few places that assume CUDA.
 
-Applied by :func:`megarl.parallel.init_distributed` only when the device is CPU; never
-on GPU. Everything megatron needs beyond this (SDPA core attention instead of the
+Applied by :func:`megarl.parallel.init_distributed` only when the device is CPU (the
+last item below also on GPUs without transformer-engine). Everything megatron needs beyond this (SDPA core attention instead of the
 default ``DotProductAttention``, ``use_cpu_initialization``, the ``allgather`` MoE
 dispatcher, seeding without ``model_parallel_cuda_manual_seed``) is chosen in
 ``megarl.models`` / ``megarl.parallel`` rather than patched here.
@@ -94,9 +94,8 @@ def apply_cpu_compat() -> None:
     torch.cuda.current_device = lambda: torch.device("cpu")
     torch.cuda.synchronize = lambda device=None: None
 
-    from megatron.core.pipeline_parallel import schedules
-
     from megatron.core.models.common.language_module.language_module import LanguageModule
+    from megatron.core.pipeline_parallel import schedules
 
     schedules.torch = _TorchCudaToCpu()
     LanguageModule.setup_embeddings_and_output_layer = _without_cuda_moves(
