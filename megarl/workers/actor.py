@@ -158,7 +158,8 @@ class ActorWorker:
         change the gradient.
 
         Returns metrics averaged over mini-batches: actor/pg_loss, pg_clipfrac,
-        pg_clipfrac_lower, ppo_kl, entropy, kl_loss (when use_kl_loss), grad_norm, lr.
+        pg_clipfrac_lower, ppo_kl, entropy (when entropy_coeff != 0, as verl), kl_loss (when
+        use_kl_loss), grad_norm, lr.
         """
         if self.role != "actor":
             raise RuntimeError("update_policy is only available for role='actor'")
@@ -198,17 +199,23 @@ class ActorWorker:
                 def loss_fn(logits, mb, denominator=denominator):
                     t = mb.tensors
                     mask = t["response_mask"]
+                    # As verl: the entropy (2 more passes over the [tokens, V/tp] logits
+                    # and a second fp32 buffer) only when it is part of the loss.
                     logp, ent = vocab_parallel_log_probs_and_entropy(
-                        logits, next_token_labels(mb.inputs), temperature=temperature
+                        logits, next_token_labels(mb.inputs), temperature=temperature,
+                        compute_entropy=entropy_coeff != 0,
                     )
                     log_prob = to_response(logp, mb.inputs, response_length)
-                    entropy = to_response(ent, mb.inputs, response_length)
                     pg_loss, stats = policy_loss_fn(
                         t["old_log_probs"], log_prob, t["advantages"], mask, loss_agg_mode,
                         config=actor, global_denominator=denominator,
                         rollout_is_weights=t.get("rollout_is_weights"),
                     )
-                    entropy_loss = compute_entropy_loss(entropy, mask, loss_agg_mode, denominator, loss_scale_factor)
+                    entropy_loss = None
+                    if ent is not None:
+                        entropy = to_response(ent, mb.inputs, response_length)
+                        entropy_loss = compute_entropy_loss(entropy, mask, loss_agg_mode, denominator, loss_scale_factor)
+                        stats["actor/entropy"] = entropy_loss.item()
                     kl_loss = None
                     if use_kl_loss:
                         kl_loss, _ = compute_kl_loss(
@@ -217,7 +224,6 @@ class ActorWorker:
                         stats["actor/kl_loss"] = kl_loss.item()
                     loss = combine_actor_loss(pg_loss, entropy_loss, entropy_coeff, kl_loss, kl_loss_coef)
                     stats["actor/pg_loss"] = pg_loss.item()
-                    stats["actor/entropy"] = entropy_loss.item()
                     return loss, stats
 
                 micro_stats, grad_norm, lr = self.engine.train_step(micro, loss_fn, fp32_output=False)

@@ -58,17 +58,19 @@ def vocab_parallel_log_probs_and_entropy(
 class _LogProbEntropy(torch.autograd.Function):
     """Fused vocab-parallel log pi(target) and entropy (forward and backward by hand).
 
-    One fp32 copy of the logits is shifted in place and turned into the softmax, which
-    is also the gradient buffer (megatron's vocab-parallel cross-entropy does the same);
-    the entropy keeps the shifted logits as a second buffer. Autograd through the
-    elementwise chain held ~5 fp32 copies of `[tokens, vocab / tp]` and ran 3x the
-    memory passes. Gradients (x = logits / T, shifted; p = softmax(x); H = entropy):
+    One fp32 copy of the logits is shifted in place; `e = exp(x - max)` (in place too when
+    no entropy is asked for) is kept unnormalised and becomes the gradient buffer, so the
+    softmax normalisation folds into the backward's one multiply. The entropy keeps the
+    shifted logits as a second buffer. Autograd through the elementwise chain held ~5
+    fp32 copies of `[tokens, vocab / tp]` and ran ~3x the memory passes. Gradients
+    (x = logits / T, shifted; p = e / S, S = sum e; H = entropy):
         d log p_t / dx_j = [j == t] - p_j
-        dH / dx_j        = -p_j (x_j - log Z + H)
+        dH / dx_j        = -p_j (x_j - log S + H)
     """
 
     @staticmethod
     def forward(ctx, logits, target, temperature, compute_entropy, tp_group):
+        ctx.set_materialize_grads(False)
         x = logits.float()
         if x.data_ptr() == logits.data_ptr():
             x = x.clone()
@@ -82,42 +84,41 @@ class _LogProbEntropy(torch.autograd.Function):
         if tp > 1:
             dist.all_reduce(shift, op=dist.ReduceOp.MAX, group=tp_group)
         x.sub_(shift)  # <= 0; -inf on masked vocab rows
-        if compute_entropy:  # p * x must be 0, not NaN, where p == 0
-            x.clamp_(min=-1e20)
         local_target = target - vocab_start
         in_slice = (local_target >= 0) & (local_target < local_vocab)
         index = local_target.clamp(0, local_vocab - 1).unsqueeze(-1)
         target_logit = x.gather(-1, index).squeeze(-1).masked_fill(~in_slice, 0.0)
 
-        p = x.exp()
-        sums = [target_logit, p.sum(dim=-1)]
         if compute_entropy:
-            sums.append(torch.linalg.vecdot(p, x))  # sum_j exp(x_j) x_j
-        sums = torch.stack(sums)
+            x.clamp_(min=-1e20)  # e * x must be 0, not NaN, where e == 0
+            e = x.exp()
+            sums = torch.stack([target_logit, e.sum(dim=-1), torch.linalg.vecdot(e, x)])
+        else:
+            e = x.exp_()  # x is not needed any more
+            sums = torch.stack([target_logit, e.sum(dim=-1)])
         if tp > 1:
             dist.all_reduce(sums, group=tp_group)
         sum_exp = sums[1]
         log_z = sum_exp.log()
         log_probs = sums[0] - log_z
-        p.div_(sum_exp.unsqueeze(-1))  # softmax
         entropy = log_z - sums[2] / sum_exp if compute_entropy else torch.zeros_like(log_z)
 
         ctx.temperature, ctx.compute_entropy, ctx.dtype = temperature, compute_entropy, logits.dtype
-        saved = (p, index, in_slice, log_z, entropy) + ((x,) if compute_entropy else ())
+        saved = (e, index, in_slice, sum_exp, log_z, entropy) + ((x,) if compute_entropy else ())
         ctx.save_for_backward(*saved)
         return log_probs, entropy
 
     @staticmethod
     def backward(ctx, grad_log_probs, grad_entropy):
-        p, index, in_slice, log_z, entropy, *rest = ctx.saved_tensors
+        e, index, in_slice, sum_exp, log_z, entropy, *rest = ctx.saved_tensors
         g_lp = grad_log_probs if grad_log_probs is not None else torch.zeros_like(log_z)
         if ctx.compute_entropy and grad_entropy is not None:
             (x,) = rest
-            # grad = p * (-g_lp - g_H * (x - log Z + H)), built in x's buffer
-            grad = x.sub_((log_z - entropy).unsqueeze(-1)).mul_(-grad_entropy.unsqueeze(-1))
-            grad.sub_(g_lp.unsqueeze(-1)).mul_(p)
+            # grad = e * (-(g_lp / S) - (g_H / S) * (x - log S + H)), built in x's buffer
+            grad = x.sub_((log_z - entropy).unsqueeze(-1)).mul_((-grad_entropy / sum_exp).unsqueeze(-1))
+            grad.sub_((g_lp / sum_exp).unsqueeze(-1)).mul_(e)
         else:
-            grad = p.mul_(-g_lp.unsqueeze(-1))
+            grad = e.mul_((-g_lp / sum_exp).unsqueeze(-1))
         grad.scatter_add_(-1, index, (g_lp * in_slice).unsqueeze(-1))
         if ctx.temperature != 1.0:
             grad.div_(ctx.temperature)
