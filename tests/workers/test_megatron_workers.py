@@ -1,10 +1,10 @@
 """Megatron actor/ref/critic workers against HF transformers and against TP=1 runs.
 
 Checks (fp32, gloo, tiny Qwen2 with vocab 97 so TP=2 pads the vocabulary):
-  * log-probs / entropy / ref log-probs at TP=1, TP=2, PP=2 equal HF transformers'
+  * log-probs / entropy / ref log-probs at TP=1, TP=2, PP=2, PP=2 x VPP=2 equal HF transformers'
     forward with logits / temperature (temperature 0.7), atol 1e-5;
   * one PPO step (clip + entropy bonus + in-loss KL, grad clipping active) at TP=2,
-    PP=2 and DP=2 gives the same HF-exported weights and grad norm as TP=1. The tests use
+    PP=2 and DP=2 gives the same HF-exported weights and grad norm as TP=1 (VPP=2 as well). The tests use
     SGD with momentum: Adam's first step is sign(grad) * lr and would hide a wrongly
     scaled gradient (e.g. a per-micro-batch instead of a global denominator);
   * micro-batch 1 vs 4 vs token-budget (thd packed) micro-batches: same weights;
@@ -28,10 +28,18 @@ from worker_bodies import TEMPERATURE, actor_and_critic, resume_from_checkpoint,
 
 pytestmark = pytest.mark.slow
 
+# name -> (world size, megatron node, actor overrides)
 LAYOUTS = {
-    "tp2": (2, megatron_node(tensor_model_parallel_size=2)),
-    "pp2": (2, megatron_node(pipeline_model_parallel_size=2)),
-    "dp2": (2, megatron_node()),
+    "tp2": (2, megatron_node(tensor_model_parallel_size=2), {}),
+    "pp2": (2, megatron_node(pipeline_model_parallel_size=2), {}),
+    "dp2": (2, megatron_node(), {}),
+    # Interleaved schedule: 2 stages x 2 model chunks of the 4 layers; it needs at least
+    # pp micro-batches per step (the split does not change the result, see below).
+    "vpp2": (
+        2,
+        megatron_node(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2),
+        {"ppo_micro_batch_size_per_gpu": 4},
+    ),
 }
 
 
@@ -58,10 +66,11 @@ def runs(setup):
                     timeout=300,
                 )
             else:
-                world, megatron = LAYOUTS[name]
+                world, megatron, overrides = LAYOUTS[name]
                 ckpt = setup["ckpt"] if name == "tp2" else None
                 cache[name] = run_distributed(
-                    actor_and_critic, world, setup["model_path"], setup["batch"], megatron, ckpt, timeout=400
+                    actor_and_critic, world, setup["model_path"], setup["batch"], megatron, ckpt, overrides,
+                    timeout=400,
                 )
         return cache[name]
 
@@ -78,7 +87,7 @@ def _assert_weights_close(got: dict, want: dict):
         torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-5, msg=name)
 
 
-@pytest.mark.parametrize("layout", ["tp1", "tp2", "pp2"])
+@pytest.mark.parametrize("layout", ["tp1", "tp2", "pp2", "vpp2"])
 def test_log_probs_match_hf(setup, runs, layout):
     want_logp, want_ent = hf_response_log_probs(setup["model_path"], setup["batch"], TEMPERATURE)
     for rank_out in _main(runs, layout):  # every rank returns the same, full result
@@ -87,7 +96,7 @@ def test_log_probs_match_hf(setup, runs, layout):
         torch.testing.assert_close(rank_out["ref_log_prob"], want_logp, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("layout", ["tp2", "pp2", "dp2"])
+@pytest.mark.parametrize("layout", ["tp2", "pp2", "dp2", "vpp2"])
 def test_ppo_step_matches_tp1(setup, runs, layout):
     from safetensors.torch import load_file
 

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 PROMPT_LEN, RESPONSE_LEN, VOCAB = 6, 5, 97  # 97: not divisible by TP=2 (vocab padding)
 
 
-def make_tiny_qwen2(out_dir: str, *, vocab_size: int = VOCAB, num_layers: int = 2, seed: int = 0) -> str:
+def make_tiny_qwen2(out_dir: str, *, vocab_size: int = VOCAB, num_layers: int = 4, seed: int = 0) -> str:
     """Random-init Qwen2 (QKV bias, untied head) saved as safetensors; no downloads."""
     config = transformers.Qwen2Config(
         vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=num_layers,

@@ -41,13 +41,15 @@ def _rank0(value):
     return value if torch.distributed.get_rank() == 0 else None
 
 
-def actor_and_critic(model_path: str, batch: dict, megatron: dict, ckpt_dir: str | None = None) -> dict:
+def actor_and_critic(
+    model_path: str, batch: dict, megatron: dict, ckpt_dir: str | None = None, actor_overrides: dict | None = None
+) -> dict:
     """Log-probs (actor + ref), one PPO step, critic values + one step; optional checkpoint."""
     from megarl.workers.actor import ActorWorker
     from megarl.workers.critic import CriticWorker
 
     out: dict = {}
-    cfg = actor_rollout_ref_config(model_path, megatron)
+    cfg = actor_rollout_ref_config(model_path, megatron, **(actor_overrides or {}))
     actor = ActorWorker(cfg, "actor", device="cpu")
     actor.init_model()
     rows = _dp_rows(batch)

@@ -62,10 +62,20 @@ def run_schedule(
     if not micro_batches:
         return []
     config = get_model_config(chunks[0])
-    # Lengths differ between micro-batches (packing, dynamic batch size, last partial one).
-    config.variable_seq_lengths = True
+    # Shapes differ between micro-batches with packing, dynamic batch size or a last
+    # partial micro-batch; pipeline stages then exchange shapes before each activation.
+    shapes = {tuple(mb.inputs.input_ids.shape) for mb in micro_batches}
+    config.variable_seq_lengths = len(shapes) > 1
     num_micro_batches = len(micro_batches)
     if len(chunks) > 1:
+        if config.variable_seq_lengths and not forward_only:
+            # megatron-core 0.16.1's interleaved schedule deadlocks on variable shapes in
+            # forward-backward (stages disagree on when shapes are exchanged); forward-only works.
+            raise NotImplementedError(
+                "virtual_pipeline_model_parallel_size needs micro-batches of one shape: set "
+                "use_dynamic_bsz=false, model.use_remove_padding=false and a micro-batch size that "
+                f"divides the mini-batch (got input shapes {sorted(shapes)})"
+            )
         # Interleaved schedule: micro-batches run in groups of N per virtual stage, and
         # megatron needs M % N == 0 (N in [pp, M]); N = M covers counts not divisible by pp.
         pp_size = parallel_state.get_pipeline_model_parallel_world_size()
