@@ -9,7 +9,8 @@ Checks (fp32, gloo, tiny Qwen2 with vocab 97 so TP=2 pads the vocabulary):
     scaled gradient (e.g. a per-micro-batch instead of a global denominator);
   * micro-batch 1 vs 4 vs token-budget (thd packed) micro-batches: same weights;
   * save at TP=2 -> load at TP=1: same log-probs, and the second step equals the
-    uninterrupted second step (optimizer + lr scheduler restored);
+    uninterrupted second step (optimizer + lr scheduler restored); a reference model
+    initialised from it (megatron.use_dist_checkpointing) gives the same log-probs;
   * critic values equal HF backbone hidden states x the value head; one critic step at
     TP=2 equals TP=1;
   * offload/onload frees and restores params, grads and optimizer state exactly.
@@ -127,6 +128,7 @@ def test_checkpoint_tp2_to_tp1(runs):
     torch.testing.assert_close(resumed["log_probs"], saved["log_probs_after_step"], atol=1e-5, rtol=1e-5)
     _assert_weights_close(resumed["updated_step2"], saved["updated_step2"])
     assert resumed["metrics_step2"]["actor/lr"] == saved["metrics_step2"]["actor/lr"]
+    torch.testing.assert_close(resumed["ref_from_ckpt"], saved["log_probs_after_step"], atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("layout", ["tp1", "tp2"])

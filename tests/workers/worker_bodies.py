@@ -90,6 +90,11 @@ def resume_from_checkpoint(model_path: str, batch: dict, megatron: dict, ckpt_di
     out = {"log_probs": actor.compute_log_prob(data).batch["old_log_probs"]}
     out["metrics_step2"] = actor.update_policy(data)
     out["updated_step2"] = _rank0(_export(actor))
+    # megatron.use_dist_checkpointing: initial weights from the checkpoint, not HF.
+    ref_megatron = dict(megatron, use_dist_checkpointing=True, dist_checkpointing_path=ckpt_dir)
+    ref = ActorWorker(actor_rollout_ref_config(model_path, ref_megatron), "ref", device="cpu")
+    ref.init_model()
+    out["ref_from_ckpt"] = ref.compute_log_prob(data).batch["ref_log_prob"]
     return out
 
 

@@ -196,7 +196,14 @@ class MegatronEngine:
                 f"least pipeline_model_parallel_size={min_num} micro-batches per step, got {len(parts)}"
             )
         tp = parallel_state.get_tensor_model_parallel_world_size()
-        pad_multiple = tp if self.megatron_cfg.get("sequence_parallel") else 1
+        sequence_parallel = bool(self.megatron_cfg.get("sequence_parallel")) and tp > 1
+        pad_multiple = tp if sequence_parallel else 1
+        if sequence_parallel and not self.remove_padding and attention_mask.shape[1] % tp != 0:
+            raise ValueError(
+                f"{self.prefix}.megatron.sequence_parallel splits the sequence over TP={tp} ranks, but the padded "
+                f"length {attention_mask.shape[1]} (max_prompt_length + max_response_length) is not divisible by "
+                "it; enable model.use_remove_padding (packed sequences are padded to a multiple of TP)"
+            )
         micro = []
         for rows in parts:
             index = torch.tensor(rows, dtype=torch.long)
