@@ -32,6 +32,7 @@ class Offloader:
         self.engine = engine
         self.params, self.grads, self.optimizer = params, grads, optimizer
         self._stash: list[tuple[torch.UntypedStorage, torch.UntypedStorage]] = []
+        self._host_buffers: list[torch.UntypedStorage] = []  # reused across offloads (pinning is slow)
 
     @property
     def offloaded(self) -> bool:
@@ -89,15 +90,25 @@ class Offloader:
     def offload(self) -> None:
         if self.offloaded:
             return
-        for storage in self._storages():
-            host = torch.UntypedStorage(storage.nbytes(), device="cpu")
-            if storage.device.type == "cuda":
-                host = host.pin_memory()
+        for index, storage in enumerate(self._storages()):
+            host = self._host_buffer(index, storage)
             host.copy_(storage)
             storage.resize_(0)
             self._stash.append((storage, host))
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.empty_cache()
+
+    def _host_buffer(self, index: int, storage: torch.UntypedStorage) -> torch.UntypedStorage:
+        if index < len(self._host_buffers) and self._host_buffers[index].nbytes() == storage.nbytes():
+            return self._host_buffers[index]
+        host = torch.UntypedStorage(storage.nbytes(), device="cpu")
+        if storage.device.type == "cuda":
+            host = host.pin_memory()
+        if index < len(self._host_buffers):
+            self._host_buffers[index] = host
+        else:
+            self._host_buffers.append(host)
+        return host
 
     def onload(self) -> None:
         for storage, host in self._stash:
