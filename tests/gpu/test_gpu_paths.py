@@ -1,8 +1,7 @@
 """megarl's Megatron paths on CUDA + NCCL (2 GPUs), against independent references.
 
 * log-probs / entropy at TP=2 and TP=1 (fp32) equal HF transformers' fp32 forward;
-* one PPO step at TP=2 gives the same HF-exported weights as at TP=1 (fp32, NCCL,
-  distributed optimizer);
+* one PPO step at TP=2 gives the same HF-exported weights as at TP=1 (fp32, NCCL);
 * weight sync: the HF export of a TP=2 bf16 model equals the checkpoint it was loaded
   from bit for bit, and the bucketed export, the in-process stream (with checksums) and
   the NCCL broadcast stream deliver the same bits.
