@@ -6,8 +6,8 @@ override_config, use_remove_padding, enable_gradient_checkpointing, trust_remote
 megatron.*, optim.*, ppo_mini_batch_size, ppo_micro_batch_size_per_gpu, use_dynamic_bsz,
 ppo_max_token_len_per_gpu, forward_micro_batch_size_per_gpu /
 forward_max_token_len_per_gpu (default: the ppo_* values), ppo_epochs, shuffle,
-data_loader_seed, cliprange_value, loss_agg_mode, checkpoint.*, rollout_n (responses per
-prompt; the trainer copies actor_rollout_ref.rollout.n here, default 1).
+data_loader_seed, cliprange_value, loss_agg_mode, loss_scale_factor, checkpoint.*,
+rollout_n (responses per prompt; or pass `rollout_n=` to the constructor).
 """
 
 from __future__ import annotations
@@ -64,8 +64,11 @@ class CriticWorker:
     response token t (the hidden state at the position that predicts it).
     """
 
-    def __init__(self, config: DictConfig, device: str | None = None) -> None:
+    def __init__(self, config: DictConfig, device: str | None = None, rollout_n: int | None = None) -> None:
+        """`rollout_n`: responses per prompt (actor_rollout_ref.rollout.n), the unit of
+        `critic.ppo_mini_batch_size`; default `critic.rollout_n` (verl's key), else 1."""
         self.config = config
+        self.rollout_n = int(rollout_n if rollout_n is not None else config.get("rollout_n", 1) or 1)
         model = config.model
         self.engine = MegatronEngine(
             config.megatron,
@@ -157,7 +160,7 @@ class CriticWorker:
             tensors[key] = batch[key]
         model_tensors = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids", "responses")}
         work = DataProto.from_dict({**model_tensors, **tensors})
-        rows = mini_batch_rows(cfg.ppo_mini_batch_size, cfg.get("rollout_n", 1), len(work), "critic")
+        rows = mini_batch_rows(cfg.ppo_mini_batch_size, self.rollout_n, len(work), "critic")
         steps = []
         with self.offloader.onloaded():
             for index in iterate_mini_batches(

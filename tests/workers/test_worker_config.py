@@ -26,7 +26,8 @@ def test_actor_ref_critic_from_yaml(cfg):
     assert ref.log_prob_spec.micro_batch_size == cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu
     assert not ref.engine.trainable and actor.engine.trainable
     critic = CriticWorker(cfg.critic, device="cpu")
-    assert critic.engine.value_head and critic.engine.trainable
+    assert critic.engine.value_head and critic.engine.trainable and critic.rollout_n == 1
+    assert CriticWorker(cfg.critic, device="cpu", rollout_n=cfg.actor_rollout_ref.rollout.n).rollout_n == 8
 
 
 def test_bad_role_and_optim_keys(cfg):
