@@ -1,1 +1,43 @@
+"""The single controller: resource pools, worker groups, the PPO loop, checkpoints.
 
+``run_ppo(cfg)`` is what ``megarl.main_ppo`` calls with a validated, resolved config.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig
+
+
+def run_ppo(cfg: DictConfig) -> dict[str, Any]:
+    """Start (or join) Ray, build the trainer, train; returns the last step's metrics."""
+    import ray
+
+    from megarl.trainer.ppo_trainer import RayPPOTrainer
+
+    started = False
+    if not ray.is_initialized():
+        num_cpus = cfg.get("ray_init", {}).get("num_cpus")
+        address = "auto" if _cluster_running() else None
+        ray.init(address=address, num_cpus=None if address else num_cpus, include_dashboard=False,
+                 log_to_driver=True, runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+        started = True
+    trainer = RayPPOTrainer(cfg)
+    try:
+        trainer.init_workers()
+        return trainer.fit()
+    finally:
+        trainer.close()
+        timeline = cfg.get("ray_init", {}).get("timeline_json_file")
+        if timeline:
+            ray.timeline(filename=timeline)
+        if started:
+            ray.shutdown()
+
+
+def _cluster_running() -> bool:
+    """True when this process is on a node of a running Ray cluster (launch/ray_*.sh started it)."""
+    import os
+
+    return bool(os.environ.get("RAY_ADDRESS"))

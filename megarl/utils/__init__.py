@@ -1,1 +1,1 @@
-
+"""Controller utilities: checkpoint layout/tracker, metric sinks, timers, curve plotting."""

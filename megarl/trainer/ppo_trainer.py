@@ -1,0 +1,415 @@
+"""The single controller: the PPO/GRPO loop over Ray worker groups.
+
+One step, as the algorithm reads:
+
+    prompts -> generate n per prompt (vLLM, after weight sync) -> reward
+      -> old log-prob (actor) -> ref log-prob -> values (critic)
+      -> advantages on the controller (+ in-reward KL) -> critic update
+      -> actor update (after trainer.critic_warmup steps) -> metrics / validation / checkpoint
+
+The controller holds DataProto batches and never model weights; the worker groups
+dispatch by data-parallel rank (training) or rollout replica (generation).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from megarl.algorithms import apply_kl_penalty, compute_advantage, compute_rollout_correction, get_kl_controller
+from megarl.algorithms import filter_groups, filter_metric_values
+from megarl.config.roles import need_critic, need_reference
+from megarl.protocol import DataProto
+from megarl.reward import build_reward_manager
+from megarl.trainer import checkpointing as ckpt
+from megarl.trainer.balance import balance_order
+from megarl.trainer.metrics import compute_data_metrics, num_tokens
+from megarl.trainer.resources import ResourcePool, create_resource_pool
+from megarl.trainer.worker_group import WorkerGroup
+from megarl.utils.timer import timed
+from megarl.utils.tracking import Tracking, dump_generations
+
+ACTOR_CLS = "megarl.workers.hybrid:ActorRolloutRefWorker"
+CRITIC_CLS = "megarl.workers.critic:CriticWorker"
+_ENV_PREFIXES = ("VLLM_", "NCCL_", "MEGARL_", "HF_", "TORCH_", "GLOO_", "CUDA_DEVICE_MAX_CONNECTIONS", "OMP_NUM_THREADS",
+                 "TOKENIZERS_PARALLELISM", "PYTHONPATH")
+
+
+def resolve_device(cfg: DictConfig) -> str:
+    """trainer.device; auto = cuda when the Ray cluster has GPUs."""
+    import ray
+
+    device = cfg.trainer.get("device", "auto")
+    if device == "auto":
+        return "cuda" if ray.cluster_resources().get("GPU", 0) > 0 else "cpu"
+    return device
+
+
+def _worker_env(device: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES)}
+    if device == "cpu":
+        env.setdefault("OMP_NUM_THREADS", "1")
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return env
+
+
+def _mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:
+    sums: dict[str, list[float]] = defaultdict(list)
+    for d in dicts:
+        for k, v in (d or {}).items():
+            if isinstance(v, (int, float)):
+                sums[k].append(float(v))
+    return {k: float(np.mean(v)) for k, v in sums.items()}
+
+
+def _merge(batch: DataProto, out: DataProto) -> dict[str, float]:
+    """Copy ``out``'s tensors into ``batch``; return the metrics the workers attached."""
+    for key in out.batch.keys():
+        batch.batch[key] = out.batch[key]
+    metrics = out.meta_info.get("metrics", [])
+    return _mean_dicts(metrics if isinstance(metrics, list) else [metrics])
+
+
+class RayPPOTrainer:
+    """Builds the data, reward, worker groups and loggers of ``cfg`` (validated and resolved);
+    ``fit()`` trains. ``close()`` releases the workers."""
+
+    def __init__(self, cfg: DictConfig) -> None:
+        from transformers import AutoTokenizer
+
+        from megarl.data import create_dataloader
+
+        self.cfg = cfg
+        arr = cfg.actor_rollout_ref
+        tokenizer_dir = cfg.data.get("tokenizer") or arr.model.get("tokenizer_path") or arr.model.path
+        self.tokenizer = AutoTokenizer.from_pretrained(
+            os.path.expanduser(tokenizer_dir), trust_remote_code=bool(arr.model.get("trust_remote_code", False))
+        )
+        self.train_loader = create_dataloader(cfg.data, self.tokenizer, "train")
+        self.val_loader = create_dataloader(cfg.data, self.tokenizer, "val") if cfg.data.get("val_files") else None
+        steps_per_epoch = len(self.train_loader)
+        self.total_steps = int(cfg.trainer.total_epochs) * steps_per_epoch
+        if cfg.trainer.get("total_training_steps"):
+            self.total_steps = min(self.total_steps, int(cfg.trainer.total_training_steps))
+        with open_dict(cfg):
+            arr.actor.optim.total_training_steps = self.total_steps
+            cfg.critic.optim.total_training_steps = self.total_steps
+        self.use_critic = need_critic(cfg)
+        self.use_reference = need_reference(cfg)
+        self.use_kl_in_reward = bool(cfg.algorithm.get("use_kl_in_reward", False))
+        self.kl_ctrl = get_kl_controller(cfg.algorithm.kl_ctrl) if self.use_kl_in_reward else None
+        self.reward_fn = build_reward_manager(cfg, self.tokenizer)
+        self.rollout_n = int(arr.rollout.n)
+        self.global_step = 0
+        self.pool: ResourcePool | None = None
+        self.actor: WorkerGroup | None = None
+        self.critic: WorkerGroup | None = None
+        root = os.path.expanduser(cfg.trainer.default_local_dir)
+        self.ckpt_root = root
+        self.tracking = Tracking(
+            list(cfg.trainer.logger), project=cfg.trainer.project_name, experiment=cfg.trainer.experiment_name,
+            log_dir=root, total_steps=self.total_steps,
+            config=OmegaConf.to_container(cfg, resolve=True),
+        )
+
+    # ------------------------------------------------------------------ workers
+    def init_workers(self) -> None:
+        """Placement groups, then the colocated actor/rollout/ref group and the critic group."""
+        cfg = self.cfg
+        self.device = resolve_device(cfg)
+        use_gpu = self.device == "cuda"
+        nnodes, per_node = int(cfg.trainer.nnodes), int(cfg.trainer.n_gpus_per_node)
+        groups = 2 if self.use_critic else 1
+        # CPU runs share this machine's cores: small fractional reservations per rank.
+        cpus_per_slot = 1.0 if use_gpu else 0.5
+        self.pool = create_resource_pool(nnodes, per_node, use_gpu, cpus_per_slot)
+        share_cpu, share_gpu = cpus_per_slot / groups, (1.0 / groups if use_gpu else 0.0)
+        env = _worker_env(self.device)
+        role = "actor_rollout_ref" if self.use_reference else "actor_rollout"
+        self.actor = WorkerGroup("actor_rollout_ref", ACTOR_CLS, (cfg.actor_rollout_ref,),
+                                 {"role": role, "device": self.device}, self.pool.placements,
+                                 share_cpu, share_gpu, env)
+        if self.use_critic:
+            critic_cfg = cfg.critic.copy()
+            with open_dict(critic_cfg):
+                critic_cfg.rollout_n = self.rollout_n  # mini-batch sizes count prompts
+            self.critic = WorkerGroup("critic", CRITIC_CLS, (critic_cfg,), {"device": self.device},
+                                      self.pool.placements, share_cpu, share_gpu, env)
+        # Critic first: its world must exist before vLLM grabs memory on GPUs.
+        if self.critic is not None:
+            self.critic.call_all("init_model")
+        self.actor.call_all("init_model")
+
+    def close(self) -> None:
+        for group in (self.actor, self.critic):
+            if group is not None:
+                try:
+                    group.call_all("shutdown") if group is self.actor else None
+                except Exception:
+                    pass
+                group.shutdown()
+        if self.pool is not None:
+            self.pool.release()
+        self.tracking.close()
+
+    # ------------------------------------------------------------------ one step
+    def _generate(self, prompts: DataProto, timings: dict[str, float], metrics: dict[str, float]) -> DataProto:
+        prompts.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
+        prompts.meta_info.update(global_step=self.global_step, validate=False)
+        with timed("gen", timings):
+            batch = self.actor.call_rollout("generate_sequences", prompts)
+        gen_metrics = batch.meta_info.pop("metrics", [])
+        gen_metrics = _mean_dicts(gen_metrics if isinstance(gen_metrics, list) else [gen_metrics])
+        if "timing/generate_s" in gen_metrics:
+            gen_metrics["timing_s/gen_engine"] = gen_metrics.pop("timing/generate_s")
+        metrics.update(gen_metrics)
+        return batch
+
+    def _reward(self, batch: DataProto) -> tuple[torch.Tensor, dict[str, list[Any]]]:
+        return self.reward_fn(batch)
+
+    def _filter_groups(self, batch: DataProto, scores: torch.Tensor, extra: dict, metrics: dict) -> DataProto:
+        metric = self.cfg.algorithm.filter_groups.metric
+        values = filter_metric_values(metric, token_level_scores=scores, reward_extra_info=extra)
+        kept, counts = filter_groups(batch.non_tensor_batch["uid"], values)
+        metrics.update({f"filter_groups/{k}": float(v) for k, v in counts.items()})
+        out = batch[torch.as_tensor(kept, dtype=torch.long)]
+        out.batch["token_level_scores"] = scores[torch.as_tensor(kept, dtype=torch.long)]
+        return out
+
+    def _rollout_batch(self, first_prompts: DataProto, prompts_iter, timings, metrics) -> DataProto:
+        """Generate + score; with algorithm.filter_groups, regenerate until the batch is full."""
+        cfg = self.cfg
+        batch = self._generate(first_prompts, timings, metrics)
+        with timed("reward", timings):
+            scores, extra = self._reward(batch)
+        if not cfg.algorithm.filter_groups.get("enable", False):
+            batch.batch["token_level_scores"] = scores
+            batch.non_tensor_batch.update({f"reward_extra/{k}": np.array(v, dtype=object) for k, v in extra.items()})
+            return batch
+        want = int(cfg.data.train_batch_size) * self.rollout_n
+        max_rounds = int(cfg.algorithm.filter_groups.get("max_num_gen_batches", 0))
+        kept = [self._filter_groups(batch, scores, extra, metrics)]
+        rounds = 1
+        while sum(len(k) for k in kept) < want:
+            if max_rounds and rounds >= max_rounds:
+                raise RuntimeError(
+                    f"algorithm.filter_groups: only {sum(len(k) for k in kept)} of {want} responses kept after "
+                    f"{rounds} generation rounds (algorithm.filter_groups.max_num_gen_batches={max_rounds}); "
+                    "the data is too easy or too hard for this policy"
+                )
+            more = next(prompts_iter, None)
+            if more is None:
+                break
+            batch = self._generate(more, timings, metrics)
+            with timed("reward", timings):
+                scores, extra = self._reward(batch)
+            kept.append(self._filter_groups(batch, scores, extra, metrics))
+            rounds += 1
+        merged = DataProto.concat(kept)
+        metrics["filter_groups/gen_rounds"] = float(rounds)
+        return merged[: min(len(merged), want)]
+
+    def _balance(self, batch: DataProto) -> None:
+        dp_size = self.actor.coords()[0].dp_size
+        if len(batch) % dp_size:
+            return
+        lengths = batch.batch["attention_mask"].sum(-1).tolist()
+        batch.reorder(torch.as_tensor(balance_order(lengths, dp_size)))
+
+    def train_step(self, prompts: DataProto, prompts_iter) -> dict[str, float]:
+        cfg, timings, metrics = self.cfg, {}, {}
+        start = time.perf_counter()
+        batch = self._rollout_batch(prompts, prompts_iter, timings, metrics)
+        if cfg.trainer.get("balance_batch", True):
+            self._balance(batch)
+
+        rc = cfg.algorithm.get("rollout_correction", {}) or {}
+        bypass = bool(rc.get("bypass_mode", False))
+        with timed("old_log_prob", timings):
+            if bypass:
+                batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
+            else:
+                metrics.update(_merge(batch, self.actor.call_dp("compute_log_prob", batch)))
+        if self.use_reference:
+            with timed("ref", timings):
+                _merge(batch, self.actor.call_dp("compute_ref_log_prob", batch))
+        if self.use_critic:
+            with timed("values", timings):
+                _merge(batch, self.critic.call_dp("compute_values", batch))
+
+        with timed("adv", timings):
+            mask = batch.batch["response_mask"]
+            if self.use_kl_in_reward:
+                rewards, kl_metrics = apply_kl_penalty(
+                    batch.batch["token_level_scores"], batch.batch["old_log_probs"], batch.batch["ref_log_prob"],
+                    mask, self.kl_ctrl, cfg.algorithm.kl_penalty,
+                )
+                metrics.update(kl_metrics)
+            else:
+                rewards = batch.batch["token_level_scores"]
+            batch.batch["token_level_rewards"] = rewards
+            if not bypass and "rollout_log_probs" in batch.batch.keys() and (rc.get("rollout_is") or rc.get("rollout_rs")
+                                                                               or rc.get("rollout_token_veto_threshold")):
+                weights, new_mask, corr = compute_rollout_correction(
+                    batch.batch["old_log_probs"], batch.batch["rollout_log_probs"], mask, rc)
+                if weights is not None:
+                    batch.batch["rollout_is_weights"] = weights
+                batch.batch["response_mask"] = new_mask.to(mask.dtype)
+                metrics.update(corr)
+            advantages, returns = compute_advantage(batch, cfg.algorithm)
+            batch.batch["advantages"], batch.batch["returns"] = advantages, returns
+
+        if self.use_critic:
+            with timed("update_critic", timings):
+                metrics.update(_mean_dicts(self.critic.call_dp("update_critic", batch, pad=False)))
+        if self.global_step > int(cfg.trainer.get("critic_warmup", 0)):
+            with timed("update_actor", timings):
+                metrics.update(_mean_dicts(self.actor.call_dp("update_actor", batch, pad=False)))
+
+        metrics.update(compute_data_metrics(batch, self.use_critic))
+        for key, values in batch.non_tensor_batch.items():
+            if key.startswith("reward_extra/") and key != "reward_extra/score":
+                try:
+                    metrics[key.replace("reward_extra/", "reward/") + "/mean"] = float(np.mean(values.astype(float)))
+                except (TypeError, ValueError):
+                    pass
+        if self.kl_ctrl is not None:
+            metrics["actor/reward_kl_coef"] = float(self.kl_ctrl.value)
+        step_s = time.perf_counter() - start
+        timings["step"] = step_s
+        tokens = num_tokens(batch)
+        metrics.update({f"timing_s/{k}": v for k, v in timings.items()})
+        metrics.update({"perf/total_num_tokens": float(tokens), "perf/tokens_per_s": tokens / step_s,
+                        "perf/tokens_per_s_per_rank": tokens / step_s / self.actor.world_size})
+        if cfg.trainer.get("rollout_data_dir"):
+            self._dump(batch, cfg.trainer.rollout_data_dir)
+        return metrics
+
+    def _texts(self, batch: DataProto) -> tuple[list[str], list[str]]:
+        from megarl.reward import decode_responses
+
+        prompts = [self.tokenizer.decode(ids[m.bool()].tolist(), skip_special_tokens=True)
+                   for ids, m in zip(batch.batch["prompts"], batch.batch["attention_mask"][:, : batch.batch["prompts"].shape[1]])]
+        return prompts, decode_responses(batch, self.tokenizer)
+
+    def _dump(self, batch: DataProto, directory: str, scores: list[float] | None = None) -> None:
+        prompts, outputs = self._texts(batch)
+        if scores is None:
+            scores = batch.batch["token_level_scores"].sum(-1).tolist()
+        truths = [r.get("ground_truth") if isinstance(r, dict) else r
+                  for r in batch.non_tensor_batch.get("reward_model", [None] * len(batch))]
+        dump_generations(os.path.expanduser(directory), self.global_step,
+                         {"input": prompts, "output": outputs, "score": scores, "ground_truth": truths,
+                          "step": [self.global_step] * len(batch)})
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> dict[str, float]:
+        """Generate with rollout.val_kwargs on the whole validation set; reward by data_source."""
+        if self.val_loader is None:
+            return {}
+        vk = self.cfg.actor_rollout_ref.rollout.val_kwargs
+        scores_by_source: dict[str, list[float]] = defaultdict(list)
+        lengths: list[float] = []
+        batches = []
+        for prompts in self.val_loader:
+            prompts.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
+            prompts.meta_info.update(validate=True, do_sample=bool(vk.do_sample), global_step=self.global_step)
+            out = self.actor.call_rollout("generate_sequences", prompts)
+            out.meta_info.pop("metrics", None)
+            token_scores, _ = self.reward_fn(out)
+            scores = token_scores.sum(-1).tolist()
+            for src, s in zip(out.non_tensor_batch[self.reward_fn.reward_fn_key], scores):
+                scores_by_source[str(src)].append(s)
+            lengths += out.batch["response_mask"].sum(-1).float().tolist()
+            batches.append((out, scores))
+        every = [s for v in scores_by_source.values() for s in v]
+        metrics = {"val/reward/mean": float(np.mean(every)), "val/response_length/mean": float(np.mean(lengths))}
+        for src, values in scores_by_source.items():
+            metrics[f"val/{src}/reward/mean"] = float(np.mean(values))
+        if self.cfg.trainer.get("validation_data_dir"):
+            merged = DataProto.concat([b for b, _ in batches])
+            self._dump(merged, self.cfg.trainer.validation_data_dir, [s for _, ss in batches for s in ss])
+        n_show = int(self.cfg.trainer.get("log_val_generations", 0))
+        if n_show:
+            prompts, outputs = self._texts(batches[0][0])
+            for p, o, s in list(zip(prompts, outputs, batches[0][1]))[:n_show]:
+                print(f"[megarl val] step {self.global_step} score {s:.3g}\n  prompt: {p!r}\n  output: {o!r}", flush=True)
+        return metrics
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self) -> None:
+        step, root = self.global_step, self.ckpt_root
+        path = ckpt.begin_save(root, step)
+        self.actor.call_all("save_checkpoint", str(path / "actor"), step)
+        if self.critic is not None:
+            self.critic.call_all("save_checkpoint", str(path / "critic"), step)
+        ckpt.write_trainer_state(path, {
+            "global_step": step,
+            "dataloader": self.train_loader.state_dict(),
+            "kl_coef": None if self.kl_ctrl is None else self.kl_ctrl.value,
+            "rng": ckpt.rng_state(),
+        })
+        t = self.cfg.trainer
+        ckpt.finish_save(root, step, {"actor": t.get("max_actor_ckpt_to_keep"), "critic": t.get("max_critic_ckpt_to_keep")})
+
+    def load_checkpoint(self) -> None:
+        t = self.cfg.trainer
+        path = ckpt.resume_dir(t.get("resume_mode", "auto"), self.ckpt_root, t.get("resume_from_path"))
+        if path is None:
+            return
+        state = ckpt.read_trainer_state(path)
+        self.actor.call_all("load_checkpoint", str(path / "actor"))
+        if self.critic is not None:
+            if not (path / "critic").exists():
+                raise FileNotFoundError(f"{path}: no critic/ checkpoint, but this run trains a critic")
+            self.critic.call_all("load_checkpoint", str(path / "critic"))
+        self.train_loader.load_state_dict(state["dataloader"])
+        if self.kl_ctrl is not None and state.get("kl_coef") is not None:
+            self.kl_ctrl.value = float(state["kl_coef"])
+        ckpt.set_rng_state(state["rng"])
+        self.global_step = int(state["global_step"])
+        print(f"[megarl] resumed from {path} (step {self.global_step})", flush=True)
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self) -> dict[str, float]:
+        """Train to trainer.total_training_steps (or total_epochs); returns the last step's metrics."""
+        t = self.cfg.trainer
+        self.load_checkpoint()
+        last: dict[str, float] = {}
+        if self.val_loader is not None and t.get("val_before_train", True) and self.global_step == 0:
+            val = self.validate()
+            self.tracking.log(val, step=0)
+            last.update(val)
+        test_freq, save_freq = int(t.get("test_freq", -1)), int(t.get("save_freq", -1))
+        total_epochs = int(t.total_epochs)
+        while self.global_step < self.total_steps and self.train_loader.sampler.epoch < total_epochs:
+            prompts_iter = iter(self.train_loader)
+            for prompts in prompts_iter:
+                self.global_step += 1
+                metrics = self.train_step(prompts, prompts_iter)
+                is_last = self.global_step >= self.total_steps
+                if self.val_loader is not None and test_freq > 0 and (is_last or self.global_step % test_freq == 0):
+                    with timed("testing", metrics_t := {}):
+                        metrics.update(self.validate())
+                    metrics["timing_s/testing"] = metrics_t["testing"]
+                if save_freq > 0 and (is_last or self.global_step % save_freq == 0):
+                    with timed("save_checkpoint", metrics_t := {}):
+                        self.save_checkpoint()
+                    metrics["timing_s/save_checkpoint"] = metrics_t["save_checkpoint"]
+                metrics["training/global_step"] = float(self.global_step)
+                metrics["training/epoch"] = float(self.train_loader.sampler.epoch)
+                self.tracking.log(metrics, step=self.global_step)
+                last = metrics
+                if is_last:
+                    return last
+        return last

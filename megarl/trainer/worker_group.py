@@ -1,0 +1,209 @@
+"""Worker groups: one Ray actor per rank, each hosting a plain worker class (SPMD).
+
+``WorkerHost`` (the Ray actor) sets the torch.distributed environment (RANK, WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT, LOCAL_RANK) before it builds the worker, so the worker's
+``init_model`` joins the group's own world. ``WorkerGroup`` calls a method on every rank
+and waits on all of them; the first rank that fails stops the call with that rank's
+traceback (``WorkerError``) instead of leaving the others hanging in a collective.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import socket
+import time
+import traceback
+from typing import Any, Sequence
+
+import ray
+
+from megarl.protocol import DataProto
+from megarl.trainer.dispatch import RankCoords, dp_chunk_index, gather, rollout_chunk_index, scatter
+
+DEFAULT_CALL_TIMEOUT_S = 3 * 3600.0  # one phase of one step; a hang beyond this is a bug
+
+
+class WorkerError(RuntimeError):
+    """A worker method raised; the message has the group, rank and the worker's traceback."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+class WorkerHost:
+    """Ray actor body: builds ``cls_path`` (``module:Class``) with ``args``/``kwargs`` after setting
+    the distributed environment; ``call(method, *args)`` runs a method of that worker."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        gpu_ids = ray.get_gpu_ids()
+        if gpu_ids:
+            # Ray leaves every GPU of the node visible (RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES),
+            # so NCCL and vLLM see real device ids; this rank uses the one Ray assigned.
+            env = {**env, "LOCAL_RANK": str(int(gpu_ids[0]))}
+        os.environ.update(env)
+        threads = os.environ.get("OMP_NUM_THREADS")
+        if threads:
+            import torch
+
+            torch.set_num_threads(int(threads))
+        self.worker: Any = None
+
+    def address(self) -> tuple[str, int]:
+        """(this node's IP, a free port on it): the rendezvous of the group's rank 0."""
+        return ray.util.get_node_ip_address(), _free_port()
+
+    def set_env(self, env: dict[str, str]) -> None:
+        os.environ.update(env)
+
+    def build(self, cls_path: str, args: tuple, kwargs: dict) -> None:
+        module, name = cls_path.split(":")
+        cls = getattr(importlib.import_module(module), name)
+        self.worker = cls(*args, **kwargs)
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return getattr(self.worker, method)(*args, **kwargs)
+        except Exception as error:
+            raise WorkerError(
+                f"rank {os.environ.get('RANK')}: {type(self.worker).__name__}.{method} failed:\n"
+                f"{traceback.format_exc()}"
+            ) from error
+
+    def coords(self) -> RankCoords:
+        """DP/TP/PP/CP coordinates from megatron's parallel_state (+ rollout replica when the
+        worker has ``dispatch_info``)."""
+        import torch.distributed as dist
+        from megatron.core import parallel_state as ps
+
+        info = self.worker.dispatch_info() if hasattr(self.worker, "dispatch_info") else {}
+        return RankCoords(
+            rank=dist.get_rank(),
+            dp_rank=ps.get_data_parallel_rank(),
+            dp_size=ps.get_data_parallel_world_size(),
+            tp_rank=ps.get_tensor_model_parallel_rank(),
+            pp_rank=ps.get_pipeline_model_parallel_rank(),
+            pp_size=ps.get_pipeline_model_parallel_world_size(),
+            cp_rank=ps.get_context_parallel_rank(),
+            replica=info.get("rollout_replica"),
+            replicas=info.get("rollout_replicas"),
+            replica_head=bool(info.get("collect_rollout", False)),
+        )
+
+
+class WorkerGroup:
+    """``world_size`` ranks of one worker class, placed on ``bundles`` (placement group, index).
+
+    Args:
+        name: for messages ("actor_rollout_ref", "critic").
+        cls_path: ``"module:Class"`` of the plain worker.
+        args, kwargs: constructor arguments (same on every rank).
+        placements: per rank, ``(placement_group, bundle_index)``.
+        num_cpus, num_gpus: Ray resources per rank (fractions allowed, to share bundles).
+        env: extra environment for every rank (OMP_NUM_THREADS, VLLM_CPU_KVCACHE_SPACE, ...).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        cls_path: str,
+        args: tuple,
+        kwargs: dict,
+        placements: Sequence[tuple[Any, int]],
+        num_cpus: float,
+        num_gpus: float,
+        env: dict[str, str] | None = None,
+        call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
+    ) -> None:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self.name = name
+        self.world_size = len(placements)
+        self.call_timeout_s = call_timeout_s
+        remote = ray.remote(WorkerHost)
+        runtime_env = {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}} if num_gpus > 0 else None
+        base_env = {k: str(v) for k, v in (env or {}).items()}
+        self.hosts: list[Any] = []
+        master: tuple[str, int] | None = None
+        for rank, (pg, bundle) in enumerate(placements):
+            options = dict(
+                num_cpus=num_cpus,
+                num_gpus=num_gpus,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=pg, placement_group_bundle_index=bundle
+                ),
+                name=None,
+            )
+            if runtime_env:
+                options["runtime_env"] = runtime_env
+            rank_env = {**base_env, "RANK": str(rank), "WORLD_SIZE": str(self.world_size), "LOCAL_RANK": "0"}
+            if master is not None:
+                rank_env.update(MASTER_ADDR=master[0], MASTER_PORT=str(master[1]))
+            host = remote.options(**options).remote(rank_env)
+            if master is None:
+                master = self._get([host.address.remote()], "address", timeout=600)[0]
+                self._get([host.set_env.remote({"MASTER_ADDR": master[0], "MASTER_PORT": str(master[1])})], "set_env")
+            self.hosts.append(host)
+        self._get([h.build.remote(cls_path, tuple(args), dict(kwargs)) for h in self.hosts], "__init__")
+        self._coords: list[RankCoords] | None = None
+
+    # ------------------------------------------------------------------ calls
+    def _get(self, refs: list[Any], method: str, timeout: float | None = None) -> list[Any]:
+        """Wait for all refs; raise the first failure (with the worker traceback) at once."""
+        timeout = self.call_timeout_s if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        pending = list(refs)
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WorkerError(
+                    f"{self.name}.{method}: {len(pending)} of {len(refs)} ranks did not finish within {timeout:.0f} s"
+                )
+            done, pending = ray.wait(pending, num_returns=1, timeout=min(left, 60.0))
+            for ref in done:
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayTaskError as error:
+                    cause = error.cause if isinstance(getattr(error, "cause", None), BaseException) else error
+                    raise WorkerError(f"{self.name}.{method}: {cause}") from None
+                except ray.exceptions.RayActorError as error:
+                    raise WorkerError(f"{self.name}.{method}: a worker process died: {error}") from None
+        return ray.get(list(refs))
+
+    def call_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """``method(*args)`` on every rank with the same arguments; per-rank results."""
+        return self._get([h.call.remote(method, *args, **kwargs) for h in self.hosts], method)
+
+    def coords(self) -> list[RankCoords]:
+        if self._coords is None:
+            self._coords = self._get([h.coords.remote() for h in self.hosts], "coords")
+        return self._coords
+
+    def call_dp(self, method: str, data: DataProto, pad: bool = True) -> Any:
+        """Megatron DP dispatch: chunk ``d`` to every rank of DP group ``d``; returns the
+        concatenated DataProto of the output ranks (or their dict results, DP-ordered list)."""
+        dp_size, chunk_of_rank, collect = dp_chunk_index(self.coords())
+        inputs, pad_size = scatter(data, dp_size, chunk_of_rank, pad=pad)
+        outputs = self._get([h.call.remote(method, x) for h, x in zip(self.hosts, inputs)], method)
+        if isinstance(outputs[0], DataProto):
+            return gather(outputs, collect, pad_size)
+        return [outputs[r] for r in collect]
+
+    def call_rollout(self, method: str, prompts: DataProto) -> DataProto:
+        """Rollout-replica dispatch: chunk ``r`` to every rank of replica ``r``; replica heads' outputs."""
+        replicas, chunk_of_rank, collect = rollout_chunk_index(self.coords())
+        inputs, pad_size = scatter(prompts, replicas, chunk_of_rank, pad=True)
+        outputs = self._get([h.call.remote(method, x) for h, x in zip(self.hosts, inputs)], method)
+        rows_per_prompt = len(outputs[collect[0]]) // max(1, len(inputs[collect[0]]))
+        return gather(outputs, collect, pad_size * rows_per_prompt)
+
+    def shutdown(self) -> None:
+        for host in self.hosts:
+            try:
+                ray.kill(host)
+            except Exception:
+                pass
+        self.hosts = []
