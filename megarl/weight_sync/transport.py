@@ -107,7 +107,11 @@ def stream_broadcast(
     """Broadcast the source rank's export, bucket by bucket, to every rank of ``group``.
 
     Every rank of ``group`` must consume its iterator to the end (the collectives run
-    as it is pulled). ``src`` is a global rank; it passes ``named_tensors``, the others
+    as it is pulled). A receiver whose bucket fails the integrity check stops
+    delivering, keeps receiving to the end (so the source does not hang) and then
+    raises :class:`WeightSyncIntegrityError`. The source's iterator is pulled between
+    the broadcasts, so it must not run collectives the receivers take part in (a
+    collective export must finish first when receivers are in the exporter's groups). ``src`` is a global rank; it passes ``named_tensors``, the others
     pass ``None``. Each rank, the source included, gets the full stream.
     """
     stats = stats if stats is not None else SyncStats()
@@ -132,6 +136,7 @@ def stream_broadcast(
         header[0] = _END
         dist.broadcast(header, src, group=group)
     else:
+        error: WeightSyncIntegrityError | None = None
         while True:
             dist.broadcast(header, src, group=group)
             index = int(header[0])
@@ -140,10 +145,18 @@ def stream_broadcast(
             bucket = plan.buckets[index]
             buffer = stats.live.track(torch.empty(bucket.nbytes, dtype=torch.uint8, device=device))
             dist.broadcast(buffer, src, group=group)
+            if error is not None:
+                continue  # keep the collectives in step with the source, deliver nothing
             packed = PackedBucket(bucket, buffer, header[1:].clone() if integrity_check else None)
             del buffer
-            views = _deliver(packed, stats, integrity_check)
+            try:
+                views = _deliver(packed, stats, integrity_check)
+            except WeightSyncIntegrityError as exc:
+                error = exc
+                continue
             del packed
             yield from views
             del views
+        if error is not None:
+            raise error
     stats.seconds += time.perf_counter() - start

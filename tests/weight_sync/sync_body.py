@@ -51,11 +51,11 @@ def sync_through_transport(megatron_cfg: dict, hf_dir: str, scale: float, shift:
         stream = stream_in_process(export, plan, stats=stats)
     else:
         rank = torch.distributed.get_rank()
-        # The source exports; the other ranks still join the export's collectives.
-        if rank != 0:
-            for _ in export:
-                pass
-        stream = stream_broadcast(export if rank == 0 else None, plan, src=0, stats=stats)
+        # Every rank joins the export's collectives, so it runs to the end before the
+        # broadcast starts (receivers of a real deployment are outside the exporter's
+        # groups and the source streams it lazily); then rank 0 broadcasts it.
+        exported = [(name, t.clone()) for name, t in export]
+        stream = stream_broadcast(iter(exported) if rank == 0 else None, plan, src=0, stats=stats)
     captured = {name: t.clone() for name, t in stream}
     expected = expected_hf_weights(hf_dir, scale, shift)
     unequal = sorted(n for n in expected if n not in captured or not torch.equal(captured[n], expected[n]))
