@@ -1,0 +1,48 @@
+"""Metric sinks: jsonl (one line per step, every metric), console line, plot_curve."""
+
+import io
+import json
+
+import pytest
+
+from megarl.utils.plot_curve import plot, read_curve
+from megarl.utils.tracking import ConsoleLogger, Tracking, dump_generations
+
+
+def test_jsonl_one_line_per_step_with_all_metrics(tmp_path):
+    t = Tracking(["console"], project="p", experiment="e", log_dir=str(tmp_path), total_steps=3)
+    t.log({"val/reward/mean": 0.1}, step=0)
+    t.log({"critic/score/mean": 0.5, "timing_s/gen": 1.25, "perf/tokens_per_s": 100}, step=1)
+    t.log({"critic/score/mean": 0.7, "val/reward/mean": 0.4, "x": float("nan")}, step=2)
+    t.close()
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert [r["step"] for r in records] == [0, 1, 2]
+    assert records[1] == {"step": 1, "critic/score/mean": 0.5, "timing_s/gen": 1.25, "perf/tokens_per_s": 100}
+    assert records[2]["x"] == "nan"
+    assert read_curve(str(tmp_path / "metrics.jsonl"), "val/reward/mean") == ([0, 2], [0.1, 0.4])
+    png = plot(str(tmp_path / "metrics.jsonl"), str(tmp_path / "curve.png"))
+    assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="no records"):
+        plot(str(tmp_path / "metrics.jsonl"), str(tmp_path / "c2.png"), ("missing",))
+
+
+def test_console_line_has_progress_reward_and_phases():
+    out = io.StringIO()
+    c = ConsoleLogger(total_steps=10, stream=out)
+    c.log({"critic/score/mean": 0.25, "timing_s/step": 2.0, "timing_s/gen": 1.5, "timing_s/update_actor": 0.4}, 1)
+    c.log({"critic/score/mean": 0.5, "timing_s/step": 2.0}, 2)
+    first, second = out.getvalue().splitlines()
+    assert "step 1/10" in first and "score 0.25" in first and "gen 1.5s" in first and "update_actor 0.4s" in first
+    assert "step 2/10" in second and "ETA" in second
+
+
+def test_unknown_logger_is_named(tmp_path):
+    with pytest.raises(ValueError, match="trainer.logger.*'mlflow'"):
+        Tracking(["console", "mlflow"], project="p", experiment="e", log_dir=str(tmp_path))
+
+
+def test_dump_generations(tmp_path):
+    path = dump_generations(str(tmp_path / "gens"), 3, {"input": ["a", "b"], "output": ["1", "2"], "score": [1.0, 0.0]})
+    rows = [json.loads(line) for line in open(path)]
+    assert rows == [{"input": "a", "output": "1", "score": 1.0}, {"input": "b", "output": "2", "score": 0.0}]
