@@ -232,6 +232,7 @@ class ActorWorker:
                 steps.append(step)
         from megarl.workers.megatron.schedule import broadcast_from_last_stage
 
+        self.engine.step_scheduler()
         return broadcast_from_last_stage(mean_metrics(steps))
 
     # ------------------------------------------------------------------ weights / state

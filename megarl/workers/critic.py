@@ -186,6 +186,7 @@ class CriticWorker:
                 step = reduce_micro_stats(micro_stats, _SHARE_KEYS)
                 step.update({"critic/grad_norm": grad_norm, "critic/lr": lr})
                 steps.append(step)
+        self.engine.step_scheduler()
         return broadcast_from_last_stage(mean_metrics(steps))
 
     def save_checkpoint(self, path: str, global_step: int = 0) -> None:

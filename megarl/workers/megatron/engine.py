@@ -254,7 +254,8 @@ class MegatronEngine:
         denominator over all micro-batches and DP ranks); megatron's averaging over
         micro-batches and DP ranks is undone here, so gradients are those of the summed loss.
 
-        Returns (stats per micro-batch on the last stage else [], grad_norm, lr).
+        Returns (stats per micro-batch on the last stage else [], grad_norm, lr used).
+        The lr schedule is not advanced here: call `step_scheduler` once per training step.
         """
         for chunk in self.chunks:
             chunk.train()
@@ -264,11 +265,16 @@ class MegatronEngine:
         stats = run_schedule(
             self.chunks, micro, loss_fn, forward_only=False, loss_scale=float(dp_size), fp32_output=fp32_output
         )
-        success, grad_norm, _ = self.optimizer.step()
-        if success:
-            self.scheduler.step(increment=1)
         lr = self.optimizer.param_groups[0]["lr"]
+        success, grad_norm, _ = self.optimizer.step()
+        if not success:
+            logger.warning("%s: optimizer step skipped (inf/nan gradients under the fp16 loss scale)", self.prefix)
         return stats, float(grad_norm) if grad_norm is not None else float("nan"), float(lr)
+
+    def step_scheduler(self) -> None:
+        """Advance the lr schedule by one training step (verl: one per update call, so
+        `optim.total_training_steps` / warmup steps count trainer steps, not mini-batches)."""
+        self.scheduler.step(increment=1)
 
     # ------------------------------------------------------------------ weights
     def export_hf_weights(self):

@@ -140,7 +140,8 @@ def _init_sgd_state(torch_optimizer: torch.optim.Optimizer, config=None) -> None
 def build_scheduler(optimizer, optim_cfg: Mapping[str, Any], *, prefix: str) -> OptimizerParamScheduler:
     """Linear warmup from 0 to `lr`, then `lr_decay_style` down to `lr * min_lr_ratio`.
 
-    One scheduler step per optimizer step (i.e. per mini-batch).
+    One scheduler step per training step (`MegatronEngine.step_scheduler`, once per
+    update_policy / update_critic call), as verl counts `total_training_steps`.
     """
     lr = float(optim_cfg.get("lr"))
     total = int(_get(optim_cfg, "total_training_steps", -1, prefix))
