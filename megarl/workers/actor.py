@@ -29,6 +29,7 @@ from megarl.workers.megatron.checkpoint import load_checkpoint, save_checkpoint
 from megarl.workers.megatron.engine import MegatronEngine, MicroBatchSpec
 from megarl.workers.megatron.inputs import next_token_labels, to_response
 from megarl.workers.megatron.offload import Offloader
+from megarl.workers.megatron.schedule import broadcast_from_last_stage
 from megarl.workers.megatron.ppo_loop import (
     global_denominator,
     iterate_mini_batches,
@@ -230,8 +231,6 @@ class ActorWorker:
                 step = reduce_micro_stats(micro_stats, _SHARE_KEYS)
                 step.update({"actor/grad_norm": grad_norm, "actor/lr": lr})
                 steps.append(step)
-        from megarl.workers.megatron.schedule import broadcast_from_last_stage
-
         self.engine.step_scheduler()
         return broadcast_from_last_stage(mean_metrics(steps))
 
