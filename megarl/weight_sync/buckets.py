@@ -92,7 +92,7 @@ def pack_stream(
         data = tensor.detach().to(slot.dtype)
         buffer[slot.offset : slot.offset + slot.nbytes].copy_(_as_bytes(data))
         if checksum is not None:
-            checksum += words_checksum(data, slot.offset // 2)
+            checksum += words_checksum(data, slot.offset)
         del data, tensor
         filled.add(name)
         if len(filled) == len(bucket.slots):

@@ -121,13 +121,17 @@ class ActorRolloutRefWorker:
 
         Returns ``weight_sync/{seconds, bytes, gb_per_s, buckets, tensors, peak_extra_bytes}``.
         """
+        from megarl.weight_sync.tp_gather import export_hf_weights_bucketed
+
         stats = SyncStats()
         start = time.perf_counter()
         self.actor.onload()
         try:
-            stream = stream_in_process(
-                self.actor.export_hf_weights(), self.plan, integrity_check=self.integrity_check, stats=stats
+            # One all_gather per bucket for TP-only layouts (per-tensor export for PP/EP).
+            export = export_hf_weights_bucketed(
+                self.actor.engine.chunks, self.actor.engine.hf_config, bucket_size_bytes=self.bucket_size_bytes
             )
+            stream = stream_in_process(export, self.plan, integrity_check=self.integrity_check, stats=stats)
             self.rollout.update_weights(stream)
         finally:
             self.actor.offload()

@@ -84,9 +84,14 @@ def test_stream_errors_name_the_tensor():
 def test_checksum_is_position_sensitive_and_matches_piecewise():
     x = torch.randn(1000)
     whole = words_checksum(x)
-    # Sender side: the same bytes summed in two pieces at their word offsets.
+    # Sender side: the same bytes summed in two pieces at their byte offsets.
     half = x.numel() // 2
-    assert torch.equal(words_checksum(x[:half]) + words_checksum(x[half:], first_word=half * 2), whole)
+    assert torch.equal(words_checksum(x[:half]) + words_checksum(x[half:], byte_offset=half * 4), whole)
+    # A tensor whose size is not a multiple of 4 bytes: zero-extended last word.
+    odd = torch.randn(7).to(torch.bfloat16)  # 14 bytes
+    buffer = torch.zeros(16, dtype=torch.uint8)
+    buffer[:14] = odd.view(torch.uint8)
+    assert torch.equal(words_checksum(odd), words_checksum(buffer))
     swapped = x.clone()
     swapped[[3, 7]] = swapped[[7, 3]]
     assert not torch.equal(words_checksum(swapped), whole)  # a plain sum would miss this
