@@ -1,0 +1,43 @@
+"""Helpers for the end-to-end trainer tests: demo assets in a tmp dir, composed configs."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+
+def demo_config(demo_dir: Path, run_dir: Path, overrides: list[str]):
+    """The project config with the demo assets under ``demo_dir`` and outputs under ``run_dir``,
+    validated and resolved exactly as ``python -m megarl.main_ppo`` does."""
+    from megarl.config.load import load_config
+    from megarl.main_ppo import prepare
+
+    os.environ["MEGARL_DEMO_DIR"] = str(demo_dir)
+    base = [
+        "trainer.device=cpu",
+        "ray_init.num_cpus=2",
+        "trainer.logger=[console]",
+        f"trainer.default_local_dir={run_dir}/ckpt",
+        f"trainer.rollout_data_dir={run_dir}/rollouts",
+        "trainer.val_before_train=false",
+        "data.train_batch_size=4",
+        "data.val_batch_size=16",
+        "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "critic.ppo_micro_batch_size_per_gpu=4",
+    ]
+    return prepare(load_config(base + overrides))
+
+
+def read_metrics(run_dir: Path) -> dict[int, dict]:
+    records = {}
+    for line in (run_dir / "ckpt" / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        records.setdefault(record["step"], {}).update(record)
+    return records
+
+
+def read_rollouts(run_dir: Path, step: int) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "rollouts" / f"{step}.jsonl").read_text().splitlines()]
