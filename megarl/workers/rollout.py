@@ -125,9 +125,6 @@ class RolloutWorker:
         self.calculate_log_probs = bool(_get(self.rollout_cfg, "calculate_log_probs", True))
         self.free_cache_engine = bool(_get(self.rollout_cfg, "free_cache_engine", True))
         self.is_sleeping = False
-        self.has_weights = not str(_get(self.rollout_cfg, "load_format", "dummy")).startswith(
-            "dummy"
-        )
         self.llm = self._start_engine()
 
     # ------------------------------------------------------------------ engine
@@ -350,7 +347,6 @@ class RolloutWorker:
         if not torch.cuda.is_available():
             self.llm.collective_rpc(_reprepack_cpu_moe)
         self.llm.reset_prefix_cache()
-        self.has_weights = True
         return count
 
     # ------------------------------------------------------------ memory/state

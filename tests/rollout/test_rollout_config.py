@@ -1,0 +1,60 @@
+"""RolloutWorker's config -> vLLM engine / sampling arguments (no engine started)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tiny_hf import actor_rollout_ref_config, build_tiny_qwen2
+
+from megarl.workers.rollout import RolloutConfigError, RolloutWorker, read_special_token_ids
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    return build_tiny_qwen2(tmp_path_factory.mktemp("cfg_qwen2"), eos_token_id=7)
+
+
+def _worker(hf_dir, **overrides):
+    """A RolloutWorker shell with config only: _engine_kwargs / sampling_params need no engine."""
+    worker = object.__new__(RolloutWorker)
+    worker.config = actor_rollout_ref_config(hf_dir, 8, 6, **overrides)
+    worker.rollout_cfg = worker.config.rollout
+    worker.hf_dir = str(hf_dir)
+    worker.pad_token_id, worker.eos_token_ids = read_special_token_ids(str(hf_dir))
+    worker.calculate_log_probs = True
+    worker.free_cache_engine = True
+    return worker
+
+
+def test_engine_kwargs_from_config(hf_dir):
+    kw = _worker(hf_dir, **{
+        "rollout.load_format": "dummy_megatron", "rollout.dtype": "fp32", "rollout.max_num_seqs": 3,
+        "rollout.engine_kwargs.vllm": {"swap_space": 2, "block_size": None},
+    })._engine_kwargs()
+    assert kw["load_format"] == "dummy" and kw["dtype"] == "float32"
+    assert kw["max_model_len"] == 14  # prompt_length + response_length when null
+    assert kw["max_num_seqs"] == 3 and kw["skip_tokenizer_init"] is True
+    assert kw["logprobs_mode"] == "processed_logprobs"
+    assert kw["swap_space"] == 2 and "block_size" not in kw  # engine_kwargs.vllm passed through, nulls dropped
+
+
+def test_bad_engine_config_names_the_key(hf_dir):
+    with pytest.raises(RolloutConfigError, match="rollout.max_model_len=10"):
+        _worker(hf_dir, **{"rollout.max_model_len": 10})._engine_kwargs()
+    with pytest.raises(RolloutConfigError, match="rollout.max_num_batched_tokens=8 must be >= max_model_len"):
+        _worker(hf_dir, **{"rollout.max_num_batched_tokens": 8, "rollout.enable_chunked_prefill": False})._engine_kwargs()
+
+
+def test_sampling_params_train_greedy_and_validation(hf_dir):
+    worker = _worker(hf_dir, **{"rollout.n": 4, "rollout.temperature": 0.6, "rollout.top_k": 5,
+                                "rollout.top_p": 0.9, "rollout.val_kwargs.temperature": 0.3,
+                                "rollout.val_kwargs.do_sample": True, "rollout.val_kwargs.n": 2})
+    train = worker.sampling_params({})
+    assert (train.n, train.temperature, train.top_k, train.top_p, train.max_tokens) == (4, 0.6, 5, 0.9, 6)
+    assert train.stop_token_ids == [7] and train.logprobs == 0
+    greedy = worker.sampling_params({"do_sample": False})
+    assert greedy.temperature == 0.0 and greedy.n == 1
+    val = worker.sampling_params({"validate": True})
+    assert (val.n, val.temperature, val.top_k) == (2, 0.3, 0)  # val top_k -1 -> vLLM's 0 (off)
+    ignore = _worker(hf_dir, **{"rollout.ignore_eos": True}).sampling_params({})
+    assert ignore.ignore_eos and ignore.stop_token_ids == []
