@@ -171,7 +171,7 @@ class RolloutWorker:
             enable_sleep_mode=self.free_cache_engine and torch.cuda.is_available(),
             trust_remote_code=bool(_get(self.config, "model.trust_remote_code", False)),
             logprobs_mode="processed_logprobs",
-            seed=int(_get(rc, "seed", 0)),
+            seed=0,
         )
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             world = torch.distributed.get_world_size()
@@ -182,8 +182,9 @@ class RolloutWorker:
                 )
             if tp > 1:
                 kwargs["distributed_executor_backend"] = "external_launcher"
-            # Replicas of one world must not draw identical samples.
-            kwargs["seed"] += torch.distributed.get_rank() // tp
+            # Replicas of one world must not draw identical samples (an explicit
+            # engine_kwargs.vllm.seed below overrides this, identical on every replica).
+            kwargs["seed"] = torch.distributed.get_rank() // tp
         extra = _get(rc, "engine_kwargs.vllm", {}) or {}
         extra = OmegaConf.to_container(extra, resolve=True) if isinstance(extra, DictConfig) else dict(extra)
         kwargs.update({k: v for k, v in extra.items() if v is not None})
