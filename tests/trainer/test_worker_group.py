@@ -1,0 +1,57 @@
+"""WorkerGroup on a local Ray with CPU bundles: rank environment, fail-fast errors, timeouts."""
+
+import os
+import time
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def group():
+    import ray
+
+    from megarl.trainer.resources import create_resource_pool
+    from megarl.trainer.worker_group import WorkerGroup
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": here}})
+    pool = create_resource_pool(1, 2, use_gpu=False, cpus_per_slot=0.5)
+    wg = WorkerGroup("toy", "toy_worker:ToyWorker", ("T",), {}, pool.placements, 0.25, 0.0,
+                     env={"OMP_NUM_THREADS": "1"}, call_timeout_s=120)
+    yield wg
+    wg.shutdown()
+    pool.release()
+    ray.shutdown()
+
+
+def test_ranks_get_distributed_env(group):
+    envs = group.call_all("env")
+    assert [e["RANK"] for e in envs] == ["0", "1"]
+    assert {e["WORLD_SIZE"] for e in envs} == {"2"}
+    assert len({(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs}) == 1 and envs[0]["MASTER_PORT"]
+    assert envs[1]["OMP_NUM_THREADS"] == "1"
+
+
+def test_failing_rank_stops_the_call_with_its_traceback(group):
+    from megarl.trainer.worker_group import WorkerError
+
+    start = time.monotonic()
+    with pytest.raises(WorkerError) as info:
+        group.call_all("fail_on", 1, 60.0)
+    assert time.monotonic() - start < 30  # did not wait for the healthy rank
+    message = str(info.value)
+    assert "toy.fail_on" in message and "rank 1" in message
+    assert "ArithmeticError: toy failure in T" in message and "toy_worker.py" in message
+
+
+def test_hung_call_times_out(group):
+    from megarl.trainer.worker_group import WorkerError
+
+    group.call_timeout_s = 2
+    try:
+        with pytest.raises(WorkerError, match="2 of 2 ranks did not finish within 2 s"):
+            group.call_all("fail_on", -1, 20.0)
+    finally:
+        group.call_timeout_s = 120

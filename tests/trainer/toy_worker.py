@@ -1,0 +1,18 @@
+"""A plain worker for the WorkerGroup tests (imported by the Ray worker processes)."""
+
+import os
+import time
+
+
+class ToyWorker:
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+
+    def env(self) -> dict:
+        return {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS")}
+
+    def fail_on(self, bad_rank: int, sleep_s: float) -> str:
+        if int(os.environ["RANK"]) == bad_rank:
+            raise ArithmeticError(f"toy failure in {self.tag}")
+        time.sleep(sleep_s)  # the healthy ranks would block in a collective
+        return "ok"
