@@ -18,10 +18,11 @@ def run_ppo(cfg: DictConfig) -> dict[str, Any]:
 
     started = False
     if not ray.is_initialized():
-        num_cpus = cfg.get("ray_init", {}).get("num_cpus")
-        address = "auto" if _cluster_running() else None
-        ray.init(address=address, num_cpus=None if address else num_cpus, include_dashboard=False,
-                 log_to_driver=True, runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+        # RAY_ADDRESS (set by launch/*.sh) joins a running cluster; otherwise a local Ray
+        # with ray_init.num_cpus CPUs.
+        num_cpus = None if _cluster_running() else cfg.get("ray_init", {}).get("num_cpus")
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True,
+                 runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
         started = True
     trainer = RayPPOTrainer(cfg)
     try:

@@ -46,3 +46,19 @@ def test_dump_generations(tmp_path):
     path = dump_generations(str(tmp_path / "gens"), 3, {"input": ["a", "b"], "output": ["1", "2"], "score": [1.0, 0.0]})
     rows = [json.loads(line) for line in open(path)]
     assert rows == [{"input": "a", "output": "1", "score": 1.0}, {"input": "b", "output": "2", "score": 0.0}]
+
+
+def test_tensorboard_and_wandb_offline(tmp_path, monkeypatch):
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    t = Tracking(["tensorboard", "wandb"], project="p", experiment="e", log_dir=str(tmp_path), config={"a": 1})
+    t.log({"critic/score/mean": 0.5, "note": "text"}, step=1)
+    t.close()
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("critic/score/mean")] == [(1, 0.5)]
+    assert list((tmp_path / "wandb").rglob("*.wandb")), "no offline wandb run file"
