@@ -79,6 +79,22 @@ def _merge(batch: DataProto, out: DataProto) -> dict[str, float]:
     return _mean_dicts(metrics if isinstance(metrics, list) else [metrics])
 
 
+def _reject_unimplemented(cfg: DictConfig) -> None:
+    """Config features the trainer has no worker for yet: a clear error, not a silent no-op."""
+    from megarl.config import ConfigError, Issue
+
+    issues = []
+    if cfg.reward_model.get("enable", False):
+        issues.append(Issue("reward_model.enable", True, "learned reward models are not implemented in megarl yet",
+                            "set reward_model.enable=false and score with rules / custom_reward_function"))
+    if cfg.actor_rollout_ref.rollout.multi_turn.get("enable", False):
+        issues.append(Issue("actor_rollout_ref.rollout.multi_turn.enable", True,
+                            "multi-turn (tool) rollouts are not implemented in megarl yet",
+                            "set actor_rollout_ref.rollout.multi_turn.enable=false"))
+    if issues:
+        raise ConfigError(issues)
+
+
 class RayPPOTrainer:
     """Builds the data, reward, worker groups and loggers of ``cfg`` (validated and resolved);
     ``fit()`` trains. ``close()`` releases the workers."""
@@ -90,6 +106,7 @@ class RayPPOTrainer:
 
         self.cfg = cfg
         arr = cfg.actor_rollout_ref
+        _reject_unimplemented(cfg)
         tokenizer_dir = cfg.data.get("tokenizer") or arr.model.get("tokenizer_path") or arr.model.path
         self.tokenizer = AutoTokenizer.from_pretrained(
             os.path.expanduser(tokenizer_dir), trust_remote_code=bool(arr.model.get("trust_remote_code", False))
@@ -108,6 +125,12 @@ class RayPPOTrainer:
         self.use_kl_in_reward = bool(cfg.algorithm.get("use_kl_in_reward", False))
         self.kl_ctrl = get_kl_controller(cfg.algorithm.kl_ctrl) if self.use_kl_in_reward else None
         self.reward_fn = build_reward_manager(cfg, self.tokenizer)
+        # reward_model.launch_reward_fn_async: score in a background thread while the
+        # log-prob / value passes run on the workers (not with filter_groups, which needs
+        # the scores before those passes).
+        self.reward_pool = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="megarl-reward")
+                            if cfg.reward_model.get("launch_reward_fn_async", False)
+                            and not cfg.algorithm.filter_groups.get("enable", False) else None)
         self.rollout_n = int(arr.rollout.n)
         self.global_step = 0
         self.pool: ResourcePool | None = None
@@ -159,6 +182,8 @@ class RayPPOTrainer:
                 group.shutdown()
         if self.pool is not None:
             self.pool.release()
+        if self.reward_pool is not None:
+            self.reward_pool.shutdown(wait=False)
         self.tracking.close()
 
     # ------------------------------------------------------------------ one step
@@ -190,11 +215,12 @@ class RayPPOTrainer:
         """Generate + score; with algorithm.filter_groups, regenerate until the batch is full."""
         cfg = self.cfg
         batch = self._generate(first_prompts, timings, metrics)
+        if self.reward_pool is not None:
+            return batch  # scored in train_step, in the background
         with timed("reward", timings):
             scores, extra = self._reward(batch)
         if not cfg.algorithm.filter_groups.get("enable", False):
-            batch.batch["token_level_scores"] = scores
-            batch.non_tensor_batch.update({f"reward_extra/{k}": np.array(v, dtype=object) for k, v in extra.items()})
+            self._set_scores(batch, scores, extra)
             return batch
         want = int(cfg.data.train_batch_size) * self.rollout_n
         max_rounds = int(cfg.algorithm.filter_groups.get("max_num_gen_batches", 0))
@@ -219,6 +245,11 @@ class RayPPOTrainer:
         metrics["filter_groups/gen_rounds"] = float(rounds)
         return merged[: min(len(merged), want)]
 
+    @staticmethod
+    def _set_scores(batch: DataProto, scores: torch.Tensor, extra: dict[str, list[Any]]) -> None:
+        batch.batch["token_level_scores"] = scores
+        batch.non_tensor_batch.update({f"reward_extra/{k}": np.array(v, dtype=object) for k, v in extra.items()})
+
     def _balance(self, batch: DataProto) -> None:
         dp_size = self.actor.coords()[0].dp_size
         if len(batch) % dp_size:
@@ -232,6 +263,9 @@ class RayPPOTrainer:
         batch = self._rollout_batch(prompts, prompts_iter, timings, metrics)
         if cfg.trainer.get("balance_batch", True):
             self._balance(batch)
+        pending_reward = None
+        if self.reward_pool is not None:
+            pending_reward = self.reward_pool.submit(self._reward, batch.select(["responses", "response_mask"]))
 
         rc = cfg.algorithm.get("rollout_correction", {}) or {}
         bypass = bool(rc.get("bypass_mode", False))
@@ -247,6 +281,9 @@ class RayPPOTrainer:
             with timed("values", timings):
                 _merge(batch, self.critic.call_dp("compute_values", batch))
 
+        if pending_reward is not None:
+            with timed("reward_wait", timings):
+                self._set_scores(batch, *pending_reward.result())
         with timed("adv", timings):
             mask = batch.batch["response_mask"]
             if self.use_kl_in_reward:

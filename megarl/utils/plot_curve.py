@@ -41,7 +41,7 @@ def plot(jsonl_path: str, out_png: str, keys: tuple[str, ...] = ("val/reward/mea
     ax.set_ylabel("reward")
     ax.grid(alpha=0.3)
     ax.legend()
-    ax.set_title(title or "validation reward")
+    ax.set_title(title or ("validation reward" if keys == ("val/reward/mean",) else "reward"))
     fig.tight_layout()
     fig.savefig(out_png)
     plt.close(fig)

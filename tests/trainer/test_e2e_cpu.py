@@ -73,3 +73,39 @@ def test_ppo_gae_critic_kl_in_reward_warmup(demo_dir, tmp_path):
         assert m["actor/reward_kl_penalty"] == pytest.approx(0.0, abs=1e-6)
         assert m["critic/rewards/mean"] == pytest.approx(m["critic/score/mean"], abs=1e-6)
     assert abs(third["actor/reward_kl_penalty"]) > 1e-6
+
+
+def test_unimplemented_features_are_config_errors(demo_dir, tmp_path):
+    from megarl.config import ConfigError
+    from megarl.trainer.ppo_trainer import RayPPOTrainer
+
+    cfg = demo_config(demo_dir, tmp_path, ["actor_rollout_ref.rollout.multi_turn.enable=true"])
+    with pytest.raises(ConfigError, match="multi_turn.enable"):
+        RayPPOTrainer(cfg)
+
+
+def test_grpo_async_reward_and_dapo_filter_groups(demo_dir, tmp_path):
+    """launch_reward_fn_async scores in the background; then DAPO dynamic sampling keeps only
+    groups whose scores differ (a second run dir)."""
+    cfg = demo_config(demo_dir, tmp_path / "async", ["trainer.total_training_steps=1", "trainer.test_freq=-1",
+                                                     "reward_model.launch_reward_fn_async=true"])
+    _run(cfg)
+    m = read_metrics(tmp_path / "async")[1]
+    rows = read_rollouts(tmp_path / "async", 1)
+    rescored = [compute_score(r["output"], r["ground_truth"]) for r in rows]
+    assert [r["score"] for r in rows] == pytest.approx(rescored)
+    assert "timing_s/reward_wait" in m and "actor/pg_loss" in m
+
+    cfg = demo_config(demo_dir, tmp_path / "dapo", [
+        "trainer.total_training_steps=1", "trainer.test_freq=-1", "algorithm.filter_groups.enable=true",
+        "algorithm.filter_groups.metric=seq_reward", "algorithm.filter_groups.max_num_gen_batches=20",
+        "reward_model.reward_manager=dapo", "reward_model.overlong_buffer.enable=true",
+    ])
+    _run(cfg)
+    m = read_metrics(tmp_path / "dapo")[1]
+    rows = read_rollouts(tmp_path / "dapo", 1)
+    assert len(rows) == 4 * 4 and m["filter_groups/gen_rounds"] >= 1
+    groups = {}
+    for r in rows:
+        groups.setdefault(r["input"], []).append(r["score"])
+    assert all(len(set(scores)) > 1 for scores in groups.values())  # no all-equal group was kept
