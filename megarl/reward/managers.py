@@ -7,8 +7,8 @@ list of length B (``score`` always; any extra keys a scorer returns in a dict).
 * ``naive``: one ``fn(data_source, solution_str, ground_truth, extra_info)`` call per row.
 * ``batch``: one ``fn(data_sources, solution_strs, ground_truths, extra_infos)`` call with
   lists, returning a list of scores.
-* ``prime``: the per-row calls in a process pool, each with a timeout (a row that times
-  out scores 0 and is counted in ``reward/timeouts``).
+* ``prime``: the per-row calls in a process pool with a timeout for the batch (rows not
+  done by then score 0 and is counted in ``reward/timeouts``).
 * ``dapo``: per-row scores plus DAPO's overlong penalty (``reward_model.overlong_buffer``).
 
 A scorer that raises is reported with the row index and its data_source.
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import multiprocessing
+import time
 from typing import Any, Callable
 
 import numpy as np
@@ -26,7 +27,7 @@ import torch
 from megarl.protocol import DataProto
 
 REWARD_MANAGERS = ("naive", "batch", "prime", "dapo")
-PRIME_TIMEOUT_S = 300.0  # per row
+PRIME_TIMEOUT_S = 300.0  # for all rows of a batch
 PRIME_WORKERS = 4
 
 
@@ -129,16 +130,24 @@ class RewardManager:
         results: list[Any] = [0.0] * len(rows)
         timeouts = 0
         ctx = multiprocessing.get_context("fork")
-        with concurrent.futures.ProcessPoolExecutor(max_workers=PRIME_WORKERS, mp_context=ctx) as pool:
+        pool = concurrent.futures.ProcessPoolExecutor(max_workers=PRIME_WORKERS, mp_context=ctx)
+        try:
             futures = [pool.submit(_call_one, self.compute_score, row) for row in rows]
+            deadline = time.monotonic() + PRIME_TIMEOUT_S  # rows run in parallel: one shared budget
             for i, future in enumerate(futures):
                 try:
-                    results[i] = future.result(timeout=PRIME_TIMEOUT_S)
+                    results[i] = future.result(timeout=max(0.0, deadline - time.monotonic()))
                 except concurrent.futures.TimeoutError:
                     timeouts += 1
-                    future.cancel()
                 except Exception as error:
                     raise self._fail(i, rows[i], error) from error
+        finally:
+            # A hung scorer must not hold the step: kill the pool's processes instead of joining them.
+            processes = list((getattr(pool, "_processes", None) or {}).values())
+            pool.shutdown(wait=False, cancel_futures=True)
+            for process in processes:
+                if process.is_alive():
+                    process.terminate()
         return results, timeouts
 
     def __call__(self, data: DataProto) -> tuple[torch.Tensor, dict[str, list[Any]]]:

@@ -120,6 +120,7 @@ def test_prime_manager_parallel_with_timeout(monkeypatch):
     scores, extra = RewardManager(CharTokenizer(), _slow_on_b, "prime")(data)
     assert scores[:, 0].tolist() == [0.0, 1.0, 1.0]  # the timed-out row scores 0
     assert extra["timeouts"][0] == 1
+    assert time.monotonic() - start < 15  # the hung scorer (30 s) was not waited for
 
 
 def test_dapo_overlong_penalty():
