@@ -65,7 +65,7 @@ class ConsoleLogger:
         phases = sorted(((k, float(v)) for k, v in metrics.items() if k.startswith("timing_s/") and k != "timing_s/step"),
                         key=lambda kv: -kv[1])[:4]
         if "timing_s/step" in metrics:
-            parts.append(f"step {float(metrics['timing_s/step']):.1f}s")
+            parts.append(f"{float(metrics['timing_s/step']):.1f}s/step")
         if phases:
             parts.append("(" + " ".join(f"{k[9:]} {v:.1f}s" for k, v in phases) + ")")
         print("[megarl] " + " | ".join(parts), file=self.stream, flush=True)
