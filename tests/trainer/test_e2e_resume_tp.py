@@ -108,3 +108,20 @@ def test_actor_2way_parallel_matches_tp1(demo_dir, straight, tmp_path, layout):
         f"actor_rollout_ref.actor.megatron.{layout}=2",
     ])
     _assert_same(tp1, two, (1, 2))
+
+
+def test_critic_own_layout_tp2_with_actor_dp2(demo_dir, tmp_path):
+    """GAE: critic group on Megatron TP=2 in its own processes while the actor runs DP=2;
+    step-1/2 critic and actor metrics equal a one-rank run (greedy rollouts). One mini-batch
+    per update: with several, each DP rank cuts its own slice into mini-batches (as verl), so
+    DP=2 and DP=1 legitimately group different rows into an optimizer step."""
+    gae = ["algorithm.adv_estimator=gae", "trainer.total_training_steps=2", "critic.ppo_micro_batch_size_per_gpu=1",
+           "actor_rollout_ref.actor.ppo_mini_batch_size=4"]
+    one = _run(demo_dir, tmp_path / "one", gae)
+    two = _run(demo_dir, tmp_path / "two", gae + [
+        "trainer.n_gpus_per_node=2", "critic.megatron.tensor_model_parallel_size=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+    ])
+    for step in (1, 2):
+        for key in ("critic/values/mean", "critic/vf_loss", "critic/grad_norm", "critic/returns/mean", *COMPARED):
+            assert two[step][key] == pytest.approx(one[step][key], rel=1e-4, abs=1e-6), f"step {step} {key}"
