@@ -117,10 +117,49 @@ def rollout_correction(v: View) -> Iterator[Issue]:
         used.append("bypass_mode")
     if used and not v.get(f"{ROLLOUT}.calculate_log_probs"):
         yield Issue(f"{ROLLOUT}.calculate_log_probs", False, f"{rc}.{used[0]} needs vLLM's rollout log-probs", f"set {ROLLOUT}.calculate_log_probs=true")
-    lower, upper = v.get(f"{rc}.rollout_rs_threshold_lower"), v.get(f"{rc}.rollout_rs_threshold")
-    upper = upper if upper is not None else v.get(f"{rc}.rollout_is_threshold")
-    if lower is not None and lower >= upper:
-        yield Issue(f"{rc}.rollout_rs_threshold_lower", lower, f"must be below the upper threshold {upper}", "lower the lower threshold or raise rollout_rs_threshold")
+    yield from _rollout_thresholds(v, rc)
+
+
+def _rollout_thresholds(v: View, rc: str) -> Iterator[Issue]:
+    """Parse the threshold specs with the algorithm's own parsers (float or "lower_upper")."""
+    from megarl.algorithms import parse_is_threshold, parse_rs_thresholds
+    from megarl.config.names import rollout_rs_options
+
+    is_spec = v.get(f"{rc}.rollout_is_threshold")
+    try:
+        parse_is_threshold(is_spec)
+    except ValueError as exc:
+        yield Issue(f"{rc}.rollout_is_threshold", is_spec, _problem(exc), 'give an upper bound (2.0) or "lower_upper" (e.g. "0.5_2.0")')
+        return
+    rs = v.get(f"{rc}.rollout_rs")
+    if rs is None:
+        return
+    options = [o.strip() for o in rs.split(",") if o.strip()]
+    bad = [o for o in options if o not in rollout_rs_options()]
+    if bad or not options:
+        yield Issue(f"{rc}.rollout_rs", rs, f"unknown name {bad[0]!r}" if bad else "empty", f"use one or more (comma-separated) of: {', '.join(rollout_rs_options())}, or null")
+        return
+    rs_spec = v.get(f"{rc}.rollout_rs_threshold")
+    ratio_only = all(o in ("token", "sequence", "geometric") for o in options)
+    if rs_spec is None and ratio_only:
+        rs_spec = is_spec  # the ratio options share the IS bound (see rollout_correction.py)
+    try:
+        bounds = parse_rs_thresholds(options, rs_spec)
+    except ValueError as exc:
+        yield Issue(f"{rc}.rollout_rs_threshold", v.get(f"{rc}.rollout_rs_threshold"), _problem(exc),
+                    'one spec per rollout_rs option, comma-separated: "lower_upper" ratio bounds for token/sequence/geometric/*_k1, one upper bound for the others')
+        return
+    lower = v.get(f"{rc}.rollout_rs_threshold_lower")
+    for opt, (_, upper) in bounds.items():
+        if lower is not None and opt in ("token", "sequence", "geometric") and lower > upper:
+            yield Issue(f"{rc}.rollout_rs_threshold_lower", lower, f"must not exceed the upper threshold {upper} of rollout_rs={opt}", "lower rollout_rs_threshold_lower or raise rollout_rs_threshold")
+            return
+
+
+def _problem(exc: ValueError) -> str:
+    """The algorithm's message without its own key prefix (the Issue names the key)."""
+    text = str(exc)
+    return text.split(": ", 1)[1] if text.startswith("algorithm.") and ": " in text else text
 
 
 def reward(v: View) -> Iterator[Issue]:

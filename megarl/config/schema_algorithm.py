@@ -26,10 +26,12 @@ class FilterGroupsConfig:
 @dataclass
 class RolloutCorrectionConfig:
     rollout_is: str | None = spec(choices=names.rollout_is_levels)
-    rollout_is_threshold: float = spec(gt=0)
+    # "lower_upper" strings and comma lists are parsed by rules_algo.rollout_correction
+    # with megarl.algorithms' own parsers.
+    rollout_is_threshold: float | str = spec(gt=0)
     rollout_is_batch_normalize: bool = spec()
-    rollout_rs: str | None = spec(choices=names.rollout_rs_options)
-    rollout_rs_threshold: float | None = spec(gt=0)
+    rollout_rs: str | None = spec()
+    rollout_rs_threshold: float | str | None = spec(gt=0)
     rollout_rs_threshold_lower: float | None = spec(gt=0)
     rollout_token_veto_threshold: float | None = spec(gt=0)
     bypass_mode: bool = spec()

@@ -30,6 +30,11 @@ from megarl.data.truncation import TRUNCATION_MODES, PromptTooLong, truncate_pro
 
 logger = logging.getLogger(__name__)
 
+TOO_LONG_FIX = (
+    "raise data.max_prompt_length, set data.truncation to left / right / middle, "
+    "or data.filter_overlong_prompts=true (drops such rows)"
+)
+
 
 def _cfg(config: Mapping[str, Any], key: str, default: Any) -> Any:
     value = config.get(key, default)
@@ -53,7 +58,14 @@ def left_pad(token_ids: Sequence[int], length: int, pad_token_id: int) -> dict[s
 class RLDataset(Dataset):
     """Prompts from one or more parquet files (see module docstring for item layout)."""
 
-    def __init__(self, data_files: Sequence[str], tokenizer: PreTrainedTokenizerBase, config: Mapping[str, Any]):
+    def __init__(
+        self,
+        data_files: Sequence[str],
+        tokenizer: PreTrainedTokenizerBase,
+        config: Mapping[str, Any],
+        files_key: str = "data.train_files",
+    ):
+        """files_key: the config key listing ``data_files`` (named in errors)."""
         self.tokenizer = tokenizer
         self.prompt_key: str = _cfg(config, "prompt_key", "prompt")
         self.max_prompt_length: int = int(_cfg(config, "max_prompt_length", 512))
@@ -64,18 +76,24 @@ class RLDataset(Dataset):
         filter_overlong: bool = bool(_cfg(config, "filter_overlong_prompts", False))
 
         if self.truncation not in TRUNCATION_MODES:
-            raise DataError(f"data.truncation must be one of {TRUNCATION_MODES}, got {self.truncation!r}")
+            raise DataError(f"data.truncation={self.truncation!r} is not a truncation mode", key="data.truncation",
+                            fix=f"use one of {', '.join(TRUNCATION_MODES)}")
         if self.max_prompt_length <= 0:
-            raise DataError(f"data.max_prompt_length must be positive, got {self.max_prompt_length}")
+            raise DataError(f"data.max_prompt_length must be positive, got {self.max_prompt_length}",
+                            key="data.max_prompt_length", fix="set data.max_prompt_length >= 1")
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if self.pad_token_id is None:
-            raise DataError("the tokenizer has neither a pad nor an eos token; cannot left-pad prompts")
+            raise DataError("the tokenizer has neither a pad nor an eos token; cannot left-pad prompts", key="data.tokenizer",
+                            fix="use a tokenizer with a pad_token or eos_token (set it in tokenizer_config.json)")
 
         # rows[i] came from origins[i] = (file, row index in that file)
         self.rows: list[dict[str, Any]] = []
         self.origins: list[tuple[str, int]] = []
         for path in data_files:
-            for row_index, row in enumerate(read_parquet_rows(path, [self.prompt_key, self.reward_fn_key])):
+            for row_index, row in enumerate(read_parquet_rows(
+                path, [self.prompt_key, self.reward_fn_key], files_key=files_key,
+                column_keys={self.prompt_key: "data.prompt_key", self.reward_fn_key: "data.reward_fn_key"},
+            )):
                 self._check_row(row, path, row_index)
                 self.rows.append(row)
                 self.origins.append((path, row_index))
@@ -92,7 +110,8 @@ class RLDataset(Dataset):
             if not self.rows:
                 raise DataError(
                     f"data.filter_overlong_prompts dropped every row of {list(data_files)}: "
-                    f"all prompts exceed data.max_prompt_length={self.max_prompt_length}"
+                    f"all prompts exceed data.max_prompt_length={self.max_prompt_length}",
+                    key="data.max_prompt_length", fix="raise data.max_prompt_length",
                 )
 
     def _check_row(self, row: Mapping[str, Any], path: str, row_index: int) -> None:
@@ -100,7 +119,8 @@ class RLDataset(Dataset):
         if not isinstance(messages, list) or not messages:
             raise DataError(
                 f"expected a non-empty list of chat messages, got {type(messages).__name__}",
-                file=path, row=row_index, column=self.prompt_key,
+                file=path, row=row_index, column=self.prompt_key, key="data.prompt_key",
+                fix=f"store each prompt as a list of {{role, content}} messages (verl format), or set data.prompt_key to such a column",
             )
         for message in messages:
             if not isinstance(message, dict) or not isinstance(message.get("role"), str) or not isinstance(
@@ -108,8 +128,16 @@ class RLDataset(Dataset):
             ):
                 raise DataError(
                     f"each message must be a dict with string 'role' and 'content', got {message!r}",
-                    file=path, row=row_index, column=self.prompt_key,
+                    file=path, row=row_index, column=self.prompt_key, key="data.prompt_key",
+                    fix="give every message a string 'role' and a string 'content'",
                 )
+        source = row.get(self.reward_fn_key)
+        if not isinstance(source, str) or not source:
+            raise DataError(
+                f"expected a non-empty string naming the reward function's data source, got {source!r}",
+                file=path, row=row_index, column=self.reward_fn_key, key="data.reward_fn_key",
+                fix="fill the column in every row, or set data.reward_fn_key to the column that names the data source",
+            )
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -122,11 +150,27 @@ class RLDataset(Dataset):
             )
         except Exception as exc:  # template errors are data errors: say which row
             path, row_index = self.origins[index]
-            raise DataError(f"chat template failed: {exc}", file=path, row=row_index, column=self.prompt_key) from None
+            raise DataError(
+                f"chat template failed: {exc}", file=path, row=row_index, column=self.prompt_key, key="data.tokenizer",
+                fix="fix the row's messages or use a tokenizer whose chat template accepts them",
+            ) from None
 
     def prompt_token_ids(self, index: int) -> list[int]:
         """Token ids of :meth:`chat_text` (no truncation)."""
         return self.tokenizer(self.chat_text(index), add_special_tokens=False)["input_ids"]
+
+    def overlong_rows(self) -> list[tuple[str, int, int]]:
+        """``(file, row in file, prompt tokens)`` of every prompt longer than max_prompt_length.
+
+        Tokenizes every row (the templated chat); ``main_ppo`` calls it before training when
+        ``data.truncation=error`` so an overlong prompt is found before the first step.
+        """
+        out = []
+        for index in range(len(self.rows)):
+            length = len(self.prompt_token_ids(index))
+            if length > self.max_prompt_length:
+                out.append((*self.origins[index], length))
+        return out
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         row = self.rows[index]
@@ -137,8 +181,8 @@ class RLDataset(Dataset):
             token_ids = truncate_prompt(token_ids, self.max_prompt_length, self.truncation)
         except PromptTooLong as exc:
             raise DataError(
-                f"{exc}; set data.truncation to left/right/middle or data.filter_overlong_prompts=True",
-                file=path, row=row_index, column=self.prompt_key,
+                str(exc), file=path, row=row_index, column=self.prompt_key, key="data.max_prompt_length",
+                fix=TOO_LONG_FIX,
             ) from None
 
         item: dict[str, Any] = dict(left_pad(token_ids, self.max_prompt_length, self.pad_token_id))

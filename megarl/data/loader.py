@@ -1,7 +1,7 @@
 """``create_dataloader``: the data config -> a resumable DataProto loader.
 
 Data config keys read here: train_files, val_files, train_batch_size, val_batch_size,
-shuffle, seed, custom_cls.{path,name} (plus the dataset's keys, see ``dataset.py``).
+shuffle, seed, custom_cls.{path,name}, sampler.{class_path,class_name} (plus the dataset's keys, see ``dataset.py``).
 """
 
 from __future__ import annotations
@@ -10,37 +10,54 @@ import importlib.util
 import os
 from typing import Any, Mapping
 
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, Sampler
 from transformers import PreTrainedTokenizerBase
 
 from megarl.data.collate import collate_fn
 from megarl.data.dataset import RLDataset
 from megarl.data.errors import DataError
 from megarl.data.parquet_io import as_file_list
-from megarl.data.sampler import ResumableSampler, RLDataLoader
+from megarl.data.sampler import ClassSampler, ResumableSampler, RLDataLoader
 
 SPLITS = ("train", "val")
 
 
-def load_custom_dataset_class(path: str, name: str | None) -> type:
-    """The class ``name`` defined in the Python file ``path`` (``data.custom_cls``)."""
+def load_class(path: str | None, name: str | None, keys: tuple[str, str], base: type) -> type:
+    """The class ``name`` defined in the Python file ``path``; it must subclass ``base``.
+
+    keys: the config keys of (path, name), named in every error (e.g.
+    ``("data.custom_cls.path", "data.custom_cls.name")``).
+    """
+    path_key, name_key = keys
+    if not path:
+        raise DataError(f"{name_key}={name!r} is set but {path_key} is not", key=path_key,
+                        fix=f"set {path_key} to the .py file defining it, or {name_key}=null")
     if not name:
-        raise DataError(f"data.custom_cls.name is not set (data.custom_cls.path={path!r}); name the Dataset class")
+        raise DataError(f"{name_key} is not set ({path_key}={path!r})", key=name_key,
+                        fix=f"set {name_key} to the class name inside {path}")
     path = os.path.expanduser(path)
     if not os.path.isfile(path):
-        raise DataError(f"data.custom_cls.path={path!r}: file not found")
-    spec = importlib.util.spec_from_file_location(f"megarl_custom_dataset_{abs(hash(path))}", path)
+        raise DataError(f"{path_key}={path!r}: file not found", key=path_key, fix=f"point {path_key} at an existing .py file")
+    spec = importlib.util.spec_from_file_location(f"megarl_custom_{abs(hash(path))}", path)
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
     except Exception as exc:
-        raise DataError(f"data.custom_cls.path={path!r}: importing it failed: {type(exc).__name__}: {exc}") from exc
+        raise DataError(f"{path_key}={path!r}: importing it failed: {type(exc).__name__}: {exc}", key=path_key,
+                        fix=f"fix the error in {path}") from exc
     cls = getattr(module, name, None)
     if cls is None:
-        raise DataError(f"data.custom_cls.name={name!r}: no such attribute in {path}")
-    if not (isinstance(cls, type) and issubclass(cls, Dataset)):
-        raise DataError(f"data.custom_cls.name={name!r} in {path} is not a torch.utils.data.Dataset subclass")
+        raise DataError(f"{name_key}={name!r}: no such attribute in {path}", key=name_key,
+                        fix=f"set {name_key} to a class defined in {path}")
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise DataError(f"{name_key}={name!r} in {path} is not a {base.__module__}.{base.__qualname__} subclass",
+                        key=name_key, fix=f"derive {name} from {base.__module__}.{base.__qualname__}")
     return cls
+
+
+def load_custom_dataset_class(path: str, name: str | None) -> type:
+    """The class ``name`` defined in the Python file ``path`` (``data.custom_cls``)."""
+    return load_class(path, name, ("data.custom_cls.path", "data.custom_cls.name"), Dataset)
 
 
 def create_dataset(data_cfg: Mapping[str, Any], tokenizer: PreTrainedTokenizerBase, split: str) -> Dataset:
@@ -51,12 +68,34 @@ def create_dataset(data_cfg: Mapping[str, Any], tokenizer: PreTrainedTokenizerBa
     files_key = f"{split}_files"
     files = as_file_list(data_cfg.get(files_key), f"data.{files_key}")
     custom = data_cfg.get("custom_cls") or {}
-    dataset_cls = RLDataset
-    if custom.get("path"):
-        dataset_cls = load_custom_dataset_class(custom["path"], custom.get("name"))
-    elif custom.get("name"):
-        raise DataError(f"data.custom_cls.name={custom['name']!r} is set but data.custom_cls.path is not")
-    return dataset_cls(data_files=files, tokenizer=tokenizer, config=data_cfg)
+    if custom.get("path") or custom.get("name"):
+        dataset_cls = load_custom_dataset_class(custom.get("path"), custom.get("name"))
+        return dataset_cls(data_files=files, tokenizer=tokenizer, config=data_cfg)
+    return RLDataset(data_files=files, tokenizer=tokenizer, config=data_cfg, files_key=f"data.{files_key}")
+
+
+def create_sampler(data_cfg: Mapping[str, Any], dataset: Dataset, shuffle: bool, seed: int) -> ResumableSampler:
+    """``data.sampler.class_path/class_name`` (a ``torch.utils.data.Sampler`` subclass built as
+    ``cls(data_source=dataset, data_config=data_cfg)``, verl's signature) wrapped for resuming,
+    or the seeded random / sequential ``ResumableSampler``."""
+    ref = data_cfg.get("sampler") or {}
+    if not (ref.get("class_path") or ref.get("class_name")):
+        return ResumableSampler(len(dataset), shuffle=shuffle, seed=seed)
+    keys = ("data.sampler.class_path", "data.sampler.class_name")
+    cls = load_class(ref.get("class_path"), ref.get("class_name"), keys, Sampler)
+    if callable(getattr(cls, "update", None)):
+        raise DataError(
+            f"data.sampler.class_name={ref.get('class_name')!r} has an update(batch) method: curriculum samplers "
+            "that learn from training batches are not supported by megarl yet", key=keys[1],
+            fix="use a sampler whose order does not depend on training feedback, or data.sampler.class_path=null",
+        )
+    try:
+        sampler = cls(data_source=dataset, data_config=data_cfg)
+    except Exception as exc:
+        raise DataError(f"data.sampler.class_name={ref.get('class_name')!r}: constructing it failed: "
+                        f"{type(exc).__name__}: {exc}", key=keys[1],
+                        fix="the class must accept (data_source=dataset, data_config=data config)") from exc
+    return ClassSampler(sampler, len(dataset), name=ref.get("class_name"))
 
 
 def create_dataloader(data_cfg: Mapping[str, Any], tokenizer: PreTrainedTokenizerBase, split: str) -> RLDataLoader:
@@ -71,20 +110,24 @@ def create_dataloader(data_cfg: Mapping[str, Any], tokenizer: PreTrainedTokenize
     if split == "train":
         batch_size = data_cfg.get("train_batch_size")
         if not isinstance(batch_size, int) or batch_size <= 0:
-            raise DataError(f"data.train_batch_size must be a positive int, got {batch_size!r}")
+            raise DataError(f"data.train_batch_size must be a positive int, got {batch_size!r}",
+                            key="data.train_batch_size", fix="set data.train_batch_size >= 1")
         if batch_size > len(dataset):
             raise DataError(
                 f"data.train_batch_size={batch_size} exceeds the {len(dataset)} training prompts; "
-                "no full batch can be formed"
+                "no full batch can be formed", key="data.train_batch_size",
+                fix=f"set data.train_batch_size <= {len(dataset)} or add training data",
             )
         shuffle = bool(data_cfg.get("shuffle", True))
         drop_last = True
     else:
         batch_size = data_cfg.get("val_batch_size") or len(dataset)
         if not isinstance(batch_size, int) or batch_size <= 0:
-            raise DataError(f"data.val_batch_size must be a positive int or null, got {batch_size!r}")
+            raise DataError(f"data.val_batch_size must be a positive int or null, got {batch_size!r}",
+                            key="data.val_batch_size", fix="set data.val_batch_size >= 1 or null")
         shuffle = False
         drop_last = False
     seed = data_cfg.get("seed")
-    sampler = ResumableSampler(len(dataset), shuffle=shuffle, seed=1 if seed is None else int(seed))
+    seed = 1 if seed is None else int(seed)
+    sampler = create_sampler(data_cfg, dataset, shuffle, seed) if split == "train" else ResumableSampler(len(dataset), False, seed)
     return RLDataLoader(dataset, batch_size, sampler, collate_fn, drop_last=drop_last)

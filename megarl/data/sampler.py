@@ -57,6 +57,46 @@ class ResumableSampler:
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
 
+class ClassSampler(ResumableSampler):
+    """A user's ``torch.utils.data.Sampler`` (``data.sampler``) behind the resumable interface.
+
+    Epoch ``e`` visits the indices ``iter(sampler)`` yields (after ``sampler.set_epoch(e)``
+    when it has one), read once per epoch. Resuming re-reads epoch ``e``'s order and skips
+    the indices already handed out, so it continues exactly where it stopped when the
+    sampler's order depends only on its constructor arguments and the epoch.
+    """
+
+    def __init__(self, sampler: Any, num_samples: int, name: str | None = None):
+        super().__init__(num_samples, shuffle=False, seed=0)
+        self.sampler, self.name = sampler, name or type(sampler).__name__
+        self._order: tuple[int, list[int]] | None = None
+
+    def epoch_order(self, epoch: int) -> list[int]:
+        if self._order is not None and self._order[0] == epoch:
+            return self._order[1]
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+        order = [int(i) for i in iter(self.sampler)]
+        bad = [i for i in order if not 0 <= i < self.num_samples]
+        if not order or bad:
+            from megarl.data.errors import DataError
+
+            what = "no indices" if not order else f"index {bad[0]} outside the dataset of {self.num_samples} rows"
+            raise DataError(f"data.sampler.class_name={self.name!r} yielded {what} in epoch {epoch}",
+                            key="data.sampler.class_name", fix="yield dataset indices in [0, len(data_source))")
+        self._order = (epoch, order)
+        return order
+
+    def remaining(self) -> int:
+        return len(self.epoch_order(self.epoch)) - self.position
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.position = int(state["epoch"]), 0
+        if not 0 <= int(state["position"]) <= len(self.epoch_order(self.epoch)):
+            raise ValueError(f"sampler state position {state['position']} out of range for {self.name}'s epoch order")
+        self.position = int(state["position"])
+
+
 class RLDataLoader:
     """Batches of ``batch_size`` prompts as DataProto, resumable through ``state_dict()``.
 

@@ -70,7 +70,7 @@ def test_rollout_correction_needs_rollout_log_probs(make):
 
 def test_rejection_thresholds_ordered(make):
     cfg = make({"algorithm.rollout_correction.rollout_rs": "token", "algorithm.rollout_correction.rollout_rs_threshold_lower": 3.0})
-    issue_for(cfg, "algorithm.rollout_correction.rollout_rs_threshold_lower", "below the upper threshold 2.0")
+    issue_for(cfg, "algorithm.rollout_correction.rollout_rs_threshold_lower", "must not exceed the upper threshold 2.0")
 
 
 def test_clip_cov_bounds_ordered(make):
@@ -122,5 +122,19 @@ def test_bypass_loss_needs_bypass_mode(make):
 
 
 def test_rollout_rs_accepts_registry_options(make):
-    no_issues(make({"algorithm.rollout_correction.rollout_rs": "seq_mean_k3"}))
-    issue_for(make({"algorithm.rollout_correction.rollout_rs": "seq_mean_k9"}), "algorithm.rollout_correction.rollout_rs", "unknown name")
+    rc = "algorithm.rollout_correction"
+    no_issues(make({f"{rc}.rollout_rs": "seq_mean_k3", f"{rc}.rollout_rs_threshold": 0.01}))
+    no_issues(make({f"{rc}.rollout_rs": "token_k1,seq_max_k2", f"{rc}.rollout_rs_threshold": "0.5_2.0,0.1"}))
+    issue_for(make({f"{rc}.rollout_rs": "seq_mean_k9"}), f"{rc}.rollout_rs", "unknown name 'seq_mean_k9'", "seq_max_k3")
+    # a divergence option has no default bound (only ratio options share rollout_is_threshold)
+    issue_for(make({f"{rc}.rollout_rs": "seq_mean_k3"}), f"{rc}.rollout_rs_threshold", "must be set")
+    issue_for(make({f"{rc}.rollout_rs": "token,seq_max_k2", f"{rc}.rollout_rs_threshold": "0.5_2.0,1_2"}), f"{rc}.rollout_rs_threshold", "one positive upper bound", "0.5_2.0")
+
+
+def test_rollout_is_threshold_takes_a_number_or_lower_upper(make):
+    rc = "algorithm.rollout_correction"
+    no_issues(make({f"{rc}.rollout_is": "token", f"{rc}.rollout_is_threshold": "0.5_2.0"}))
+    no_issues(make({f"{rc}.rollout_is": "token", f"{rc}.rollout_is_threshold": 3}))
+    issue_for(make({f"{rc}.rollout_is_threshold": "2.0_0.5"}), f"{rc}.rollout_is_threshold", "0 < lower <= upper")
+    issue_for(make({f"{rc}.rollout_is_threshold": "two"}), f"{rc}.rollout_is_threshold", "cannot parse")
+    issue_for(make({f"{rc}.rollout_is_threshold": -1.0}), f"{rc}.rollout_is_threshold", ">")
