@@ -50,8 +50,9 @@ def load_class(path: str | None, name: str | None, keys: tuple[str, str], base: 
         raise DataError(f"{name_key}={name!r}: no such attribute in {path}", key=name_key,
                         fix=f"set {name_key} to a class defined in {path}")
     if not (isinstance(cls, type) and issubclass(cls, base)):
-        raise DataError(f"{name_key}={name!r} in {path} is not a {base.__module__}.{base.__qualname__} subclass",
-                        key=name_key, fix=f"derive {name} from {base.__module__}.{base.__qualname__}")
+        base_name = f"torch.utils.data.{base.__qualname__}" if base.__module__.startswith("torch.utils.data") else base.__qualname__
+        raise DataError(f"{name_key}={name!r} in {path} is not a {base_name} subclass",
+                        key=name_key, fix=f"derive {name} from {base_name}")
     return cls
 
 

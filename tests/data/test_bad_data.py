@@ -75,7 +75,7 @@ def test_chat_template_failure_names_the_row(tokenizer, write_rows):
 
 
 def test_bad_truncation_value(tokenizer, write_rows):
-    with pytest.raises(DataError, match="data.truncation must be one of"):
+    with pytest.raises(DataError, match="data.truncation=.sideways. is not a truncation mode; fix: use one of error, left"):
         load(write_rows([row("1", 0)]), tokenizer, truncation="sideways")
 
 
