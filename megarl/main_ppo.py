@@ -1,8 +1,11 @@
 """Entry point: `python -m megarl.main_ppo --config-name=ppo_megatron_trainer key=value ...`.
 
-compose (Hydra) -> check keys and types -> build the demo assets the config points at
--> validate everything -> print the resolved config -> run the trainer. A bad config
-exits with code 2 and a message naming each bad key; no traceback.
+check override syntax and keys -> compose (Hydra) -> check keys and types -> build the
+demo assets the config points at -> validate everything (layouts against each model's
+config.json, batch sizes, files) -> preflight (load the tokenizer, datasets and reward
+function as the trainer will) -> print the resolved config -> run the trainer (Ray starts
+here). A bad config or bad data exits with code 2 and a message naming each bad key, file
+and row and the fix; no traceback.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from megarl.config import (
     validate_config,
 )
 from megarl.config.errors import no_value
+from megarl.config.preflight import preflight
 
 EXIT_BAD_CONFIG = 2
 
@@ -46,7 +50,11 @@ def _optional(module: str, name: str):
 
 
 def prepare(cfg: DictConfig) -> DictConfig:
-    """Schema check, demo assets, full validation; returns the resolved config (raises ConfigError)."""
+    """Schema check, demo assets, full validation, preflight; returns the resolved config.
+
+    Everything a user can get wrong is checked here, before Ray or any worker starts;
+    raises ConfigError.
+    """
     issues = check_schema(cfg)
     if issues:
         raise ConfigError(issues)
@@ -57,7 +65,9 @@ def prepare(cfg: DictConfig) -> DictConfig:
         except ValueError as error:  # a demo path the builder does not know; names the key
             raise ConfigError([Issue("demo assets", no_value(), str(error), "point the key at your own file or at a demo asset")]) from error
     validate_config(cfg)
-    return resolve_config(cfg)
+    resolved = resolve_config(cfg)
+    preflight(resolved)
+    return resolved
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name=CONFIG_NAME, version_base="1.3")
@@ -71,9 +81,12 @@ def main(cfg: DictConfig) -> None:
     if run_ppo is None:
         print("megarl: config is valid; megarl.trainer.run_ppo is not available yet, nothing to run.")
         return
+    from megarl.data import DataError
+    from megarl.reward import RewardFunctionError
+
     try:
         run_ppo(resolved)
-    except ConfigError as error:  # a problem only the trainer can see (e.g. dataset size)
+    except (ConfigError, DataError, RewardFunctionError) as error:  # a problem only the trainer can see
         _fail(error)
 
 

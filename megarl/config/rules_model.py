@@ -78,11 +78,57 @@ def megatron_shape(v: View, role: Role, hf: dict[str, Any]) -> Iterator[Issue]:
         yield Issue(f"{m}.expert_model_parallel_size", ep, f"does not divide the {experts} experts {where}", f"choose an EP size that divides {experts}")
 
 
+REQUIRED_FIELDS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+MOE_FIELDS = ("num_experts_per_tok", "moe_intermediate_size")
+
+
 def model_type(v: View, role: Role, hf: dict[str, Any]) -> Iterator[Issue]:
+    where = f"{v.path(role.model_path)}/config.json"
+    missing = [f for f in REQUIRED_FIELDS if not isinstance(hf.get(f), (int, str)) or isinstance(hf.get(f), bool)]
+    if hf.get("model_type") == "qwen3_moe":
+        missing += [f for f in MOE_FIELDS if not isinstance(hf.get(f), int)]
+        if not any(isinstance(hf.get(f), int) for f in _EXPERT_FIELDS):
+            missing.append("num_experts")
+    if missing:
+        yield Issue(role.model_path, v.get(role.model_path), f"{where} lacks {', '.join(missing)}",
+                    "use the config.json that came with the model (megarl builds the Megatron model from these fields)")
+        return
     supported = _supported_model_types()
     mt = hf.get("model_type")
     if supported is not None and mt not in supported:
         yield Issue(role.model_path, v.get(role.model_path), f"model_type {mt!r} in config.json is not supported by megarl", f"use a model of type: {', '.join(supported)}")
+        return
+    unsupported = _unsupported_feature(hf)
+    if unsupported:
+        yield Issue(role.model_path, v.get(role.model_path), f"{where}: {unsupported}",
+                    f"use a supported model, or override the field with {role.override_config}" if role.override_config else "use a supported model")
+
+
+def _unsupported_feature(hf: dict[str, Any]) -> str | None:
+    """megarl.models' own architecture check (activation, sliding window, rope scaling, dense MoE layers)."""
+    import types
+
+    try:
+        from megarl.models.config import _check_supported, _rope_kwargs
+    except Exception:  # models package not importable here: the worker will check
+        return None
+    ns = types.SimpleNamespace(**hf)
+    try:
+        _check_supported(ns)
+        _rope_kwargs(ns)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def weights(v: View, role: Role) -> Iterator[Issue]:
+    """The HF safetensors the worker loads initial weights from (unless a dist checkpoint is used)."""
+    if v.get(f"{role.megatron}.use_dist_checkpointing"):
+        return
+    path = v.path(role.model_path)
+    if path and os.path.isdir(path) and not any(n.endswith(".safetensors") for n in os.listdir(path)):
+        yield Issue(role.model_path, v.get(role.model_path), "model directory has no *.safetensors weights",
+                    "save the model with safe_serialization=True (model.save_pretrained), or point at a dir that has them")
 
 
 def lengths(v: View, hf: dict[str, Any]) -> Iterator[Issue]:
@@ -131,6 +177,7 @@ def run(v: View) -> Iterator[Issue]:
                     yield issue
                 else:
                     yield from model_type(v, role, hf)
+                    yield from _guard(weights, v, role)
             hf = seen[cache_key]
             if hf is None:
                 continue

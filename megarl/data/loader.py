@@ -71,7 +71,15 @@ def create_dataset(data_cfg: Mapping[str, Any], tokenizer: PreTrainedTokenizerBa
     custom = data_cfg.get("custom_cls") or {}
     if custom.get("path") or custom.get("name"):
         dataset_cls = load_custom_dataset_class(custom.get("path"), custom.get("name"))
-        return dataset_cls(data_files=files, tokenizer=tokenizer, config=data_cfg)
+        try:
+            return dataset_cls(data_files=files, tokenizer=tokenizer, config=data_cfg)
+        except DataError:
+            raise
+        except Exception as exc:  # the user's class: say which one failed, not where inside it
+            raise DataError(
+                f"data.custom_cls.name={custom.get('name')!r}: constructing it on {files} failed: {type(exc).__name__}: {exc}",
+                key="data.custom_cls.name", fix="the class must accept (data_files=[...], tokenizer=..., config=data config)",
+            ) from exc
     return RLDataset(data_files=files, tokenizer=tokenizer, config=data_cfg, files_key=f"data.{files_key}")
 
 

@@ -48,7 +48,10 @@ def test_prepare_returns_resolved_config_with_expanded_paths(make, monkeypatch, 
     monkeypatch.setenv("HOME", str(tmp_path))
     cfg = make({"trainer.rollout_data_dir": "~/dumps"})
     monkeypatch.setattr("megarl.main_ppo._optional", lambda module, name: None)  # no demo builder here
+    checked = []
+    monkeypatch.setattr("megarl.main_ppo.preflight", checked.append)  # data files here are empty stand-ins
     out = prepare(cfg)
+    assert checked == [out]  # the preflight sees the resolved config
     assert out.trainer.rollout_data_dir == str(tmp_path / "dumps")
     assert out.actor_rollout_ref.actor.optim.clip_grad == out.actor_rollout_ref.actor.grad_clip
     assert out.actor_rollout_ref.rollout.response_length == out.data.max_response_length

@@ -45,3 +45,22 @@ def test_critic_model_checked_when_critic_runs(make, tmp_path):
 def test_tokenizer_dir_must_exist(make, tmp_path):
     issue_for(make({"actor_rollout_ref.model.tokenizer_path": str(tmp_path / "tok")}), "actor_rollout_ref.model.tokenizer_path", "does not exist")
     issue_for(make({"data.tokenizer": str(tmp_path / "tok")}), "data.tokenizer", "does not exist")
+
+
+def test_config_json_missing_fields(make):
+    issue_for(make(hf={"num_attention_heads": None, "intermediate_size": None}), "actor_rollout_ref.model.path",
+              "lacks intermediate_size, num_attention_heads", "config.json that came with the model")
+    issue_for(make(hf={"model_type": "qwen3_moe"}), "actor_rollout_ref.model.path", "num_experts_per_tok, moe_intermediate_size, num_experts")
+
+
+def test_unsupported_architecture_features(make):
+    issue_for(make(hf={"hidden_act": "gelu"}), "actor_rollout_ref.model.path", "hidden_act 'gelu' is not supported")
+    issue_for(make(hf={"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}), "actor_rollout_ref.model.path", "rope scaling")
+
+
+def test_model_dir_without_safetensors(make, tmp_path):
+    make()
+    (tmp_path / "model" / "model.safetensors").unlink()
+    issue_for(make(), "actor_rollout_ref.model.path", "no *.safetensors")
+    no_issues(make({"actor_rollout_ref.actor.megatron.use_dist_checkpointing": True,
+                    "actor_rollout_ref.actor.megatron.dist_checkpointing_path": str(tmp_path)}))

@@ -23,7 +23,7 @@ def test_ref_layout_checked_when_ref_runs(make):
 
 def test_ep_times_etp_must_divide_world_per_stage(make):
     cfg = make({"trainer.n_gpus_per_node": 4, f"{M}.pipeline_model_parallel_size": 2, f"{M}.expert_model_parallel_size": 4,
-                f"{M}.expert_tensor_parallel_size": 1}, hf={"model_type": "qwen3_moe", "num_experts": 8})
+                f"{M}.expert_tensor_parallel_size": 1}, hf={"model_type": "qwen3_moe", "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32})
     issue_for(cfg, f"{M}.expert_model_parallel_size", "world / pp = 2")
 
 
@@ -58,7 +58,7 @@ def test_ep_on_dense_model(make):
 
 
 def test_experts_divisible_by_ep(make):
-    cfg = make({"trainer.n_gpus_per_node": 4, f"{M}.expert_model_parallel_size": 4}, hf={"model_type": "qwen3_moe", "num_experts": 6})
+    cfg = make({"trainer.n_gpus_per_node": 4, f"{M}.expert_model_parallel_size": 4}, hf={"model_type": "qwen3_moe", "num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 32})
     issue_for(cfg, f"{M}.expert_model_parallel_size", "6 experts")
 
 
