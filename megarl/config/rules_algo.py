@@ -174,6 +174,16 @@ def reward(v: View) -> Iterator[Issue]:
         yield Issue("reward_model.model.path", None, "reward_model.enable is true but no reward model is given", "set reward_model.model.path to a local HF dir, or reward_model.enable=false")
 
 
+def unimplemented(v: View) -> Iterator[Issue]:
+    """verl features whose keys megarl accepts but has no worker for yet: refused up front."""
+    if v.get("reward_model.enable") and v.get("reward_model.model.path") is not None:
+        yield Issue("reward_model.enable", True, "learned reward models are not implemented in megarl yet",
+                    "set reward_model.enable=false and score with the rule scorers / custom_reward_function")
+    if v.get(f"{ROLLOUT}.multi_turn.enable"):
+        yield Issue(f"{ROLLOUT}.multi_turn.enable", True, "multi-turn (tool) rollouts are not implemented in megarl yet",
+                    f"set {ROLLOUT}.multi_turn.enable=false")
+
+
 def _python_file(v: View, path_key: str, name_key: str, what: str) -> Iterator[Issue]:
     path = v.path(path_key)
     if path is None:
@@ -213,4 +223,4 @@ def _optim_section(v: View, section: str) -> Iterator[Issue]:
         yield Issue(f"{section}.checkpoint.load_contents", load, f"{missing} are never saved (save_contents={save})", f"add them to {section}.checkpoint.save_contents or drop them from load_contents")
 
 
-RULES = (group_size, kl_sources, critic_needed, gdpo, lengths_copy, vllm_limits, sampling, policy_loss, loss_mode_needs, rollout_correction, reward, plugin_files, optim)
+RULES = (group_size, kl_sources, critic_needed, gdpo, lengths_copy, vllm_limits, sampling, policy_loss, loss_mode_needs, rollout_correction, reward, unimplemented, plugin_files, optim)

@@ -60,12 +60,32 @@ def kernels(v: View, role: Role) -> Iterator[Issue]:
             f"set {m}.sequence_parallel=false, or install transformer-engine",
         )
     cp = v.get(f"{m}.context_parallel_size")
-    if cp > 1 and not has_module("transformer_engine"):
+    if cp > 1:  # megarl/workers/megatron/engine.py refuses it at init_model
         yield Issue(
             f"{m}.context_parallel_size", cp,
-            "context parallelism needs transformer-engine's attention; it is not installed",
-            f"set {m}.context_parallel_size=1, or install transformer-engine",
+            "context parallelism is not supported by the megarl workers yet",
+            f"set {m}.context_parallel_size=1 (use tensor/pipeline parallelism for long sequences)",
         )
+
+
+_TRAINED = {"actor": ("actor_rollout_ref.actor", "actor_rollout_ref.model"), "critic": ("critic", "critic.model")}
+
+
+def interleaved_shapes(v: View, role: Role) -> Iterator[Issue]:
+    """Megatron-core's interleaved schedule deadlocks in training on micro-batches of different
+    shapes (megarl/workers/megatron/schedule.py refuses them mid-step): refuse up front."""
+    m = role.megatron
+    vpp = v.get(f"{m}.virtual_pipeline_model_parallel_size")
+    if role.name not in _TRAINED or vpp is None or vpp <= 1:
+        return
+    section, model = _TRAINED[role.name]
+    for key in (f"{section}.use_dynamic_bsz", f"{model}.use_remove_padding"):
+        if v.get(key):
+            yield Issue(
+                key, True,
+                f"{m}.virtual_pipeline_model_parallel_size={vpp} trains only on micro-batches of one shape, which this setting breaks",
+                f"set {key}=false, or {m}.virtual_pipeline_model_parallel_size=null",
+            )
 
 
 def dist_checkpoint(v: View, role: Role) -> Iterator[Issue]:
@@ -89,7 +109,7 @@ def rollout_layout(v: View) -> Iterator[Issue]:
         yield Issue(key, tp, f"vLLM TP must divide the {_world_text(v)}", f"choose {key} dividing {v.world_size()}")
 
 
-ROLE_RULES = (layout, kernels, dist_checkpoint)
+ROLE_RULES = (layout, kernels, interleaved_shapes, dist_checkpoint)
 
 
 def run_role_rules(v: View) -> Iterator:

@@ -15,6 +15,9 @@ class CriticModelConfig:
     path: str = spec(path=True)
     tokenizer_path: str | None = spec(path=True)
     override_config: dict[str, Any] = spec()
+    trust_remote_code: bool = spec()
+    enable_gradient_checkpointing: bool = spec()
+    use_remove_padding: bool = spec()
 
 
 @dataclass
@@ -27,6 +30,8 @@ class CriticConfig:
     ppo_micro_batch_size_per_gpu: int | None = spec(ge=1)
     use_dynamic_bsz: bool = spec()
     ppo_max_token_len_per_gpu: int = spec(ge=1)
+    forward_micro_batch_size_per_gpu: int | None = spec(ge=1)
+    forward_max_token_len_per_gpu: int = spec(ge=1)
     ppo_epochs: int = spec(ge=1)
     shuffle: bool = spec()
     cliprange_value: float = spec(gt=0)

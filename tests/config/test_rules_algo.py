@@ -138,3 +138,8 @@ def test_rollout_is_threshold_takes_a_number_or_lower_upper(make):
     issue_for(make({f"{rc}.rollout_is_threshold": "2.0_0.5"}), f"{rc}.rollout_is_threshold", "0 < lower <= upper")
     issue_for(make({f"{rc}.rollout_is_threshold": "two"}), f"{rc}.rollout_is_threshold", "cannot parse")
     issue_for(make({f"{rc}.rollout_is_threshold": -1.0}), f"{rc}.rollout_is_threshold", ">")
+
+
+def test_unimplemented_features_refused_up_front(make, tmp_path):
+    issue_for(make({"reward_model.enable": True, "reward_model.model.path": str(tmp_path)}), "reward_model.enable", "not implemented")
+    issue_for(make({f"{R}.multi_turn.enable": True}), f"{R}.multi_turn.enable", "not implemented")

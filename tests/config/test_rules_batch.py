@@ -66,3 +66,10 @@ def test_critic_batches_checked_when_critic_runs(make):
     no_issues(cfg)  # grpo: no critic
     cfg = make({"critic.ppo_micro_batch_size_per_gpu": 128, "algorithm.adv_estimator": "gae"})
     issue_for(cfg, "critic.ppo_micro_batch_size_per_gpu", "64 responses")
+
+
+def test_critic_forward_micro_batches(make):
+    gae = {"algorithm.adv_estimator": "gae"}
+    issue_for(make({**gae, "critic.forward_micro_batch_size_per_gpu": None}), "critic.forward_micro_batch_size_per_gpu", "required")
+    issue_for(make({**gae, "critic.use_dynamic_bsz": True, "critic.forward_max_token_len_per_gpu": 8}),
+              "critic.forward_max_token_len_per_gpu", "smaller than one full sequence")

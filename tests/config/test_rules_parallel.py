@@ -82,10 +82,20 @@ def test_sequence_parallel_needs_te_or_apex(make):
 
 
 @pytest.mark.skipif(has_module("transformer_engine"), reason="TE installed")
-def test_context_parallel_needs_te(make):
-    issue_for(make({"trainer.n_gpus_per_node": 2, f"{M}.context_parallel_size": 2}), f"{M}.context_parallel_size", "transformer-engine")
+def test_context_parallel_is_refused(make):
+    issue_for(make({"trainer.n_gpus_per_node": 2, f"{M}.context_parallel_size": 2}), f"{M}.context_parallel_size", "not supported by the megarl workers yet")
 
 
 def test_dist_checkpointing_needs_an_existing_dir(make, tmp_path):
     issue_for(make({f"{M}.use_dist_checkpointing": True}), f"{M}.dist_checkpointing_path", "not an existing directory")
     no_issues(make({f"{M}.use_dist_checkpointing": True, f"{M}.dist_checkpointing_path": str(tmp_path)}))
+
+
+def test_interleaved_pipeline_needs_fixed_shapes(make):
+    base = {"trainer.n_gpus_per_node": 2, f"{M}.pipeline_model_parallel_size": 2, f"{M}.virtual_pipeline_model_parallel_size": 2,
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 8}
+    no_issues(make(base, hf={"num_hidden_layers": 4}))
+    issue_for(make({**base, "actor_rollout_ref.actor.use_dynamic_bsz": True}, hf={"num_hidden_layers": 4}),
+              "actor_rollout_ref.actor.use_dynamic_bsz", "virtual_pipeline_model_parallel_size=2")
+    issue_for(make({**base, "actor_rollout_ref.model.use_remove_padding": True}, hf={"num_hidden_layers": 4}),
+              "actor_rollout_ref.model.use_remove_padding", "one shape")
