@@ -198,10 +198,6 @@ def plugin_files(v: View) -> Iterator[Issue]:
     yield from _python_file(v, "custom_reward_function.path", "custom_reward_function.name", "reward function")
     yield from _python_file(v, "data.custom_cls.path", "data.custom_cls.name", "dataset class")
     yield from _python_file(v, "data.sampler.class_path", "data.sampler.class_name", "sampler class")
-    key = f"{ROLLOUT}.multi_turn.tool_config_path"
-    path = v.path(key)
-    if path is not None and not os.path.isfile(path):
-        yield Issue(key, v.get(key), "tool config file does not exist", f"point {key} at an existing yaml file, or null")
 
 
 def optim(v: View) -> Iterator[Issue]:
