@@ -5,11 +5,16 @@ Order of a save: (1) remove a stale partial ``global_step_N`` from an earlier cr
 (temp file + rename), (4) the tracker is rewritten atomically, (5) old checkpoints are
 pruned. Resume reads only what the tracker names, so a crash before (4) resumes from the
 previous complete checkpoint.
+
+``trainer.pt`` holds only tensors and plain Python values (numpy's RNG key is stored as a
+tensor) and is read with ``torch.load(weights_only=True)``: a tampered file cannot run code
+on load, it is refused with ``UnsafeCheckpointError``.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import random
 import shutil
 from pathlib import Path
@@ -23,13 +28,25 @@ from megarl.utils.checkpoint import find_latest, prune, read_tracker, step_dir, 
 TRAINER_STATE = "trainer.pt"
 
 
+class UnsafeCheckpointError(RuntimeError):
+    """A checkpoint file holds something other than tensors and plain values (refused, not run)."""
+
+
 def rng_state() -> dict[str, Any]:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Python, numpy and torch CPU RNG states as tensors / plain values (safe to load)."""
+    name, key, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "python": random.getstate(),
+        "numpy": {"name": str(name), "key": torch.from_numpy(np.asarray(key, dtype=np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "torch": torch.get_rng_state(),
+    }
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    n = state["numpy"]
+    np.random.set_state((n["name"], n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
     torch.set_rng_state(state["torch"])
 
 
@@ -59,7 +76,14 @@ def read_trainer_state(path: Path) -> dict[str, Any]:
     file = path / TRAINER_STATE
     if not file.exists():
         raise FileNotFoundError(f"{path} is not a complete megarl checkpoint: {TRAINER_STATE} is missing")
-    return torch.load(file, weights_only=False)
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        raise UnsafeCheckpointError(
+            f"{file}: refused to load: it holds Python objects other than tensors and plain values, which "
+            f"could run code when unpickled ({error}). megarl never writes such a {TRAINER_STATE}; use a "
+            "checkpoint written by megarl (trainer.default_local_dir / trainer.resume_from_path)"
+        ) from None
 
 
 def resume_dir(mode: str, root: str, resume_from_path: str | None) -> Path | None:
