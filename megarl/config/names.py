@@ -90,6 +90,7 @@ REWARD_MANAGERS = ("naive", "batch", "prime", "dapo")
 LOGGERS = ("console", "tensorboard", "wandb")
 DEVICES = ("auto", "cpu", "cuda")
 RESUME_MODES = ("auto", "disable", "resume_path")
+NAN_POLICIES = ("stop", "skip")  # trainer.nan_policy (megarl.utils.nonfinite)
 LOAD_FORMATS = ("dummy", "auto")
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from megarl.config.names import DEVICES, LOGGERS, RESUME_MODES
+from megarl.config.names import DEVICES, LOGGERS, NAN_POLICIES, RESUME_MODES
 from megarl.config.spec import spec
 
 
@@ -31,6 +31,7 @@ class TrainerConfig:
     max_actor_ckpt_to_keep: int | None = spec(ge=1)
     max_critic_ckpt_to_keep: int | None = spec(ge=1)
     balance_batch: bool = spec()
+    nan_policy: str = spec(choices=NAN_POLICIES)
 
 
 @dataclass
