@@ -29,7 +29,7 @@ def preflight(cfg: DictConfig) -> Any:
         issues.append(issue)
     else:
         for split in ("train", "val"):
-            issues += data_issues(cfg, tokenizer, split)
+            issues += data_issues(cfg, tokenizer, split, tokenizer_key(cfg))
     issues += reward_issues(cfg)
     if issues:
         raise ConfigError(issues)
@@ -41,25 +41,33 @@ def _value(cfg: DictConfig, key: str) -> Any:
     return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
 
 
+def tokenizer_key(cfg: DictConfig) -> str:
+    """The key naming the tokenizer dir the trainer uses (data.tokenizer, else
+    model.tokenizer_path, else model.path)."""
+    return next(k for k in _TOKENIZER_KEYS if _value(cfg, k) or k == _TOKENIZER_KEYS[-1])
+
+
 def load_tokenizer(cfg: DictConfig) -> tuple[Any, Issue | None]:
-    """The tokenizer the trainer uses (data.tokenizer, else model.tokenizer_path, else model.path)."""
-    key = next(k for k in _TOKENIZER_KEYS if _value(cfg, k) or k == _TOKENIZER_KEYS[-1])
+    """The tokenizer the trainer uses; it must have a chat template (prompts are chats)."""
+    key = tokenizer_key(cfg)
     path = os.path.expanduser(str(_value(cfg, key)))
+    fix = f"point {key} at a local HF dir with tokenizer files (tokenizer.json / tokenizer_config.json and a chat template)"
     try:
         from transformers import AutoTokenizer
 
         trust = bool(_value(cfg, "actor_rollout_ref.model.trust_remote_code"))
-        return AutoTokenizer.from_pretrained(path, trust_remote_code=trust), None
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust)
     except Exception as exc:  # transformers raises OSError / ValueError / KeyError ... for a bad dir
         first = (str(exc).strip().splitlines() or [""])[0][:300]
-        return None, Issue(
-            key, _value(cfg, key), f"cannot load a tokenizer from {path}: {type(exc).__name__}: {first}",
-            f"point {key} at a local HF dir with tokenizer files (tokenizer.json / tokenizer_config.json)",
-        )
+        return None, Issue(key, _value(cfg, key), f"cannot load a tokenizer from {path}: {type(exc).__name__}: {first}", fix)
+    if not getattr(tokenizer, "chat_template", None):
+        return None, Issue(key, _value(cfg, key), f"cannot load a tokenizer from {path}: it has no chat template", fix)
+    return tokenizer, None
 
 
-def data_issues(cfg: DictConfig, tokenizer: Any, split: str) -> list[Issue]:
-    """Build `split`'s dataloader as the trainer will; check every prompt's length."""
+def data_issues(cfg: DictConfig, tokenizer: Any, split: str, tokenizer_key: str = "data.tokenizer") -> list[Issue]:
+    """Build `split`'s dataloader as the trainer will; check every prompt's length.
+    tokenizer_key: the key the tokenizer came from (named in tokenizer problems)."""
     from megarl.data import DataError, RLDataset, create_dataloader
 
     files_key = f"data.{split}_files"
@@ -71,7 +79,7 @@ def data_issues(cfg: DictConfig, tokenizer: Any, split: str) -> list[Issue]:
         issues = _overlong(cfg, dataset, files_key)
         return issues + (_data_sources(cfg, dataset, files_key) if not issues else [])
     except DataError as exc:
-        key = exc.key or files_key
+        key = tokenizer_key if exc.key == "data.tokenizer" else exc.key or files_key
         problem = f"{exc.where}: {exc.problem}" if exc.where else exc.problem
         return [Issue(key, _value(cfg, key), problem, exc.fix or f"fix the data in {files_key}")]
 
@@ -114,7 +122,8 @@ def _data_sources(cfg: DictConfig, dataset: Any, files_key: str) -> list[Issue]:
     return [Issue(
         "custom_reward_function.path", None,
         f"{files_key} has data sources ({dataset.reward_fn_key} column) without a built-in scorer: {', '.join(unknown)}",
-        f"set custom_reward_function.path / name to your scoring function, or use a built-in data source: {', '.join(known_data_sources())}",
+        f"set custom_reward_function.path / name to your scoring function, or use a built-in data source "
+        f"({', '.join(known_data_sources()[:4])}, ...: megarl.reward.known_data_sources())",
     )]
 
 

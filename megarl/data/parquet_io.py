@@ -40,8 +40,9 @@ def read_parquet_table(
     try:
         table = pq.read_table(path)
     except (pa.ArrowException, OSError) as exc:
+        why = str(exc).replace(f" '{path}'", "").split(". ")[0]  # arrow repeats the path and adds advice
         raise DataError(
-            f"cannot read parquet ({type(exc).__name__}: {exc})", file=path, key=files_key,
+            f"cannot read parquet ({type(exc).__name__}: {why})", file=path, key=files_key,
             fix=f"re-create the file (e.g. pandas DataFrame.to_parquet) or remove it from {files_key}",
         ) from None
     if table.num_rows == 0:
