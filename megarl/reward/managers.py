@@ -11,12 +11,13 @@ list of length B (``score`` always; any extra keys a scorer returns in a dict).
   done by then score 0 and is counted in ``reward/timeouts``).
 * ``dapo``: per-row scores plus DAPO's overlong penalty (``reward_model.overlong_buffer``).
 
-A scorer that raises is reported with the row index and its data_source.
+A scorer that raises, or returns NaN/Inf, is reported with the row index and its data_source.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import math
 import multiprocessing
 import time
 from typing import Any, Callable
@@ -170,6 +171,10 @@ class RewardManager:
                 score, more = _split_result(result)
             except (TypeError, ValueError) as error:
                 raise self._fail(i, rows[i], error) from error
+            if not math.isfinite(score):
+                raise self._fail(i, rows[i], ValueError(
+                    f"score is {score}; a reward must be a finite number (fix the reward function, e.g. "
+                    "custom_reward_function.path, for this row)"))
             scores.append(score)
             for k, v in more.items():
                 extra.setdefault(k, [None] * len(results))[i] = v
