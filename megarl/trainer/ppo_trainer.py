@@ -306,6 +306,9 @@ class RayPPOTrainer:
             advantages, returns = compute_advantage(batch, cfg.algorithm)
             batch.batch["advantages"], batch.batch["returns"] = advantages, returns
 
+        # trainer.nan_policy: a NaN/Inf loss or grad norm stops the run naming this step and
+        # the phase, or (skip) drops that optimizer step (megarl.utils.nonfinite).
+        batch.meta_info.update(global_step=self.global_step, nan_policy=cfg.trainer.get("nan_policy", "stop"))
         if self.use_critic:
             with timed("update_critic", timings):
                 metrics.update(_mean_dicts(self.critic.call_dp("update_critic", batch, pad=False)))

@@ -33,6 +33,7 @@ from megarl.workers.megatron.schedule import broadcast_from_last_stage
 from megarl.workers.megatron.ppo_loop import (
     global_denominator,
     iterate_mini_batches,
+    NonFiniteCheck,
     mean_metrics,
     mini_batch_rows,
     reduce_micro_stats,
@@ -161,6 +162,11 @@ class ActorWorker:
         Returns metrics averaged over mini-batches: actor/pg_loss, pg_clipfrac,
         pg_clipfrac_lower, ppo_kl, entropy (when entropy_coeff != 0, as verl), kl_loss (when
         use_kl_loss), grad_norm, lr.
+
+        NaN/Inf loss or grad norm in a mini-batch step (never applied to the weights):
+        meta_info["nan_policy"] "stop" (default) raises NonFiniteError naming
+        meta_info["global_step"] and phase update_actor; "skip" drops that step and reports
+        actor/nonfinite_skipped_steps.
         """
         if self.role != "actor":
             raise RuntimeError("update_policy is only available for role='actor'")
@@ -188,10 +194,12 @@ class ActorWorker:
         work = DataProto.from_dict({**model_tensors, **tensors})
 
         rows = mini_batch_rows(actor.ppo_mini_batch_size, self.config.rollout.get("n", 1), len(work), "actor_rollout_ref.actor")
+        epochs = int(actor.get("ppo_epochs", 1))
+        nan_check = NonFiniteCheck(data.meta_info, "actor_rollout_ref.actor", "update_actor", epochs * (len(work) // rows))
         steps = []
         with self._onloaded():
             for index in iterate_mini_batches(
-                len(work), rows, actor.get("ppo_epochs", 1), actor.get("shuffle", False), actor.get("data_loader_seed", 0) or 0
+                len(work), rows, epochs, actor.get("shuffle", False), actor.get("data_loader_seed", 0) or 0
             ):
                 mini = work[index]
                 denominator = global_denominator(mini.batch["response_mask"])
@@ -230,9 +238,10 @@ class ActorWorker:
                 micro_stats, grad_norm, lr = self.engine.train_step(micro, loss_fn, fp32_output=False)
                 step = reduce_micro_stats(micro_stats, _SHARE_KEYS)
                 step.update({"actor/grad_norm": grad_norm, "actor/lr": lr})
-                steps.append(step)
+                if not nan_check.drop(step):
+                    steps.append(step)
         self.engine.step_scheduler()
-        return broadcast_from_last_stage(mean_metrics(steps))
+        return broadcast_from_last_stage({**mean_metrics(steps), **nan_check.metrics("actor")})
 
     # ------------------------------------------------------------------ weights / state
     def save_checkpoint(self, path: str, global_step: int = 0) -> None:

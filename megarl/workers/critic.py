@@ -25,6 +25,7 @@ from megarl.workers.megatron.engine import MegatronEngine, MicroBatchSpec
 from megarl.workers.megatron.inputs import to_response
 from megarl.workers.megatron.offload import Offloader
 from megarl.workers.megatron.ppo_loop import (
+    NonFiniteCheck,
     global_denominator,
     iterate_mini_batches,
     mean_metrics,
@@ -145,7 +146,8 @@ class CriticWorker:
 
         Input batch: input_ids/attention_mask/position_ids, responses, response_mask,
         values (old predictions), returns. Returns critic/vf_loss, vf_clipfrac, vpred_mean,
-        grad_norm, lr (averaged over mini-batches).
+        grad_norm, lr (averaged over mini-batches). NaN/Inf handling as ActorWorker.update_policy
+        (phase update_critic; critic/nonfinite_skipped_steps under nan_policy=skip).
         """
         cfg = self.config
         response_length = data.batch["responses"].shape[1]
@@ -161,10 +163,12 @@ class CriticWorker:
         model_tensors = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids", "responses")}
         work = DataProto.from_dict({**model_tensors, **tensors})
         rows = mini_batch_rows(cfg.ppo_mini_batch_size, self.rollout_n, len(work), "critic")
+        epochs = int(cfg.get("ppo_epochs", 1))
+        nan_check = NonFiniteCheck(data.meta_info, "critic", "update_critic", epochs * (len(work) // rows))
         steps = []
         with self.offloader.onloaded():
             for index in iterate_mini_batches(
-                len(work), rows, cfg.get("ppo_epochs", 1), cfg.get("shuffle", False), cfg.get("data_loader_seed", 0) or 0
+                len(work), rows, epochs, cfg.get("shuffle", False), cfg.get("data_loader_seed", 0) or 0
             ):
                 mini = work[index]
                 denominator = global_denominator(mini.batch["response_mask"])
@@ -185,9 +189,10 @@ class CriticWorker:
                 micro_stats, grad_norm, lr = self.engine.train_step(micro, loss_fn)
                 step = reduce_micro_stats(micro_stats, _SHARE_KEYS)
                 step.update({"critic/grad_norm": grad_norm, "critic/lr": lr})
-                steps.append(step)
+                if not nan_check.drop(step):
+                    steps.append(step)
         self.engine.step_scheduler()
-        return broadcast_from_last_stage(mean_metrics(steps))
+        return broadcast_from_last_stage({**mean_metrics(steps), **nan_check.metrics("critic")})
 
     def save_checkpoint(self, path: str, global_step: int = 0) -> None:
         contents = self.config.get("checkpoint", {}).get("save_contents", ["model", "optimizer", "extra"])

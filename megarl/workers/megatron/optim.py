@@ -5,11 +5,14 @@ lr_warmup_steps (-1 = lr_warmup_steps_ratio * total_training_steps), lr_warmup_s
 lr_decay_style (constant|linear|cosine), min_lr_ratio, weight_decay, betas, clip_grad,
 total_training_steps (set by the trainer; -1 = unknown, only `constant` decay allowed).
 `megatron.use_distributed_optimizer` shards optimizer state over DP (GPU only, see below).
+A non-finite gradient is never applied (`guard_nonfinite_grads`); the workers decide
+whether that stops the run (`trainer.nan_policy`, megarl.utils.nonfinite).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -17,7 +20,7 @@ import torch
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
-__all__ = ["build_optimizer", "build_scheduler", "apply_cpu_optimizer_compat"]
+__all__ = ["build_optimizer", "build_scheduler", "apply_cpu_optimizer_compat", "guard_nonfinite_grads"]
 
 logger = logging.getLogger(__name__)
 
@@ -116,10 +119,43 @@ def build_optimizer(
         params_dtype=dtype,
         use_distributed_optimizer=use_distributed_optimizer,
     )
-    optimizer = get_megatron_optimizer(config, list(chunks))
+    optimizer = guard_nonfinite_grads(get_megatron_optimizer(config, list(chunks)))
     for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
         if getattr(opt, "init_state_fn", None) is None and name == "sgd":
             opt.init_state_fn = _init_sgd_state  # needed to load an SGD checkpoint
+    return optimizer
+
+
+def guard_nonfinite_grads(optimizer):
+    """Make ``optimizer.step()`` skip (not apply) a step whose gradient norm is NaN/Inf.
+
+    Megatron skips a step only on an fp16 loss-scale overflow; in bf16/fp32 it would apply
+    NaN gradients and poison the weights. Here the grad norm (over the model-parallel
+    group; DP grads are already reduced, so every rank agrees) is checked after
+    ``prepare_grads``: non-finite -> ``step()`` returns ``(False, norm, None)`` with the
+    weights and optimizer state untouched. ``step()`` also returns the norm when
+    ``clip_grad`` is 0 (megatron returns None then), so callers always see it.
+    """
+    prepare, step = optimizer.prepare_grads, optimizer.step
+    last = {"norm": None}
+
+    def prepare_grads() -> bool:
+        last["norm"] = None
+        if prepare():  # fp16 loss-scale overflow: megatron's own skip
+            last["norm"] = float("nan")
+            return True
+        norm = float(optimizer.get_grad_norm())
+        last["norm"] = norm
+        return not math.isfinite(norm)
+
+    def guarded_step():
+        success, grad_norm, zeros = step()
+        if grad_norm is None:
+            grad_norm = last["norm"]
+        return success, grad_norm, zeros
+
+    optimizer.prepare_grads = prepare_grads
+    optimizer.step = guarded_step
     return optimizer
 
 

@@ -10,8 +10,10 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 
 from megarl.algorithms import GlobalDenominator
+from megarl.utils.nonfinite import DEFAULT_NAN_POLICY, check_update
 
-__all__ = ["mini_batch_rows", "iterate_mini_batches", "global_denominator", "reduce_micro_stats", "mean_metrics"]
+__all__ = ["mini_batch_rows", "iterate_mini_batches", "global_denominator", "reduce_micro_stats", "mean_metrics",
+           "NonFiniteCheck"]
 
 
 def mini_batch_rows(ppo_mini_batch_size: int, rollout_n: int, num_rows: int, prefix: str) -> int:
@@ -79,3 +81,31 @@ def mean_metrics(per_step: Sequence[dict[str, float]]) -> dict[str, float]:
         for key, value in step.items():
             acc[key].append(float(value))
     return {key: sum(v) / len(v) for key, v in acc.items()}
+
+
+class NonFiniteCheck:
+    """Per-update NaN/Inf bookkeeping (megarl.utils.nonfinite): ``drop(step_metrics)`` after each
+    mini-batch step raises under ``nan_policy=stop`` or returns True (dropped) under ``skip``.
+
+    Args:
+        meta_info: the update batch's meta_info (``nan_policy``, ``global_step`` from the trainer).
+        role: config prefix for messages; phase: trainer phase; num_mini_batches: steps this update.
+    """
+
+    def __init__(self, meta_info: dict, role: str, phase: str, num_mini_batches: int) -> None:
+        self.policy = str(meta_info.get("nan_policy", DEFAULT_NAN_POLICY))
+        self.global_step = meta_info.get("global_step")
+        self.role, self.phase, self.num = role, phase, num_mini_batches
+        self.seen = 0
+        self.skipped = 0
+
+    def drop(self, step_metrics: dict[str, float]) -> bool:
+        dropped = check_update(step_metrics, role=self.role, phase=self.phase, global_step=self.global_step,
+                               policy=self.policy, mini_batch=self.seen, num_mini_batches=self.num)
+        self.seen += 1
+        self.skipped += int(dropped)
+        return dropped
+
+    def metrics(self, prefix: str) -> dict[str, float]:
+        """``<prefix>/nonfinite_skipped_steps`` under ``skip`` (nothing under ``stop``)."""
+        return {f"{prefix}/nonfinite_skipped_steps": float(self.skipped)} if self.policy == "skip" else {}
