@@ -10,11 +10,18 @@ on 2 GPUs. Every variant ends by copying each delivered tensor into preallocated
 
 Variants (all collective over the 2 GPUs, timed with a device synchronize):
   export_per_tensor      megarl.models.export_hf_weights (one all_gather per tensor)
-  stream_in_process      weight_sync.stream_in_process over it (pack, checksum, unpack)
-  bucketed_<MiB>         weight_sync.tp_gather.export_hf_weights_bucketed
-  bucketed_stream        stream_in_process over the bucketed export
+  v1_bucketed_<MiB>      the previous bucketed export (benchmarks/_weight_sync_v1.py):
+                         cat-packed shards, one all_gather per bucket, per-tensor copies
+  gather_<MiB>           weight_sync.tp_gather.export_hf_weights_bucketed: grouped
+                         all_gathers in HF layout into one reused ring buffer of <MiB>
+  gather_<MiB>_dest      the same, tensors larger than the ring written in row chunks
+                         straight into the engine's buffer (``destinations``)
+  gather_stream          stream_in_process over gather_ (what the hybrid worker runs),
+                         with and without integrity checksums
   stream_broadcast       weight_sync.stream_broadcast: GPU 0 holds the full model and
                          sends it to GPU 1 (non-colocated rollout)
+Bitwise checks: before each, the engine buffers are filled with NaN.
+Checksum alone: words_checksum over 1 GiB, Triton kernel vs the torch fallback.
 References in the same run: one all_gather_into_tensor of the whole model (output GB/s),
 the same in bucket-sized pieces, and a 1 GiB broadcast.
 
@@ -108,8 +115,8 @@ def main() -> None:
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--shape", choices=["1.5b", "7b"], default="1.5b")
     p.add_argument("--bucket-mb", type=int, nargs="+", default=[128, 256, 512])
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--iters", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--iters", type=int, default=10)
     p.add_argument("--out", default="weight_sync_gpu.json")
     args = p.parse_args()
 
@@ -117,6 +124,8 @@ def main() -> None:
     from megarl.parallel import init_distributed
     from megarl.weight_sync import MegatronLayout, build_plan, stream_broadcast, stream_in_process
     from megarl.weight_sync.tp_gather import export_hf_weights_bucketed
+
+    from _weight_sync_v1 import export_hf_weights_bucketed_v1
 
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     init_distributed({"tensor_model_parallel_size": 2, "seed": 7}, device_type)
@@ -195,44 +204,53 @@ def main() -> None:
         for mb in args.bucket_mb
     }
     mb0 = 256 if 256 in plans else args.bucket_mb[0]
-    run("export_per_tensor_tp1", lambda: engine_tp1.load(export_hf_weights(chunks, hf)))
-    run(
-        f"stream_in_process_{mb0}MiB_check",
-        lambda: engine_tp1.load(stream_in_process(export_hf_weights(chunks, hf), plans[mb0], integrity_check=True)),
-        mb0 * 2**20,
-    )
-    run(
-        f"stream_in_process_{mb0}MiB_nocheck",
-        lambda: engine_tp1.load(stream_in_process(export_hf_weights(chunks, hf), plans[mb0], integrity_check=False)),
-        mb0 * 2**20,
-    )
-    for mb in args.bucket_mb:
-        run(
-            f"bucketed_{mb}MiB_tp1",
-            lambda mb=mb: engine_tp1.load(export_hf_weights_bucketed(chunks, hf, bucket_size_bytes=mb * 2**20)),
-            mb * 2**20,
-        )
-    results["checks"]["bucketed_bitwise_equal_to_export"] = all(
-        torch.equal(engine_tp1.tensors[n], reference[n]) for n in reference
-    )
-    run(
-        f"bucketed_{mb0}MiB_tp2",
-        lambda: engine_tp2.load(export_hf_weights_bucketed(chunks, hf, bucket_size_bytes=mb0 * 2**20)),
-        mb0 * 2**20,
-    )
-    results["checks"]["tp2_slices_equal"] = all(
-        torch.equal(engine_tp2.tensors[n], vllm_tp_slice(n, reference[n], rank % 2, 2)) for n in reference
-    )
-    run(
-        f"bucketed_stream_{mb0}MiB_nocheck",
-        lambda: engine_tp1.load(
-            stream_in_process(
-                export_hf_weights_bucketed(chunks, hf, bucket_size_bytes=mb0 * 2**20), plans[mb0], integrity_check=False
+    b0 = mb0 * 2**20
+
+    def checked(label, engine, fn, expected):
+        """Poison the engine buffers (NaN), run `fn` once, compare bitwise."""
+        for t in engine.tensors.values():
+            t.fill_(float("nan"))
+        fn()
+        sync(device)
+        results["checks"][label] = all(torch.equal(engine.tensors[n], expected(n)) for n in reference)
+
+    full_ref = reference.__getitem__
+    tp2_ref = lambda n: vllm_tp_slice(n, reference[n], rank % 2, 2)  # noqa: E731
+
+    def gather_tp1(mb, dest=False):
+        return lambda: engine_tp1.load(
+            export_hf_weights_bucketed(
+                chunks, hf, bucket_size_bytes=mb * 2**20, destinations=engine_tp1.tensors if dest else None
             )
-        ),
-        mb0 * 2**20,
-    )
-    run("export_per_tensor_tp2", lambda: engine_tp2.load(export_hf_weights(chunks, hf)))
+        )
+
+    run("export_per_tensor_tp1", lambda: engine_tp1.load(export_hf_weights(chunks, hf)))
+    v1 = lambda: engine_tp1.load(export_hf_weights_bucketed_v1(chunks, hf, bucket_size_bytes=b0))  # noqa: E731
+    run(f"v1_bucketed_{mb0}MiB_tp1", v1, b0)
+    checked("v1_bucketed_tp1_bitwise", engine_tp1, v1, full_ref)
+    for mb in args.bucket_mb:
+        run(f"gather_{mb}MiB_tp1", gather_tp1(mb), mb * 2**20)
+        run(f"gather_{mb}MiB_tp1_dest", gather_tp1(mb, dest=True), mb * 2**20)
+    checked("gather_tp1_bitwise", engine_tp1, gather_tp1(mb0), full_ref)
+    checked("gather_tp1_dest_bitwise", engine_tp1, gather_tp1(mb0, dest=True), full_ref)
+    small = max(1, min(args.bucket_mb) // 4)
+    checked(f"gather_{small}MiB_tp1_dest_bitwise", engine_tp1, gather_tp1(small, dest=True), full_ref)
+    g_tp2 = lambda: engine_tp2.load(export_hf_weights_bucketed(chunks, hf, bucket_size_bytes=b0))  # noqa: E731
+    run(f"gather_{mb0}MiB_tp2", g_tp2, b0)
+    checked("gather_tp2_slices_bitwise", engine_tp2, g_tp2, tp2_ref)
+    v1_tp2 = lambda: engine_tp2.load(export_hf_weights_bucketed_v1(chunks, hf, bucket_size_bytes=b0))  # noqa: E731
+    run(f"v1_bucketed_{mb0}MiB_tp2", v1_tp2, b0)
+
+    # What the colocated hybrid worker runs: the export through stream_in_process
+    # (repack into the plan's buckets; integrity_check = per-bucket checksums).
+    for check in (False, True):
+        fn = lambda check=check: engine_tp1.load(  # noqa: E731
+            stream_in_process(
+                export_hf_weights_bucketed(chunks, hf, bucket_size_bytes=b0), plans[mb0], integrity_check=check
+            )
+        )
+        run(f"gather_stream_{mb0}MiB_{'check' if check else 'nocheck'}", fn, 2 * b0)
+    checked("gather_stream_check_bitwise", engine_tp1, fn, full_ref)
 
     # Non-colocated: GPU 0 holds full tensors, broadcasts them to GPU 1.
     source = list(reference.items()) if rank == 0 else None
@@ -252,6 +270,23 @@ def main() -> None:
             mb0 * 2**20,
         )
     results["checks"]["broadcast_bitwise_equal"] = all(torch.equal(engine_tp1.tensors[n], reference[n]) for n in reference)
+
+    # Checksum alone: words_checksum over 1 GiB (Triton kernel vs the torch fallback).
+    from megarl.weight_sync.integrity import words_checksum
+
+    probe = torch.randint(-(2**31), 2**31 - 1, (min(2**30, full_bytes) // 4,), dtype=torch.int32, device=device)
+    results["checks"]["checksum_triton_equals_torch"] = bool(
+        torch.equal(words_checksum(probe, 12), words_checksum(probe, 12, use_triton=False))
+        and torch.equal(words_checksum(probe[1:], 8).cpu(), words_checksum(probe[1:].cpu(), 8))
+    )
+    for use_triton in (True, False):
+        times = time_it(lambda: words_checksum(probe, use_triton=use_triton), device, 2, 10)
+        t = median(times)
+        results["checksum"] = results.get("checksum", {})
+        results["checksum"]["triton" if use_triton else "torch"] = dict(
+            seconds_per_GiB=t * 2**30 / (probe.numel() * 4), gb_per_s=probe.numel() * 4 / t / 1e9
+        )
+    del probe
 
     raw = {r["label"]: r for r in results["runs"] if "gb_per_s" in r}
     raw_ag = raw.get("raw_all_gather_whole_model", {}).get("gb_per_s")
@@ -274,6 +309,7 @@ def main() -> None:
             f"{r['seconds_7b_equiv']:6.3f} {r['peak_extra_bytes'] / 2**20:10.1f}"
         )
     rank0_print(f"checks: {results['checks']}")
+    rank0_print(f"checksum alone: {results.get('checksum')}")
     dist.barrier()
     dist.destroy_process_group()
 

@@ -78,6 +78,11 @@ def weight_sync_bitwise(model_path: str, bucket_bytes: int, device: str = "cuda"
 
     per_tensor = to_cpu(export_hf_weights(chunks, hf_config))
     bucketed = to_cpu(export_hf_weights_bucketed(chunks, hf_config, bucket_size_bytes=bucket_bytes))
+    # A ring smaller than most tensors: row chunks into lent destinations / own buffers.
+    dest = {n: torch.full_like(t, float("nan"), device=device) for n, t in per_tensor.items()}
+    small = bucket_bytes // 8
+    bucketed_dest = to_cpu(export_hf_weights_bucketed(chunks, hf_config, bucket_size_bytes=small, destinations=dest))
+    bucketed_small = to_cpu(export_hf_weights_bucketed(chunks, hf_config, bucket_size_bytes=small))
     meta = [(n, tuple(t.shape), t.dtype) for n, t in per_tensor.items()]
     plan = build_plan(
         meta, layout=MegatronLayout.from_transformer_config(chunks[0].config), rollout_tp=1,
@@ -93,4 +98,5 @@ def weight_sync_bitwise(model_path: str, bucket_bytes: int, device: str = "cuda"
     broadcast = to_cpu(
         stream_broadcast(source, plan, src=0, group=dist.group.WORLD, device=device, integrity_check=True)
     )
-    return {"per_tensor": per_tensor, "bucketed": bucketed, "in_process": in_process, "broadcast": broadcast}
+    return {"per_tensor": per_tensor, "bucketed": bucketed, "bucketed_dest": bucketed_dest,
+            "bucketed_small": bucketed_small, "in_process": in_process, "broadcast": broadcast}

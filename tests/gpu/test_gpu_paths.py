@@ -92,6 +92,6 @@ def test_weight_sync_bitwise_on_gpu(tiny_model):
             dtype = r["per_tensor"][name].dtype
             assert dtype == torch.bfloat16 or (dtype == torch.float32 and "norm" in name), (name, dtype)
             expected = t.to(dtype)
-            for path in ("per_tensor", "bucketed", "in_process", "broadcast"):
+            for path in ("per_tensor", "bucketed", "bucketed_dest", "bucketed_small", "in_process", "broadcast"):
                 got = r[path][name]
                 assert got.dtype == dtype and torch.equal(got, expected), f"{path} {name} rank {rank}"
