@@ -202,6 +202,11 @@ CASES: tuple[Case, ...] = (
          ("needs pipeline_model_parallel_size > 1",)),
     Case("lengths_above_max_positions", ("data.max_response_length=200",), "data.max_response_length",
          ("exceeds the model's max_position_embeddings=128", "<= 128")),
+    Case("unknown_transformer_config_field", (f"+{M}.override_transformer_config.recompute_granularty=selective",),
+         f"{M}.override_transformer_config.recompute_granularty",
+         ("not a Megatron TransformerConfig field", "did you mean recompute_granularity")),
+    Case("unknown_vllm_engine_arg", (f"+{R}.engine_kwargs.vllm.swap_space=4",), f"{R}.engine_kwargs.vllm.swap_space",
+         ("not a vllm.LLM engine argument", f"remove {R}.engine_kwargs.vllm.swap_space")),
     # model directory
     Case("model_dir_missing", (f"{MODEL}={{dir}}/nope",), MODEL,
          ("model directory does not exist", "huggingface-cli download"), subprocess=True, readme=True),

@@ -116,7 +116,7 @@ def render_common_errors(rows: list[str]) -> str:
     return "\n".join([
         BEGIN,
         "What `python -m megarl.main_ppo` prints for the most common mistakes (each line is checked against",
-        f"`tests/bad_inputs_catalogue.py`, {len(CASES)} cases in all; `<dir>` stands for your path). Each",
+        "`tests/bad_inputs_catalogue.py`, which has many more; `<dir>` stands for your path). Each",
         "exits with code 2 before Ray starts and names the key, file or row.",
         "",
         "| Message (`megarl: invalid megarl config`) | Fix |",

@@ -64,3 +64,17 @@ def test_model_dir_without_safetensors(make, tmp_path):
     issue_for(make(), "actor_rollout_ref.model.path", "no *.safetensors")
     no_issues(make({"actor_rollout_ref.actor.megatron.use_dist_checkpointing": True,
                     "actor_rollout_ref.actor.megatron.dist_checkpointing_path": str(tmp_path)}))
+
+
+def test_override_transformer_config_fields_are_checked(make):
+    key = "actor_rollout_ref.actor.megatron.override_transformer_config"
+    no_issues(make({key: {"recompute_granularity": "selective"}}))
+    issue_for(make({key: {"recompute_granularty": "selective"}}), f"{key}.recompute_granularty",
+              "not a Megatron TransformerConfig field", "did you mean recompute_granularity")
+
+
+def test_vllm_engine_kwargs_are_checked(make):
+    key = "actor_rollout_ref.rollout.engine_kwargs.vllm"
+    no_issues(make({key: {"enable_prefix_caching": True, "seed": 3}}))  # an EngineArgs field, an LLM parameter
+    issue_for(make({key: {"enable_prefix_cache": True}}), f"{key}.enable_prefix_cache", "not a vllm.LLM engine argument",
+              "did you mean enable_prefix_caching")

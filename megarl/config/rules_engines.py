@@ -1,0 +1,68 @@
+"""Free-form pass-through mappings checked against the engines that receive them:
+`*.megatron.override_transformer_config` (Megatron's TransformerConfig fields) and
+`actor_rollout_ref.rollout.engine_kwargs.vllm` (vllm.LLM / EngineArgs arguments). An
+unknown name would otherwise fail inside a worker after Ray started.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import inspect
+from collections.abc import Iterable, Iterator
+
+from megarl.config.errors import Issue, no_value
+from megarl.config.roles import active_roles
+from megarl.config.view import Skip, View
+
+VLLM_KEY = "actor_rollout_ref.rollout.engine_kwargs.vllm"
+
+
+@functools.cache
+def transformer_config_fields() -> frozenset[str] | None:
+    try:
+        from megatron.core.transformer.transformer_config import TransformerConfig
+    except Exception:  # megatron not importable in this process: the worker checks
+        return None
+    return frozenset(f.name for f in dataclasses.fields(TransformerConfig))
+
+
+@functools.cache
+def vllm_engine_args() -> frozenset[str] | None:
+    """Arguments vllm.LLM accepts (its own parameters + EngineArgs fields); imports vLLM (seconds)."""
+    try:
+        from vllm import LLM
+        from vllm.engine.arg_utils import EngineArgs
+    except Exception:
+        return None
+    params = set(inspect.signature(LLM.__init__).parameters) - {"self", "kwargs"}
+    return frozenset(params | {f.name for f in dataclasses.fields(EngineArgs)})
+
+
+def _unknown(section: str, names: Iterable[str], known: frozenset[str], what: str) -> Iterator[Issue]:
+    for name in names:
+        if name in known:
+            continue
+        close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.7)
+        hint = f"did you mean {' or '.join(close)}? " if close else ""
+        yield Issue(f"{section}.{name}", no_value(), f"not a {what}", f"{hint}remove {section}.{name}")
+
+
+def engine_overrides(v: View) -> Iterator[Issue]:
+    seen: set[str] = set()
+    for role in active_roles(v):
+        key = f"{role.megatron}.override_transformer_config"
+        try:
+            overrides = v.get(key) or {}
+        except Skip:
+            continue
+        if overrides and key not in seen and (fields := transformer_config_fields()) is not None:
+            seen.add(key)
+            yield from _unknown(key, overrides, fields, "Megatron TransformerConfig field")
+    extra = v.get(VLLM_KEY) or {}
+    if extra and (known := vllm_engine_args()) is not None:
+        yield from _unknown(VLLM_KEY, extra, known, "vllm.LLM engine argument")
+
+
+RULES = (engine_overrides,)
