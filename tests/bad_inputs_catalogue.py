@@ -140,6 +140,8 @@ CASES: tuple[Case, ...] = (
          ("FSDP is not supported", "megatron", f"remove {A}.fsdp_config")),
     Case("override_syntax", ("data.train_batch_size=[16,",), "data.train_batch_size",
          ("cannot parse the command-line override", "lists as key=[a,b]"), subprocess=True),
+    Case("plus_on_existing_key", ("+data.train_batch_size=8",), "data.train_batch_size",
+         ("is already in the config; '+' only adds new keys", "drop the '+': data.train_batch_size=8")),
     # out of range
     Case("lr_negative", (f"{A}.optim.lr=-1e-6",), f"{A}.optim.lr", ("must be > 0", "a value > 0")),
     Case("n_zero", (f"{R}.n=0",), f"{R}.n", ("must be >= 1",)),
@@ -250,6 +252,9 @@ CASES: tuple[Case, ...] = (
     Case("data_source_without_scorer", ("data.train_files={dir}/train.parquet",), "custom_reward_function.path",
          ("without a built-in scorer: 'my_task' (first at", "row 5)", "set custom_reward_function.path / name"),
          setup=rows_file("train.parquet", lambda: [row(i, source="my_task" if i >= 5 else SOURCE) for i in range(20)]), readme=True),
+    Case("every_prompt_filtered_out", ("data.train_files={dir}/train.parquet", "data.filter_overlong_prompts=true"), "data.max_prompt_length",
+         ("data.filter_overlong_prompts dropped every row", "raise data.max_prompt_length"),
+         setup=rows_file("train.parquet", lambda: [row(i, LONG) for i in range(20)])),
     Case("train_batch_above_dataset", ("data.train_batch_size=2048",), "data.train_batch_size",
          ("exceeds the 1024 training prompts", "data.train_batch_size <= 1024")),
     Case("train_files_empty_list", ("data.train_files=[]",), "data.train_files", ("no files given",)),

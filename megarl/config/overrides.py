@@ -7,6 +7,7 @@ this gives the same did-you-mean as `validate_config` instead.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from megarl.config.errors import Issue, no_value
 from megarl.config.schema import MegaRLConfig
@@ -44,6 +45,12 @@ def check_override_keys(args: Sequence[str]) -> list[Issue]:
         syntax = _syntax_issue(arg)
         if syntax is not None:
             issues.append(syntax)
+            continue
+        if arg.startswith("+") and not arg.startswith("++") and "=" in arg:
+            key = arg[1:].split("=", 1)[0].strip()
+            tp = schema_type_at(MegaRLConfig, key)
+            if tp is not None and tp is not Any:  # a schema key (not inside a free-form mapping)
+                issues.append(Issue(key, no_value(), f"is already in the config; '+' only adds new keys ({arg!r})", f"drop the '+': {arg[1:]}"))
             continue
         if arg.startswith(("+", "~")) or "=" not in arg:
             continue
