@@ -115,9 +115,8 @@ def readme_row(issue: Issue, d: Path, demo: Path) -> str:
 def render_common_errors(rows: list[str]) -> str:
     return "\n".join([
         BEGIN,
-        "What `python -m megarl.main_ppo` prints for the most common mistakes (each line is checked against",
-        "`tests/bad_inputs_catalogue.py`, which has many more; `<dir>` stands for your path). Each",
-        "exits with code 2 before Ray starts and names the key, file or row.",
+        "Rendered from the cases of `tests/bad_inputs_catalogue.py` and checked by `tests/test_bad_inputs.py`",
+        "(`<dir>` stands for your path). `python -m megarl.main_ppo` prints these and exits with code 2.",
         "",
         "| Message (`megarl: invalid megarl config`) | Fix |",
         "|---|---|",
