@@ -25,11 +25,16 @@ def run_ppo(cfg: DictConfig) -> dict[str, Any]:
                  runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
         started = True
     trainer = RayPPOTrainer(cfg)
+    failed = True
     try:
         trainer.init_workers()
-        return trainer.fit()
+        result = trainer.fit()
+        failed = False
+        return result
     finally:
-        trainer.close()
+        # After a failure (a worker error or death, NaN stop, Ctrl-C) the workers are killed,
+        # not asked to shut down: a rank may wait forever in a collective with a dead peer.
+        trainer.close(graceful=not failed)
         timeline = cfg.get("ray_init", {}).get("timeline_json_file")
         if timeline:
             ray.timeline(filename=timeline)

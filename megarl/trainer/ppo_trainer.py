@@ -31,12 +31,14 @@ from megarl.protocol import DataProto
 from megarl.reward import build_reward_manager
 from megarl.trainer import checkpointing as ckpt
 from megarl.trainer.balance import balance_order
+from megarl.trainer.fault_points import pause_point
 from megarl.trainer.metrics import compute_data_metrics, num_tokens
 from megarl.trainer.resources import ResourcePool, create_resource_pool
 from megarl.trainer.worker_group import WorkerGroup
 from megarl.utils.timer import timed
 from megarl.utils.tracking import Tracking, dump_generations
 
+SHUTDOWN_TIMEOUT_S = 120.0
 ACTOR_CLS = "megarl.workers.hybrid:ActorRolloutRefWorker"
 CRITIC_CLS = "megarl.workers.critic:CriticWorker"
 _ENV_PREFIXES = ("VLLM_", "NCCL_", "MEGARL_", "HF_", "TORCH_", "GLOO_", "CUDA_DEVICE_MAX_CONNECTIONS", "OMP_NUM_THREADS",
@@ -172,13 +174,17 @@ class RayPPOTrainer:
             self.critic.call_all("init_model")
         self.actor.call_all("init_model")
 
-    def close(self) -> None:
+    def close(self, graceful: bool = True) -> None:
+        """Release workers, placement groups, loggers. ``graceful``: ask the actor group to shut
+        its engines down first (bounded by SHUTDOWN_TIMEOUT_S); after a failure the worker
+        processes are killed at once (ranks may be stuck in a collective with a dead peer)."""
         for group in (self.actor, self.critic):
             if group is not None:
-                try:
-                    group.call_all("shutdown") if group is self.actor else None
-                except Exception:
-                    pass
+                if graceful and group is self.actor:
+                    try:
+                        group.call_all_within(SHUTDOWN_TIMEOUT_S, "shutdown")
+                    except Exception as error:
+                        print(f"[megarl] {group.name}.shutdown: {error}", flush=True)
                 group.shutdown()
         if self.pool is not None:
             self.pool.release()
@@ -313,6 +319,7 @@ class RayPPOTrainer:
             with timed("update_critic", timings):
                 metrics.update(_mean_dicts(self.critic.call_dp("update_critic", batch, pad=False)))
         if self.global_step > int(cfg.trainer.get("critic_warmup", 0)):
+            pause_point("update_actor", self.global_step)
             with timed("update_actor", timings):
                 metrics.update(_mean_dicts(self.actor.call_dp("update_actor", batch, pad=False)))
 
@@ -393,6 +400,7 @@ class RayPPOTrainer:
         self.actor.call_all("save_checkpoint", str(path / "actor"), step)
         if self.critic is not None:
             self.critic.call_all("save_checkpoint", str(path / "critic"), step)
+        pause_point("save_checkpoint", step)
         ckpt.write_trainer_state(path, {
             "global_step": step,
             "dataloader": self.train_loader.state_dict(),

@@ -4,7 +4,9 @@
 MASTER_ADDR, MASTER_PORT, LOCAL_RANK) before it builds the worker, so the worker's
 ``init_model`` joins the group's own world. ``WorkerGroup`` calls a method on every rank
 and waits on all of them; the first rank that fails stops the call with that rank's
-traceback (``WorkerError``) instead of leaving the others hanging in a collective.
+traceback (``WorkerError``) instead of leaving the others hanging in a collective; a rank
+whose process dies (OOM kill, segfault, ``kill -9``) stops it the same way, naming the
+group, rank and pid with Ray's ActorDiedError report.
 """
 
 from __future__ import annotations
@@ -51,6 +53,10 @@ class WorkerHost:
 
             torch.set_num_threads(int(threads))
         self.worker: Any = None
+
+    def pid(self) -> int:
+        """This rank's process id (named in errors when the process dies)."""
+        return os.getpid()
 
     def address(self) -> tuple[str, int]:
         """(this node's IP, a free port on it): the rendezvous of the group's rank 0."""
@@ -147,6 +153,9 @@ class WorkerGroup:
                 master = self._get([host.address.remote()], "address", timeout=600)[0]
                 self._get([host.set_env.remote({"MASTER_ADDR": master[0], "MASTER_PORT": str(master[1])})], "set_env")
             self.hosts.append(host)
+        self.pids: list[int | None] = [None] * self.world_size
+        self.pids = self._get([h.pid.remote() for h in self.hosts], "pid")
+        print(f"[megarl] worker group {name}: rank pids {self.pids}", flush=True)
         self._get([h.build.remote(cls_path, tuple(args), dict(kwargs)) for h in self.hosts], "__init__")
         self._coords: list[RankCoords] | None = None
 
@@ -170,12 +179,24 @@ class WorkerGroup:
                     cause = error.cause if isinstance(getattr(error, "cause", None), BaseException) else error
                     raise WorkerError(f"{self.name}.{method}: {cause}") from None
                 except ray.exceptions.RayActorError as error:
-                    raise WorkerError(f"{self.name}.{method}: a worker process died: {error}") from None
+                    rank = refs.index(ref)
+                    raise WorkerError(
+                        f"{self.name} rank {rank} (pid {self._pid(rank)}): the worker process died during "
+                        f"{self.name}.{method} ({type(error).__name__}); the run stops. Ray's report:\n{error}"
+                    ) from None
         return ray.get(list(refs))
+
+    def _pid(self, rank: int) -> int | str:
+        pids = getattr(self, "pids", None)
+        return pids[rank] if pids and rank < len(pids) and pids[rank] is not None else "?"
 
     def call_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """``method(*args)`` on every rank with the same arguments; per-rank results."""
         return self._get([h.call.remote(method, *args, **kwargs) for h in self.hosts], method)
+
+    def call_all_within(self, timeout_s: float, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """``call_all`` with its own time limit (e.g. a bounded graceful shutdown)."""
+        return self._get([h.call.remote(method, *args, **kwargs) for h in self.hosts], method, timeout=timeout_s)
 
     def coords(self) -> list[RankCoords]:
         if self._coords is None:

@@ -1,0 +1,159 @@
+"""Run the real driver (`python -m megarl.main_ppo`) as a subprocess for fault tests.
+
+Each run gets its own process group (so ``kill -9`` of the group takes the driver and the
+Ray head processes it started: gcs, raylet, agents) and its own Ray temp dir
+(``RAY_TMPDIR``), so its Ray worker processes (children of its raylet, in their own
+sessions) can be found and killed by pid without touching anyone else's Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Deterministic tiny run (as tests/trainer/test_e2e_resume_tp.py): greedy REINFORCE++ with
+# n=1, scored by a hash of the text (the random policy never solves the demo task).
+REWARD_FILE = """
+def text_hash_score(data_source, solution_str, ground_truth, extra_info, scale=1.0):
+    return scale * ((sum(map(ord, solution_str)) + int(ground_truth)) % 10) / 10.0
+"""
+COMPARED = ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/grad_norm", "actor/ppo_kl",
+            "critic/advantages/max")
+
+
+def overrides(demo_dir: Path, run_dir: Path, extra: list[str]) -> list[str]:
+    reward = demo_dir / "hash_reward.py"
+    demo_dir.mkdir(parents=True, exist_ok=True)
+    if not reward.exists():
+        reward.write_text(REWARD_FILE)
+    return [
+        "trainer.device=cpu", "ray_init.num_cpus=2", "trainer.logger=[console]",
+        f"trainer.default_local_dir={run_dir}/ckpt", "trainer.val_before_train=false", "trainer.test_freq=-1",
+        "data.train_batch_size=4", "data.val_batch_size=16",
+        "algorithm.adv_estimator=reinforce_plus_plus", "actor_rollout_ref.rollout.n=1",
+        "actor_rollout_ref.rollout.do_sample=false",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+        f"custom_reward_function.path={reward}", "custom_reward_function.name=text_hash_score",
+        "+custom_reward_function.reward_kwargs.scale=2.0",
+        f"hydra.run.dir={run_dir}/hydra",
+        *extra,
+    ]
+
+
+class Driver:
+    """One `python -m megarl.main_ppo` process; output in ``<run_dir>/driver_<n>.log``."""
+
+    def __init__(self, demo_dir: Path, run_dir: Path, extra: list[str], env: dict[str, str] | None = None) -> None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        n = len(list(run_dir.glob("driver_*.log")))
+        self.log = run_dir / f"driver_{n}.log"
+        # short path: Ray's unix socket paths must stay under ~107 characters
+        self.ray_tmp = tempfile.mkdtemp(prefix="mrf", dir="/tmp")
+        full_env = {**os.environ, "MEGARL_DEMO_DIR": str(demo_dir), "RAY_TMPDIR": self.ray_tmp,
+                    "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+        full_env.pop("RAY_ADDRESS", None)
+        self.started = time.monotonic()
+        with open(self.log, "w") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "megarl.main_ppo", "--config-name=ppo_megatron_trainer",
+                 *overrides(demo_dir, run_dir, extra)],
+                cwd=run_dir, env=full_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_for(self, pattern: str, timeout: float = 300) -> re.Match:
+        """Hang guard: the first match of ``pattern`` in the output (fails if the driver exits first)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            match = re.search(pattern, self.text())
+            if match:
+                return match
+            if self.proc.poll() is not None:
+                raise AssertionError(f"driver exited ({self.proc.returncode}) before {pattern!r}:\n{self.text()[-4000:]}")
+            time.sleep(0.2)
+        raise AssertionError(f"no {pattern!r} within {timeout} s:\n{self.text()[-4000:]}")
+
+    def wait(self, timeout: float = 600) -> int:
+        """Hang guard: the exit code."""
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"driver did not exit within {timeout} s:\n{self.text()[-4000:]}") from None
+
+    # ------------------------------------------------------------------ processes
+    def ray_pids(self) -> list[int]:
+        """Processes of this run's Ray: command line naming its temp dir, and their descendants."""
+        procs = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            procs[int(entry.name)] = (ppid, cmd)
+        ours = {pid for pid, (_, cmd) in procs.items() if self.ray_tmp in cmd}
+        grew = True
+        while grew:
+            children = {pid for pid, (ppid, _) in procs.items() if ppid in ours} - ours
+            grew = bool(children)
+            ours |= children
+        return sorted(ours)
+
+    def kill(self) -> list[int]:
+        """``kill -9`` the driver's process group, then any remaining process of its Ray.
+        Returns the pids of this run's Ray that were alive before the kill."""
+        before = self.ray_pids()
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=60)
+        for pid in sorted(set(before) | set(self.ray_pids())):  # workers re-parented to init are in `before`
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return before
+
+
+def alive(pids: list[int], grace_s: float = 30) -> list[int]:
+    """Those of ``pids`` still running after up to ``grace_s`` (zombies count as gone)."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        left = _running(pids)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)
+
+
+def _running(pids: list[int]) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            out.append(pid)
+    return out
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    """metrics.jsonl records in file order."""
+    path = run_dir / "ckpt" / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
