@@ -85,6 +85,7 @@ def test_case_fails_before_workers(case: Case, demo: Path, tmp_path: Path):
 SUBPROCESS = [c for c in CASES if c.subprocess]
 
 
+@pytest.mark.slow  # one python -m megarl.main_ppo process each (5-15 s)
 @pytest.mark.parametrize("case", SUBPROCESS, ids=[c.id for c in SUBPROCESS])
 def test_case_through_the_command_line(case: Case, demo: Path, tmp_path: Path):
     args = case_args(case, tmp_path, demo)
