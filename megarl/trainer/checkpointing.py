@@ -7,14 +7,14 @@ pruned. Resume reads only what the tracker names, so a crash before (4) resumes 
 previous complete checkpoint.
 
 ``trainer.pt`` holds only tensors and plain Python values (numpy's RNG key is stored as a
-tensor) and is read with ``torch.load(weights_only=True)``: a tampered file cannot run code
-on load, it is refused with ``UnsafeCheckpointError``.
+tensor) and is read with ``torch.load(weights_only=True)``; the workers' dist checkpoints are
+checked the same way on the controller before a worker loads them (``verify_components``).
+A tampered file cannot run code on load: it is refused with ``UnsafeCheckpointError``.
 """
 
 from __future__ import annotations
 
 import os
-import pickle
 import random
 import shutil
 from pathlib import Path
@@ -24,12 +24,12 @@ import numpy as np
 import torch
 
 from megarl.utils.checkpoint import find_latest, prune, read_tracker, step_dir, step_of, write_tracker
+from megarl.utils.safe_checkpoint import UnsafeCheckpointError, safe_torch_load, verify_dist_checkpoint
+
+__all__ = ["UnsafeCheckpointError", "begin_save", "finish_save", "read_trainer_state", "resume_dir", "rng_state",
+           "set_rng_state", "verify_components", "write_trainer_state"]
 
 TRAINER_STATE = "trainer.pt"
-
-
-class UnsafeCheckpointError(RuntimeError):
-    """A checkpoint file holds something other than tensors and plain values (refused, not run)."""
 
 
 def rng_state() -> dict[str, Any]:
@@ -46,7 +46,10 @@ def rng_state() -> dict[str, Any]:
 def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     n = state["numpy"]
-    np.random.set_state((n["name"], n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    if isinstance(n, tuple):  # trainer.pt written before the key was stored as a tensor
+        np.random.set_state(n)
+    else:
+        np.random.set_state((n["name"], n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
     torch.set_rng_state(state["torch"])
 
 
@@ -76,14 +79,16 @@ def read_trainer_state(path: Path) -> dict[str, Any]:
     file = path / TRAINER_STATE
     if not file.exists():
         raise FileNotFoundError(f"{path} is not a complete megarl checkpoint: {TRAINER_STATE} is missing")
-    try:
-        return torch.load(file, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as error:
-        raise UnsafeCheckpointError(
-            f"{file}: refused to load: it holds Python objects other than tensors and plain values, which "
-            f"could run code when unpickled ({error}). megarl never writes such a {TRAINER_STATE}; use a "
-            "checkpoint written by megarl (trainer.default_local_dir / trainer.resume_from_path)"
-        ) from None
+    return safe_torch_load(str(file), "the trainer state", str(file))
+
+
+def verify_components(path: Path, components: tuple[str, ...] = ("actor", "critic")) -> None:
+    """Check the workers' dist checkpoints under ``path`` before any worker loads them
+    (megarl.utils.safe_checkpoint: nothing in them may run code when unpickled)."""
+    for component in components:
+        ckpt_dir = path / component / "dist_ckpt"
+        if ckpt_dir.is_dir():
+            verify_dist_checkpoint(str(ckpt_dir))
 
 
 def resume_dir(mode: str, root: str, resume_from_path: str | None) -> Path | None:

@@ -97,6 +97,22 @@ def _reject_unimplemented(cfg: DictConfig) -> None:
         raise ConfigError(issues)
 
 
+def _verify_initial_dist_checkpoints(cfg: DictConfig) -> None:
+    """``megatron.use_dist_checkpointing`` initial weights (actor, ref, critic): refuse, before any
+    worker loads them, a checkpoint that would run code when unpickled (megarl.utils.safe_checkpoint)."""
+    from megarl.utils.safe_checkpoint import verify_dist_checkpoint
+
+    nodes = [cfg.actor_rollout_ref.actor.megatron, cfg.actor_rollout_ref.ref.megatron]
+    if need_critic(cfg):
+        nodes.append(cfg.critic.megatron)
+    for node in nodes:
+        path = node.get("dist_checkpointing_path") if node.get("use_dist_checkpointing", False) else None
+        if path:
+            path = os.path.expanduser(str(path))
+            inner = os.path.join(path, "dist_ckpt")
+            verify_dist_checkpoint(inner if os.path.isdir(inner) else path)
+
+
 class RayPPOTrainer:
     """Builds the data, reward, worker groups and loggers of ``cfg`` (validated and resolved);
     ``fit()`` trains. ``close()`` releases the workers."""
@@ -150,6 +166,7 @@ class RayPPOTrainer:
     def init_workers(self) -> None:
         """Placement groups, then the colocated actor/rollout/ref group and the critic group."""
         cfg = self.cfg
+        _verify_initial_dist_checkpoints(cfg)
         self.device = resolve_device(cfg)
         use_gpu = self.device == "cuda"
         nnodes, per_node = int(cfg.trainer.nnodes), int(cfg.trainer.n_gpus_per_node)
@@ -416,6 +433,7 @@ class RayPPOTrainer:
         if path is None:
             return
         state = ckpt.read_trainer_state(path)
+        ckpt.verify_components(path)  # nothing a worker loads may run code when unpickled
         self.actor.call_all("load_checkpoint", str(path / "actor"))
         if self.critic is not None:
             if not (path / "critic").exists():

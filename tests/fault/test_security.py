@@ -152,3 +152,66 @@ def test_custom_reward_code_is_loaded_only_from_the_configured_path(tmp_path, mo
     chosen.write_text(REWARD.format(score=0.25))
     fn = load_reward_fn(OmegaConf.create({"path": str(chosen), "name": "compute_score"}))
     assert fn("x", "y", "z") == 0.25 and not (tmp_path / "ran").exists()
+
+
+def _dcp_save(directory: Path, state: dict) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(state, checkpoint_id=str(directory), no_dist=True)
+
+
+def test_clean_dist_checkpoint_passes_and_loads(tmp_path):
+    from megarl.utils.safe_checkpoint import verify_dist_checkpoint
+
+    np.random.seed(0)
+    _dcp_save(tmp_path, {"w": torch.arange(6.0), "rng": {"numpy": np.random.get_state(), "python": random.getstate()}})
+    verify_dist_checkpoint(str(tmp_path))
+    # the reference: torch's own (unrestricted) loader reads the same checkpoint
+    import torch.distributed.checkpoint as dcp
+
+    target = {"w": torch.zeros(6), "rng": {"numpy": None, "python": None}}
+    dcp.load(target, checkpoint_id=str(tmp_path), no_dist=True)
+    assert torch.equal(target["w"], torch.arange(6.0)) and target["rng"]["numpy"][0] == "MT19937"
+
+
+def test_dist_checkpoint_with_pickled_payload_item_is_refused(tmp_path):
+    from megarl.utils.safe_checkpoint import UnsafeCheckpointError, verify_dist_checkpoint
+
+    marker = tmp_path / "pwned"
+    ckpt_dir = tmp_path / "dist_ckpt"
+    _dcp_save(ckpt_dir, {"w": torch.ones(2), "rng_state": _Evil(str(marker))})
+    with pytest.raises(UnsafeCheckpointError, match=r"refused to load item 'rng_state'") as info:
+        verify_dist_checkpoint(str(ckpt_dir))
+    assert ".distcp" in str(info.value) and not marker.exists()
+    # the reference: torch's loader would run it
+    import torch.distributed.checkpoint as dcp
+
+    dcp.load({"w": torch.zeros(2), "rng_state": None}, checkpoint_id=str(ckpt_dir), no_dist=True)
+    assert marker.exists()
+
+
+def test_dist_checkpoint_with_pickled_payload_index_is_refused(tmp_path):
+    import pickle
+
+    from megarl.utils.safe_checkpoint import UnsafeCheckpointError, verify_dist_checkpoint
+
+    marker = tmp_path / "pwned"
+    _dcp_save(tmp_path, {"w": torch.ones(2)})
+    (tmp_path / ".metadata").write_bytes(pickle.dumps(_Evil(str(marker))))
+    with pytest.raises(UnsafeCheckpointError, match=r"\.metadata: refused to load the checkpoint index.*open is not part"):
+        verify_dist_checkpoint(str(tmp_path))
+    assert not marker.exists()
+
+
+def test_resume_verifies_worker_checkpoints_before_loading(tmp_path):
+    """trainer.load_checkpoint's check (checkpointing.verify_components) covers actor/ and critic/."""
+    from megarl.utils.safe_checkpoint import UnsafeCheckpointError
+
+    marker = tmp_path / "pwned"
+    step = tmp_path / "global_step_1"
+    _dcp_save(step / "actor" / "dist_ckpt", {"w": torch.ones(2)})
+    _dcp_save(step / "critic" / "dist_ckpt", {"w": torch.ones(2), "extra": _Evil(str(marker))})
+    with pytest.raises(UnsafeCheckpointError, match="critic"):
+        ckpt.verify_components(step)
+    assert not marker.exists()
+    ckpt.verify_components(step, ("actor",))
