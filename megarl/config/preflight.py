@@ -80,8 +80,13 @@ def data_issues(cfg: DictConfig, tokenizer: Any, split: str, tokenizer_key: str 
         return issues + (_data_sources(cfg, dataset, files_key) if not issues else [])
     except DataError as exc:
         key = tokenizer_key if exc.key == "data.tokenizer" else exc.key or files_key
-        problem = f"{exc.where}: {exc.problem}" if exc.where else exc.problem
-        return [Issue(key, _value(cfg, key), problem, exc.fix or f"fix the data in {files_key}")]
+        value = _value(cfg, key)
+        where = exc.where
+        if exc.file is not None and value == exc.file:  # the value shown already names the file
+            where = ", ".join(p for p in (None if exc.row is None else f"row {exc.row}",
+                                          None if exc.column is None else f"column {exc.column!r}") if p)
+        problem = f"{where}: {exc.problem}" if where else exc.problem
+        return [Issue(key, value, problem, exc.fix or f"fix the data in {files_key}")]
 
 
 def _overlong(cfg: DictConfig, dataset: Any, files_key: str) -> list[Issue]:
