@@ -238,7 +238,7 @@ class ActorWorker:
                 micro_stats, grad_norm, lr = self.engine.train_step(micro, loss_fn, fp32_output=False)
                 step = reduce_micro_stats(micro_stats, _SHARE_KEYS)
                 step.update({"actor/grad_norm": grad_norm, "actor/lr": lr})
-                if not nan_check.drop(step):
+                if not nan_check.drop(step, self.engine.optimizer):
                     steps.append(step)
         self.engine.step_scheduler()
         return broadcast_from_last_stage({**mean_metrics(steps), **nan_check.metrics("actor")})

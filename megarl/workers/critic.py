@@ -189,7 +189,7 @@ class CriticWorker:
                 micro_stats, grad_norm, lr = self.engine.train_step(micro, loss_fn)
                 step = reduce_micro_stats(micro_stats, _SHARE_KEYS)
                 step.update({"critic/grad_norm": grad_norm, "critic/lr": lr})
-                if not nan_check.drop(step):
+                if not nan_check.drop(step, self.engine.optimizer):
                     steps.append(step)
         self.engine.step_scheduler()
         return broadcast_from_last_stage({**mean_metrics(steps), **nan_check.metrics("critic")})

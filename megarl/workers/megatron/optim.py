@@ -135,14 +135,16 @@ def guard_nonfinite_grads(optimizer):
     ``prepare_grads``: non-finite -> ``step()`` returns ``(False, norm, None)`` with the
     weights and optimizer state untouched. ``step()`` also returns the norm when
     ``clip_grad`` is 0 (megatron returns None then), so callers always see it.
+    ``optimizer.megarl_last_step["scaler_overflow"]`` tells an fp16 loss-scale overflow
+    (a normal skip while the scale adapts) from a non-finite gradient.
     """
     prepare, step = optimizer.prepare_grads, optimizer.step
-    last = {"norm": None}
+    last = {"norm": None, "scaler_overflow": False}
 
     def prepare_grads() -> bool:
-        last["norm"] = None
-        if prepare():  # fp16 loss-scale overflow: megatron's own skip
-            last["norm"] = float("nan")
+        last["norm"], last["scaler_overflow"] = None, False
+        if prepare():  # fp16 loss-scale overflow: megatron's own skip (the scaler backs off)
+            last["norm"], last["scaler_overflow"] = float("nan"), True
             return True
         norm = float(optimizer.get_grad_norm())
         last["norm"] = norm
@@ -156,6 +158,7 @@ def guard_nonfinite_grads(optimizer):
 
     optimizer.prepare_grads = prepare_grads
     optimizer.step = guarded_step
+    optimizer.megarl_last_step = last  # {"norm", "scaler_overflow"} of the latest step()
     return optimizer
 
 

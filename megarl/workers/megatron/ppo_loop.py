@@ -99,13 +99,22 @@ class NonFiniteCheck:
         self.seen = 0
         self.skipped = 0
 
-    def drop(self, step_metrics: dict[str, float]) -> bool:
-        dropped = check_update(step_metrics, role=self.role, phase=self.phase, global_step=self.global_step,
+    def drop(self, step_metrics: dict[str, float], optimizer=None) -> bool:
+        """``optimizer``: the engine's (guarded) optimizer; an fp16 loss-scale overflow there is
+        megatron's normal skip, so only the losses are checked against the policy then."""
+        last = getattr(optimizer, "megarl_last_step", None) or {}
+        checked = dict(step_metrics)
+        if last.get("scaler_overflow"):
+            checked = {k: v for k, v in checked.items() if not k.endswith("/grad_norm")}
+        dropped = check_update(checked, role=self.role, phase=self.phase, global_step=self.global_step,
                                policy=self.policy, mini_batch=self.seen, num_mini_batches=self.num)
+        dropped = dropped or bool(last.get("scaler_overflow"))
         self.seen += 1
         self.skipped += int(dropped)
         return dropped
 
     def metrics(self, prefix: str) -> dict[str, float]:
-        """``<prefix>/nonfinite_skipped_steps`` under ``skip`` (nothing under ``stop``)."""
-        return {f"{prefix}/nonfinite_skipped_steps": float(self.skipped)} if self.policy == "skip" else {}
+        """``<prefix>/nonfinite_skipped_steps`` under ``skip`` or when fp16 overflows skipped steps."""
+        if self.policy == "skip" or self.skipped:
+            return {f"{prefix}/nonfinite_skipped_steps": float(self.skipped)}
+        return {}
