@@ -209,6 +209,14 @@ CASES: tuple[Case, ...] = (
          ("not a Megatron TransformerConfig field", "did you mean recompute_granularity")),
     Case("unknown_vllm_engine_arg", (f"+{R}.engine_kwargs.vllm.swap_space=4",), f"{R}.engine_kwargs.vllm.swap_space",
          ("not a vllm.LLM engine argument", f"remove {R}.engine_kwargs.vllm.swap_space")),
+    # the local machine (no RAY_ADDRESS): slots that a one-node Ray cannot place
+    Case("nnodes_without_cluster", ("trainer.nnodes=2",), "trainer.nnodes",
+         ("a local Ray (RAY_ADDRESS is not set) has one node", "export RAY_ADDRESS")),
+    Case("more_gpus_than_the_machine", ("trainer.device=cuda", "trainer.n_gpus_per_node=64", f"{A}.ppo_micro_batch_size_per_gpu=1"),
+         "trainer.n_gpus_per_node", ("CUDA GPU(s) (trainer.device=cuda)", "set trainer.n_gpus_per_node <=")),
+    Case("more_cpu_ranks_than_cpus", ("trainer.device=cpu", "ray_init.num_cpus=2", "trainer.n_gpus_per_node=8",
+                                      f"{A}.ppo_micro_batch_size_per_gpu=8"),
+         "trainer.n_gpus_per_node", ("8 CPU ranks reserve 4 CPUs (0.5 each) but ray_init.num_cpus has 2", "<= 4")),
     # model directory
     Case("model_dir_missing", (f"{MODEL}={{dir}}/nope",), MODEL,
          ("model directory does not exist", "huggingface-cli download"), subprocess=True, readme=True),

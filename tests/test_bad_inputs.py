@@ -38,6 +38,7 @@ def demo(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("demo")
     mp = pytest.MonkeyPatch()
     mp.setenv("MEGARL_DEMO_DIR", str(root))
+    mp.delenv("RAY_ADDRESS", raising=False)  # a local Ray is what the cluster cases assume
     ensure_demo_assets(load_config())
     yield root
     mp.undo()
@@ -89,7 +90,7 @@ SUBPROCESS = [c for c in CASES if c.subprocess]
 @pytest.mark.parametrize("case", SUBPROCESS, ids=[c.id for c in SUBPROCESS])
 def test_case_through_the_command_line(case: Case, demo: Path, tmp_path: Path):
     args = case_args(case, tmp_path, demo)
-    env = {**os.environ, "MEGARL_DEMO_DIR": str(demo), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "MEGARL_DEMO_DIR": str(demo), "OMP_NUM_THREADS": "1"}  # (RAY_ADDRESS unset by `demo`)
     proc = subprocess.run(
         [sys.executable, "-m", "megarl.main_ppo", "--config-name=ppo_megatron_trainer", *args,
          f"hydra.run.dir={tmp_path / 'hydra'}"],
