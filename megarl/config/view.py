@@ -8,6 +8,12 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 
+def value_at(cfg: DictConfig, key: str) -> Any:
+    """The plain (resolved, container-free) value at dotted `key`; None when absent."""
+    value = OmegaConf.select(cfg, key, default=None)
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+
 class Skip(Exception):
     """A rule needs a key that is already reported as bad: skip the rule."""
 
