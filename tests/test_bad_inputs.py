@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from omegaconf import DictConfig
 
-from bad_inputs_catalogue import CASES, Case
+from bad_inputs_catalogue import BASE_ARGS, CASES, Case
 from megarl.config import ConfigError, Issue, check_override_keys, load_config
 from megarl.main_ppo import prepare
 
@@ -55,7 +55,9 @@ def run_user_path(args: list[str]) -> DictConfig:
 def case_args(case: Case, d: Path, demo: Path) -> list[str]:
     if case.setup is not None:
         case.setup(d, demo)
-    return [a.format(dir=d, demo=demo) for a in case.args]
+    own = {a.lstrip("+").split("=", 1)[0] for a in case.args}
+    base = [a for a in BASE_ARGS if a.split("=", 1)[0] not in own]
+    return base + [a.format(dir=d, demo=demo) for a in case.args]
 
 
 def matching_issue(error: ConfigError, case: Case) -> Issue:
