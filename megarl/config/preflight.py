@@ -43,7 +43,8 @@ def tokenizer_key(cfg: DictConfig) -> str:
 
 
 def load_tokenizer(cfg: DictConfig) -> tuple[Any, Issue | None]:
-    """The tokenizer the trainer uses; it must have a chat template (prompts are chats)."""
+    """The tokenizer the trainer uses; it must have a chat template unless a custom dataset
+    class (data.custom_cls) does its own tokenizing (megarl's RLDataset renders chats)."""
     key = tokenizer_key(cfg)
     path = os.path.expanduser(str(value_at(cfg, key)))
     fix = f"point {key} at a local HF dir with tokenizer files (tokenizer.json / tokenizer_config.json and a chat template)"
@@ -55,7 +56,7 @@ def load_tokenizer(cfg: DictConfig) -> tuple[Any, Issue | None]:
     except Exception as exc:  # transformers raises OSError / ValueError / KeyError ... for a bad dir
         first = (str(exc).strip().splitlines() or [""])[0][:300]
         return None, Issue(key, value_at(cfg, key), f"cannot load a tokenizer from {path}: {type(exc).__name__}: {first}", fix)
-    if not getattr(tokenizer, "chat_template", None):
+    if not getattr(tokenizer, "chat_template", None) and not value_at(cfg, "data.custom_cls.path"):  # RLDataset renders chats
         return None, Issue(key, value_at(cfg, key), f"cannot load a tokenizer from {path}: it has no chat template", fix)
     return tokenizer, None
 
