@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -80,17 +81,22 @@ class Driver:
             if match:
                 return match
             if self.proc.poll() is not None:
+                self.kill()
                 raise AssertionError(f"driver exited ({self.proc.returncode}) before {pattern!r}:\n{self.text()[-4000:]}")
             time.sleep(0.2)
+        self.kill()
         raise AssertionError(f"no {pattern!r} within {timeout} s:\n{self.text()[-4000:]}")
 
     def wait(self, timeout: float = 600) -> int:
         """Hang guard: the exit code."""
         try:
-            return self.proc.wait(timeout=timeout)
+            code = self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.kill()
             raise AssertionError(f"driver did not exit within {timeout} s:\n{self.text()[-4000:]}") from None
+        if not self.ray_pids():
+            shutil.rmtree(self.ray_tmp, ignore_errors=True)
+        return code
 
     # ------------------------------------------------------------------ processes
     def ray_pids(self) -> list[int]:
@@ -122,12 +128,14 @@ class Driver:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        self.proc.wait(timeout=60)
+        if self.proc.poll() is None:
+            self.proc.wait(timeout=60)
         for pid in sorted(set(before) | set(self.ray_pids())):  # workers re-parented to init are in `before`
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        shutil.rmtree(self.ray_tmp, ignore_errors=True)
         return before
 
 
