@@ -76,12 +76,11 @@ def test_ppo_gae_critic_kl_in_reward_warmup(demo_dir, tmp_path):
 
 
 def test_unimplemented_features_are_config_errors(demo_dir, tmp_path):
+    """Validation (run by demo_config, as by main_ppo) refuses it before any trainer exists."""
     from megarl.config import ConfigError
-    from megarl.trainer.ppo_trainer import RayPPOTrainer
 
-    cfg = demo_config(demo_dir, tmp_path, ["actor_rollout_ref.rollout.multi_turn.enable=true"])
     with pytest.raises(ConfigError, match="multi_turn.enable"):
-        RayPPOTrainer(cfg)
+        demo_config(demo_dir, tmp_path, ["actor_rollout_ref.rollout.multi_turn.enable=true"])
 
 
 def test_grpo_async_reward_and_dapo_filter_groups(demo_dir, tmp_path):
