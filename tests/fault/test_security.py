@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import random
 from pathlib import Path
 
@@ -120,7 +119,7 @@ def _evil_tokenizer_dir(root: Path, marker: Path) -> Path:
 
 
 @pytest.mark.parametrize("trust", [False, True])
-def test_preflight_tokenizer_runs_model_code_only_with_trust_remote_code(tmp_path, trust):
+def test_preflight_tokenizer_runs_model_code_only_with_trust_remote_code(tmp_path, monkeypatch, trust):
     from megarl.config.preflight import load_tokenizer
 
     marker = tmp_path / "ran"
@@ -128,7 +127,7 @@ def test_preflight_tokenizer_runs_model_code_only_with_trust_remote_code(tmp_pat
     cfg = OmegaConf.load(CONFIG)
     cfg.data.tokenizer = str(model)
     cfg.actor_rollout_ref.model.trust_remote_code = trust
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     load_tokenizer(cfg)  # fails either way (the custom class is a stub), reported as an issue
     assert marker.exists() is trust  # the reference: the code does run when allowed
 
