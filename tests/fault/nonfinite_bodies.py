@@ -57,6 +57,13 @@ def nonfinite_updates(model_path: str, batch: dict) -> dict:
     out["initial_weights"] = before
     del reference
 
+    poisoned_weight = ActorWorker(cfg, "actor", device="cpu")
+    poisoned_weight.init_model()
+    with torch.no_grad():
+        next(p for n, p in poisoned_weight.engine.unwrapped_chunks()[0].named_parameters() if "linear_fc1" in n)[0, 0] = float("inf")
+    out["weight_error"] = _error(lambda: poisoned_weight.update_policy(_data(batch, global_step=9)))
+    del poisoned_weight
+
     critic = CriticWorker(critic_config(model_path, megatron_node(), optim={
         "optimizer": "sgd", "lr": 0.5, "lr_warmup_steps": -1, "lr_decay_style": "constant", "weight_decay": 0.0,
         "betas": [0.9, 0.999], "clip_grad": 0.0, "total_training_steps": -1}), device="cpu")

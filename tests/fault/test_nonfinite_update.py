@@ -54,3 +54,9 @@ def test_critic_reports_grad_norm_without_clipping_and_stops_on_inf(result):
     error = result["critic_error"]
     assert error is not None and "critic:" in error and "global step 7" in error and "phase update_critic" in error
     assert "critic/grad_norm=" in error
+
+
+def test_inf_weight_stops_the_actor_update(result):
+    error = result["weight_error"]
+    assert error is not None and "global step 9" in error and "phase update_actor" in error
+    assert "mini-batch 1 of 2" in error and "actor/pg_loss=nan" in error
