@@ -153,8 +153,7 @@ class WorkerGroup:
                 master = self._get([host.address.remote()], "address", timeout=600)[0]
                 self._get([host.set_env.remote({"MASTER_ADDR": master[0], "MASTER_PORT": str(master[1])})], "set_env")
             self.hosts.append(host)
-        self.pids: list[int | None] = [None] * self.world_size
-        self.pids = self._get([h.pid.remote() for h in self.hosts], "pid")
+        self.pids: list[int] = self._get([h.pid.remote() for h in self.hosts], "pid")
         print(f"[megarl] worker group {name}: rank pids {self.pids}", flush=True)
         self._get([h.build.remote(cls_path, tuple(args), dict(kwargs)) for h in self.hosts], "__init__")
         self._coords: list[RankCoords] | None = None
@@ -187,8 +186,9 @@ class WorkerGroup:
         return ray.get(list(refs))
 
     def _pid(self, rank: int) -> int | str:
-        pids = getattr(self, "pids", None)
-        return pids[rank] if pids and rank < len(pids) and pids[rank] is not None else "?"
+        """Process id of ``rank`` ("?" while the group is being built)."""
+        pids = getattr(self, "pids", None) or []
+        return pids[rank] if rank < len(pids) else "?"
 
     def call_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """``method(*args)`` on every rank with the same arguments; per-rank results."""

@@ -52,6 +52,18 @@ def test_hung_call_times_out(group):
     group.call_timeout_s = 2
     try:
         with pytest.raises(WorkerError, match="2 of 2 ranks did not finish within 2 s"):
-            group.call_all("fail_on", -1, 20.0)
+            group.call_all("fail_on", -1, 5.0)
     finally:
         group.call_timeout_s = 120
+
+
+def test_dead_worker_process_is_named_with_rank_and_pid(group):
+    """Last in this module: it leaves rank 1 dead."""
+    from megarl.trainer.worker_group import WorkerError
+
+    assert len(group.pids) == 2 and all(isinstance(p, int) for p in group.pids)
+    with pytest.raises(WorkerError) as info:
+        group.call_all("die_on", 1, 60.0)  # hang guard: the healthy rank would return after 60 s
+    message = str(info.value)
+    assert f"toy rank 1 (pid {group.pids[1]}): the worker process died during toy.die_on" in message
+    assert "ActorDiedError" in message

@@ -1,6 +1,7 @@
 """A plain worker for the WorkerGroup tests (imported by the Ray worker processes)."""
 
 import os
+import signal
 import time
 
 
@@ -15,4 +16,10 @@ class ToyWorker:
         if int(os.environ["RANK"]) == bad_rank:
             raise ArithmeticError(f"toy failure in {self.tag}")
         time.sleep(sleep_s)  # the healthy ranks would block in a collective
+        return "ok"
+
+    def die_on(self, bad_rank: int, sleep_s: float) -> str:
+        if int(os.environ["RANK"]) == bad_rank:
+            os.kill(os.getpid(), signal.SIGKILL)  # the process dies, as on an OOM kill
+        time.sleep(sleep_s)
         return "ok"
