@@ -49,8 +49,9 @@ class PackedBucket:
     sender_checksum: torch.Tensor | None  # int64 [2], None when integrity checks are off
 
 
-def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.contiguous().reshape(-1).view(torch.uint8)
+def _slot_view(buffer: torch.Tensor, slot) -> torch.Tensor:
+    """The slot's bytes of a bucket buffer as a tensor of the slot's dtype and shape."""
+    return buffer[slot.offset : slot.offset + slot.nbytes].view(slot.dtype).view(slot.shape)
 
 
 def pack_stream(
@@ -64,14 +65,16 @@ def pack_stream(
     soon as all its tensors arrived (one bucket open at a time when the stream follows
     the plan's order). Tensors are cast to the plan's dtype (the rollout dtype).
 
-    The sender checksum is summed tensor by tensor at the slots' offsets, so it also
-    vouches for the packing.
+    Each tensor is copied once, straight into its slot (strided sources and the dtype
+    cast included). The sender checksum is taken once per bucket, over the packed
+    buffer (zero padding adds nothing; the same value as summing tensor by tensor at
+    the slots' offsets), on the bucket's device with no host sync.
 
     Raises:
         KeyError: a tensor not in the plan.
         ValueError: a shape mismatch, a duplicate, or tensors missing at the end.
     """
-    open_buffers: dict[int, tuple[torch.Tensor, set[str], torch.Tensor | None]] = {}
+    open_buffers: dict[int, tuple[torch.Tensor, set[str]]] = {}
     done: set[int] = set()
     for name, tensor in named_tensors:
         bucket, slot = plan.slot(name)
@@ -84,20 +87,17 @@ def pack_stream(
             raise ValueError(f"weight sync: tensor {name!r} was exported twice")
         if bucket.index not in open_buffers:
             buffer = live.track(torch.zeros(bucket.nbytes, dtype=torch.uint8, device=tensor.device))
-            checksum = torch.zeros(2, dtype=torch.int64, device=tensor.device) if with_checksum else None
-            open_buffers[bucket.index] = (buffer, set(), checksum)
-        buffer, filled, checksum = open_buffers[bucket.index]
+            open_buffers[bucket.index] = (buffer, set())
+        buffer, filled = open_buffers[bucket.index]
         if name in filled:
             raise ValueError(f"weight sync: tensor {name!r} was exported twice")
-        data = tensor.detach().to(slot.dtype)
-        buffer[slot.offset : slot.offset + slot.nbytes].copy_(_as_bytes(data))
-        if checksum is not None:
-            checksum += words_checksum(data, slot.offset)
-        del data, tensor
+        _slot_view(buffer, slot).copy_(tensor.detach())
+        del tensor
         filled.add(name)
         if len(filled) == len(bucket.slots):
             del open_buffers[bucket.index]
             done.add(bucket.index)
+            checksum = words_checksum(buffer) if with_checksum else None
             yield PackedBucket(bucket, buffer, checksum)
             del buffer
     missing = [slot.name for b in plan.buckets if b.index not in done for slot in b.slots]

@@ -4,29 +4,29 @@ Same output as :func:`megarl.models.export_hf_weights` (names, order, values, dt
 checked bitwise by the CPU tests in ``tests/weight_sync``, the GPU tests and
 ``benchmarks/bench_weight_sync_gpu.py``), built for speed and bounded memory on GPUs:
 
-* **One reused buffer.** All gathers land in one ``bucket_size_bytes`` ring buffer,
-  allocated once per export: buckets of about half of it alternate, so bucket k + 1
-  is gathered (on NCCL's stream) while the consumer copies bucket k out. Peak extra
-  device memory is the ring: one bucket (tensors larger than that: see below).
-* **Gathered in HF layout.** Each HF tensor gets its own region of the bucket and its
-  own ``all_gather_into_tensor`` (NCCL runs a bucket's gathers as one grouped launch).
-  all_gather writes rank blocks one after the other, which already *is* the HF layout
-  of every row-split tensor once each rank sends the right rows: ``split0`` / ``vocab``
-  (the shard), ``gate_up`` (the gate rows, then the up rows), ``qkv`` (q, k and v rows of
-  the rank's query groups; with one group per rank these are row slices, with several
-  they are packed first). Row-parallel ``split1`` shards are sent transposed (one local
-  copy of the shard), so the gathered region is the full tensor's transpose: the
-  yielded tensor is its ``.t()`` view, which the consumer's copy turns back. No
-  per-tensor ``cat``, no full intermediate copy: each yielded tensor is a view.
-* **Tensors larger than the ring** (an untied 7B LM head: 1.09 GB) are gathered in
-  row chunks through the ring straight into a destination the consumer lends
-  (``destinations[name]``, e.g. the rollout engine's own parameter of the HF shape),
-  and that destination is yielded (the consumer's ``copy_`` onto itself is a no-op).
-  Without a destination such a tensor gets a buffer of its own for its gather
-  (extra memory: that tensor).
+* **One reused buffer.** Gathers land in one ``bucket_size_bytes`` ring buffer, kept
+  between exports with every tensor view prebuilt (a sync is: grouped gathers, a few
+  copies, yields). Buckets of about half the ring alternate, so bucket k + 1 is
+  gathered (on NCCL's stream) while bucket k is copied out. Peak extra device
+  memory: the ring, i.e. one bucket (see below for larger tensors).
+* **Gathered in HF layout.** Each HF tensor gets its own ``all_gather_into_tensor``
+  (one grouped NCCL launch per bucket, one C++ call). all_gather writes rank blocks
+  one after the other, which already *is* the HF layout of every row-split tensor
+  once each rank sends the right rows: ``split0`` / ``vocab`` (the shard), ``gate_up``
+  (gate rows, then up rows), ``qkv`` (q, k, v rows of the rank's query groups: row
+  slices with one group per rank, packed first with several). Those are yielded as
+  views. Row-parallel ``split1`` shards gather to ``[tp, rows, cols]``; one copy with
+  contiguous inner rows permutes that to ``[rows, tp * cols]``.
+* **Destinations.** A consumer may lend ``destinations[name]`` (contiguous, HF shape
+  and dtype; e.g. a row slice of vLLM's fused ``qkv_proj`` / ``gate_up_proj`` weight).
+  Row-split tensors are then gathered straight into it (no ring, no copy), ``split1``
+  tensors and padded vocab rows pass through the ring in row chunks of at most half
+  of it, and the destination is yielded (a consumer's ``copy_`` onto itself is a no-op).
+  So with destinations no tensor, however large, needs more than the ring. Without one,
+  a tensor larger than the ring gets a buffer of its own (extra memory: that tensor).
 * ``replicated`` parameters need no gather: the parameter itself is yielded.
 
-Yielded tensors are views of the ring buffer: consume (copy) them before the next
+Yielded tensors may be views of the ring buffer: consume (copy) them before the next
 ``next()``. Collective over the TP group: every TP rank iterates to the end in lockstep.
 
 Scope: pipeline and expert parallel size 1 with one chunk (the colocated TP layouts);
@@ -84,19 +84,20 @@ def full_from_gathered(kind: str, gathered: torch.Tensor, shard_shape: torch.Siz
 class _Part:
     """One HF tensor of one megatron parameter, as this rank contributes it.
 
-    The rank sends either rows ``[r0, r1)`` of its shard (contiguous, no copy) or
-    ``pack(shard)`` (a strided piece, copied into the bucket's staging area first).
-    ``full(region)`` turns the gathered region (``tp * numel`` elements, rank-major)
-    into the HF tensor (a view). ``hf_rows``: rows of the HF tensor (vocab: unpadded).
+    ``layout``: ``rows`` = the rank sends rows ``[r0, r1)`` of its shard and the rank
+    blocks are the HF tensor (``full(region)`` is a view; vocab: minus padded rows);
+    ``packed`` = ``pack(shard)`` (strided) is copied to staging first, then as ``rows``;
+    ``cols`` = the whole ``[rows, cols]`` shard, gathered ``[tp, rows, cols]``, HF
+    tensor ``[rows, tp * cols]`` by a permuting copy.
     """
 
     hf_name: str
     param: torch.nn.Parameter
+    layout: str
     local_shape: tuple[int, ...]
-    rows: tuple[int, int] | None
-    pack: Callable[[torch.Tensor], torch.Tensor] | None
-    full: Callable[[torch.Tensor], torch.Tensor]
-    hf_rows: int
+    hf_shape: tuple[int, ...]
+    rows: tuple[int, int] | None = None
+    pack: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     @property
     def numel(self) -> int:
@@ -106,27 +107,24 @@ class _Part:
     def dtype(self) -> torch.dtype:
         return self.param.dtype
 
-    def local_input(self, shard: torch.Tensor, staging: torch.Tensor | None) -> torch.Tensor:
-        """This rank's contiguous send buffer for the part (flat)."""
-        if self.pack is None:
-            return shard[self.rows[0] : self.rows[1]].reshape(-1)
-        staging = staging.view(self.local_shape)
-        staging.copy_(self.pack(shard))
-        return staging.view(-1)
+    @property
+    def row_numel(self) -> int:
+        return self.numel // self.local_shape[0]
 
 
 @dataclass
 class _Bucket:
-    """Parts gathered together: ``(part, out offset, staging offset or -1)`` in bytes
-    from the bucket's start; ``local``: (name, parameter) pairs yielded as they are,
-    in their export position (``index`` = the position among ``items``)."""
+    """What one grouped gather launch carries. Items, in export order:
+    ``("local", name, param)`` yielded as is; ``("direct", part, dest)`` gathered into
+    ``dest``; ``("ring", part, out_off, extra_off, (a, b) or None, dest or None)``
+    gathered at ``out_off`` of the bucket (rows ``a:b`` of the part's local rows),
+    ``extra_off`` = staging (packed) or the permuted HF tensor (cols, no dest), -1 none.
+    """
 
     items: list = field(default_factory=list)
-    # ("gather", part, out_off, stg_off) | ("local", name, param) | ("direct", part, dest)
     nbytes: int = 0  # ring bytes
     volume: int = 0  # gathered bytes (ring and direct)
     dtype: torch.dtype | None = None
-    chunk: tuple[int, int] | None = None  # row chunk [a, b) of a part larger than the ring
     dedicated: bool = False  # larger than the ring and no destination: own buffer
 
 
@@ -138,15 +136,10 @@ def _parts_of(entry, param: torch.nn.Parameter, tp: int, dims) -> list[_Part]:
     """The HF tensors of one split megatron parameter as gather parts."""
     shape = tuple(param.shape)
     rows, rest = shape[0], shape[1:]
-    names = entry.hf_names
-    kind = entry.kind
+    names, kind = entry.hf_names, entry.kind
 
     def rowwise(name: str, r0: int, r1: int, hf_rows: int) -> _Part:
-        n = r1 - r0
-        return _Part(
-            name, param, (n, *rest), (r0, r1), None,
-            lambda region, n=n, hf_rows=hf_rows: region.view(tp * n, *rest)[:hf_rows], hf_rows,
-        )
+        return _Part(name, param, "rows", (r1 - r0, *rest), (hf_rows, *rest), rows=(r0, r1))
 
     if kind == "split0":
         return [rowwise(names[0], 0, rows, tp * rows)]
@@ -162,43 +155,26 @@ def _parts_of(entry, param: torch.nn.Parameter, tp: int, dims) -> list[_Part]:
         bounds = [(0, per_group * hd), (per_group * hd, (per_group + 1) * hd), ((per_group + 1) * hd, width)]
         if groups == 1:
             return [rowwise(name, a, b, tp * (b - a)) for name, (a, b) in zip(names, bounds)]
-        parts = []
-        for name, (a, b) in zip(names, bounds):
-            n = groups * (b - a)
-            parts.append(_Part(
-                name, param, (groups, b - a, *rest), None,
-                lambda shard, a=a, b=b: shard.view(groups, width, *rest)[:, a:b],
-                lambda region, n=n: region.view(tp * n, *rest), tp * n,
-            ))
-        return parts
+        return [
+            _Part(name, param, "packed", (groups, b - a, *rest), (tp * groups * (b - a), *rest),
+                  pack=lambda shard, a=a, b=b: shard.view(groups, width, *rest)[:, a:b])
+            for name, (a, b) in zip(names, bounds)
+        ]
     if kind == "split1":
-        cols = rest[0]
-        return [_Part(
-            names[0], param, (cols, rows), None, lambda shard: shard.t(),
-            lambda region: region.view(tp * cols, rows).t(), rows,
-        )]
+        return [_Part(names[0], param, "cols", shape, (rows, tp * rest[0]), rows=(0, rows))]
     raise ValueError(f"unknown layout kind {kind!r}")
 
 
 def _check_destination(part: _Part, dest: torch.Tensor) -> None:
-    want = (part.hf_rows, *part.local_shape[1:])
-    if tuple(dest.shape) != want or dest.dtype != part.dtype or not dest.is_contiguous():
+    if tuple(dest.shape) != part.hf_shape or dest.dtype != part.dtype or not dest.is_contiguous():
         raise ValueError(
             f"weight sync destination for {part.hf_name!r} must be a contiguous {part.dtype} tensor "
-            f"of shape {want}, got {tuple(dest.shape)} {dest.dtype}"
+            f"of shape {part.hf_shape}, got {tuple(dest.shape)} {dest.dtype}"
         )
 
 
-def _part_bytes(part: _Part, tp: int) -> tuple[int, int]:
-    """(gathered bytes, staging bytes), aligned."""
-    es = part.param.element_size()
-    return _align(tp * part.numel * es), (_align(part.numel * es) if part.pack is not None else 0)
-
-
 def _schedule(plan, params, tp: int, dims, ring_bytes: int, destinations: Mapping[str, torch.Tensor]) -> list[_Bucket]:
-    """Buckets in export order: parts packed up to half the ring (so two alternate),
-    a part up to the whole ring alone, larger row-sliceable parts with a destination
-    in row chunks of at most half the ring, anything else larger on its own buffer."""
+    """Buckets in export order (see the module docstring for what goes where)."""
     from megarl.models.converters import is_split
     from megarl.models.weights import _find_param
 
@@ -213,6 +189,17 @@ def _schedule(plan, params, tp: int, dims, ring_bytes: int, destinations: Mappin
             buckets.append(current)
         current = _Bucket()
 
+    def add(make_item: Callable[[int], tuple], ring: int, volume: int, dtype) -> None:
+        """Append ``make_item(ring offset)`` to the open bucket, or to a new one if full."""
+        if current.items and (
+            current.nbytes + ring > target or current.volume + volume > volume_cap or current.dtype not in (None, dtype)
+        ):
+            close()
+        current.items.append(make_item(current.nbytes))
+        current.nbytes += ring
+        current.volume += volume
+        current.dtype = dtype
+
     for entry in plan:
         param = _find_param(params, entry.mcore_name)
         if param is None:
@@ -221,41 +208,36 @@ def _schedule(plan, params, tp: int, dims, ring_bytes: int, destinations: Mappin
             current.items.append(("local", entry.hf_names[0], param))
             continue
         for part in _parts_of(entry, param, tp, dims):
-            out_b, stg_b = _part_bytes(part, tp)
-            size = out_b + stg_b
+            es = part.param.element_size()
+            out_b = _align(tp * part.numel * es)
             dest = destinations.get(part.hf_name)
-            if dest is not None and part.rows is not None and part.hf_rows == tp * part.local_shape[0]:
-                # rank blocks of rows = the HF layout: gather straight into the destination
+            if dest is not None:
                 _check_destination(part, dest)
-                if current.items and (current.volume + out_b > volume_cap or current.dtype not in (None, part.dtype)):
+                if part.layout == "rows" and part.hf_shape[0] == tp * part.local_shape[0]:
+                    # rank blocks of rows = the HF layout: gather straight into the destination
+                    add(lambda off: ("direct", part, dest), 0, out_b, part.dtype)
+                    continue
+                row_b = _align(tp * part.row_numel * es)
+                if part.layout != "packed" and row_b <= target:
+                    n = part.local_shape[0]
+                    if out_b <= target:
+                        add(lambda off: ("ring", part, off, -1, (0, n), dest), out_b, out_b, part.dtype)
+                        continue
                     close()
-                current.items.append(("direct", part, dest))
-                current.volume += out_b
-                current.dtype = part.dtype
-                continue
+                    step = target // row_b
+                    for a in range(0, n, step):
+                        b = min(n, a + step)
+                        size = _align(tp * (b - a) * part.row_numel * es)
+                        buckets.append(_Bucket([("ring", part, 0, -1, (a, b), dest)], size, size, part.dtype))
+                    continue
+            extra = _align(part.numel * es) if part.layout == "packed" else (out_b if part.layout == "cols" else 0)
+            size = out_b + extra
             if size > ring_bytes:
                 close()
-                dest = destinations.get(part.hf_name)
-                row_bytes = tp * part.numel * part.param.element_size() // part.local_shape[0]
-                if dest is not None and part.rows is not None and _align(row_bytes) <= target:
-                    step = target // _align(row_bytes)
-                    for a in range(0, part.local_shape[0], step):
-                        b = min(part.local_shape[0], a + step)
-                        buckets.append(_Bucket([("gather", part, 0, -1)], _align(row_bytes * (b - a)), part.dtype, (a, b)))
-                else:
-                    buckets.append(_Bucket([("gather", part, 0, out_b if stg_b else -1)], size, part.dtype, dedicated=True))
+                buckets.append(_Bucket([("ring", part, 0, out_b if extra else -1, None, None)], size, size,
+                                       part.dtype, dedicated=True))
                 continue
-            if current.items and (
-                current.nbytes + size > target
-                or current.volume + size > volume_cap
-                or current.dtype not in (None, part.dtype)
-            ):
-                close()
-            # staging after the output region of this part: offsets are per part
-            current.items.append(("gather", part, current.nbytes, current.nbytes + out_b if stg_b else -1))
-            current.nbytes += size
-            current.volume += size
-            current.dtype = part.dtype
+            add(lambda off: ("ring", part, off, off + out_b if extra else -1, None, None), size, size, part.dtype)
     close()
     return buckets
 
@@ -269,7 +251,9 @@ def _coalesced_all_gather(group, outputs: list[torch.Tensor], inputs: list[torch
     if len(outputs) > 1 and dist.get_backend(group) == "nccl":
         fn = getattr(group, "allgather_into_tensor_coalesced", None) or getattr(group, "all_gather_single_coalesced", None)
         if fn is not None:
-            opts = dist.AllgatherOptions()
+            from torch.distributed.distributed_c10d import AllgatherOptions
+
+            opts = AllgatherOptions()
             if hasattr(opts, "asyncOp"):
                 opts.asyncOp = True
             return fn(outputs, inputs, opts)
@@ -287,15 +271,14 @@ class _Works:
 
 @dataclass
 class _Ready:
-    """One bucket with every tensor view built: what a sync does is copies, one grouped
-    gather, and yielding these views."""
+    """One bucket with every view prebuilt: a sync copies ``packs`` (staging), launches
+    one grouped gather, then runs ``copies`` (permutes, chunk placements) and yields."""
 
-    packs: list  # (staging view, strided source view): copied before the gather
-    outputs: list
-    inputs: list
-    yields: list  # (hf_name, tensor) in export order; None entries for chunk copies
-    copies: list  # chunk buckets: (dest rows view, ring rows view)
-    final: tuple | None  # chunk buckets: (hf_name, dest) after the last chunk
+    packs: list = field(default_factory=list)  # (staging view, strided source view)
+    outputs: list = field(default_factory=list)
+    inputs: list = field(default_factory=list)
+    copies: list = field(default_factory=list)  # (destination view, source view)
+    yields: list = field(default_factory=list)  # (hf_name, tensor) in export order
 
 
 class _Exporter:
@@ -310,24 +293,32 @@ class _Exporter:
         self.device = device
         self.ring: torch.Tensor | None = None
         self.key = None
-        self.ready: list[_Ready] = []
+        self.ready: list[_Ready | None] = []
         self.bases: list[int] = []
+        self.destinations: Mapping[str, torch.Tensor] = {}
+        params = {}
+        for b in buckets:
+            for i in b.items:
+                p = i[2] if i[0] == "local" else i[1].param
+                params[id(p)] = p
+        self.params = list(params.values())
 
-    @staticmethod
-    def _key(buckets: list[_Bucket], destinations: Mapping[str, torch.Tensor]) -> tuple:
-        params = {id(i[2] if i[0] == "local" else i[1].param): (i[2] if i[0] == "local" else i[1].param)
-                  for b in buckets for i in b.items}
-        dests = tuple(sorted((n, t.data_ptr()) for n, t in destinations.items()))
-        return tuple(p.data_ptr() for p in params.values()), dests
+    def _key(self, destinations: Mapping[str, torch.Tensor]) -> tuple:
+        """Storages the prebuilt views point at: parameters (moved by offload) and
+        destinations."""
+        return tuple(p.data_ptr() for p in self.params), tuple((n, t.data_ptr()) for n, t in destinations.items())
 
     def prepare(self, destinations: Mapping[str, torch.Tensor]) -> None:
-        key = self._key(self.buckets, destinations)
+        key = self._key(destinations)
         if key == self.key and self.ring is not None:
             return
         self.release()
+        self.destinations = destinations
         self.ring = torch.empty(self.ring_bytes, dtype=torch.uint8, device=self.device)
         self.bases = self._place()
-        self.ready = [self._build(b, base, destinations) for b, base in zip(self.buckets, self.bases)]
+        # Buckets on a buffer of their own are built (allocated) at launch and dropped
+        # once consumed: only the ring stays between exports.
+        self.ready = [None if b.dedicated else self._build(b, base, destinations) for b, base in zip(self.buckets, self.bases)]
         self.key = key
 
     def release(self) -> None:
@@ -339,12 +330,14 @@ class _Exporter:
         it fits before it; None = launched only after the previous one was consumed (at
         offset 0); dedicated buckets have their own buffer (-1)."""
         bases: list[int | None] = []
-        prev_base, prev_size = 0, 0
+        prev_base, prev_size, prev_dedicated = 0, 0, False
         for b in self.buckets:
             if b.dedicated or not b.nbytes:
-                bases.append(-1)
-                prev_base, prev_size = 0, 0
+                # two own buffers at a time at most: the second waits for the first
+                bases.append(None if b.dedicated and prev_dedicated else -1)
+                prev_base, prev_size, prev_dedicated = 0, 0, b.dedicated
                 continue
+            prev_dedicated = False
             if prev_base + prev_size + b.nbytes <= self.ring_bytes:
                 base = prev_base + prev_size
             elif b.nbytes <= prev_base:
@@ -364,50 +357,63 @@ class _Exporter:
             buffer = self.ring[start : start + bucket.nbytes]
         else:
             buffer = None
-        ready = _Ready([], [], [], [], [], None)
+        ready = _Ready()
         for item in bucket.items:
             if item[0] == "local":
                 ready.yields.append((item[1], item[2].detach()))
                 continue
+            part = item[1]
+            shard = part.param.detach()
             if item[0] == "direct":
-                _, part, dest = item
+                dest = item[2]
                 ready.outputs.append(dest.view(-1))
-                ready.inputs.append(part.param.detach()[part.rows[0] : part.rows[1]].reshape(-1))
+                ready.inputs.append(shard[part.rows[0] : part.rows[1]].reshape(-1))
                 ready.yields.append((part.hf_name, dest))
                 continue
-            _, part, out_off, stg_off = item
-            shard = part.param.detach()
+            _, part, out_off, extra_off, rng, dest = item
             es = part.param.element_size()
-            if bucket.chunk is not None:
-                a, b = bucket.chunk
-                r0 = part.rows[0]
-                local = shard[r0 + a : r0 + b].reshape(-1)
-                region = buffer[: tp * local.numel() * es].view(part.dtype)
-                ready.outputs.append(region)
-                ready.inputs.append(local)
-                dest = destinations[part.hf_name]
-                per_rank = part.local_shape[0]
-                rows = region.view(tp, b - a, *part.local_shape[1:])
-                for r in range(tp):
-                    lo, hi = r * per_rank + a, min(r * per_rank + b, part.hf_rows)
-                    if hi > lo:
-                        ready.copies.append((dest[lo:hi], rows[r, : hi - lo]))
-                if b == per_rank:
-                    ready.final = (part.hf_name, dest)
-                continue
-            if part.pack is None:
-                local = shard[part.rows[0] : part.rows[1]].reshape(-1)
-            else:
-                staging = buffer[stg_off : stg_off + part.numel * es].view(part.dtype)
+            n = part.local_shape[0]
+            a, b = rng if rng is not None else (0, n)
+            if part.layout == "packed":
+                staging = buffer[extra_off : extra_off + part.numel * es].view(part.dtype)
                 ready.packs.append((staging.view(part.local_shape), part.pack(shard)))
                 local = staging
-            region = buffer[out_off : out_off + tp * part.numel * es].view(part.dtype)
+            else:
+                r0 = part.rows[0]
+                local = shard[r0 + a : r0 + b].reshape(-1)
+            region = buffer[out_off : out_off + tp * local.numel() * es].view(part.dtype)
             ready.outputs.append(region)
             ready.inputs.append(local)
-            ready.yields.append((part.hf_name, part.full(region)))
+            rest = part.local_shape[1:]
+            blocks = region.view(tp, b - a, *rest)  # [rank, rows, ...]
+            if part.layout == "cols":
+                cols = rest[0]
+                if dest is None:
+                    full = buffer[extra_off : extra_off + region.numel() * es].view(part.dtype).view(n, tp * cols)
+                    ready.copies.append((full.view(n, tp, cols), blocks.transpose(0, 1)))
+                    ready.yields.append((part.hf_name, full))
+                else:
+                    ready.copies.append((dest[a:b].view(b - a, tp, cols), blocks.transpose(0, 1)))
+                    if b == n:
+                        ready.yields.append((part.hf_name, dest))
+                continue
+            if part.layout == "packed":
+                ready.yields.append((part.hf_name, region.view(part.hf_shape)))
+                continue
+            if dest is None:  # rank blocks of rows are the HF rows
+                ready.yields.append((part.hf_name, region.view(tp * (b - a), *rest)[: part.hf_shape[0]]))
+                continue
+            for r in range(tp):  # rows chunk: rank r's rows land at r * n + a (vocab: minus padding)
+                lo, hi = r * n + a, min(r * n + b, part.hf_shape[0])
+                if hi > lo:
+                    ready.copies.append((dest[lo:hi], blocks[r, : hi - lo]))
+            if b == n:
+                ready.yields.append((part.hf_name, dest))
         return ready
 
     def launch(self, k: int):
+        if self.buckets[k].dedicated:
+            self.ready[k] = self._build(self.buckets[k], -1, self.destinations)
         ready = self.ready[k]
         for staging, source in ready.packs:
             staging.copy_(source)
@@ -425,11 +431,11 @@ class _Exporter:
             if current is not None:
                 current.wait()
             ready = self.ready[k]
+            for dst, src in ready.copies:
+                dst.copy_(src)
             yield from ready.yields
-            for dest, rows in ready.copies:
-                dest.copy_(rows)
-            if ready.final is not None:
-                yield ready.final
+            if self.buckets[k].dedicated:
+                self.ready[k] = ready = None
             if k + 1 < n and not nxt_launched:
                 work = self.launch(k + 1)
 
@@ -463,9 +469,10 @@ def export_hf_weights_bucketed(
         hf_config: the HF config the chunks were built from.
         bucket_size_bytes: the ring buffer (the extra device memory) in bytes.
         destinations: optional ``hf_name -> tensor`` (contiguous, HF shape and dtype)
-            for tensors larger than the ring: they are written there in row chunks and
-            that tensor is yielded. Others are ignored. Every TP rank must pass the
-            same names (the schedule, hence the collectives, depends on them).
+            the consumer lends: the tensor is written there (gathered straight in, or
+            through the ring in row chunks) and that destination is yielded. Every TP
+            rank must pass the same names (the schedule, hence the collectives,
+            depends on them).
         keep_buffers: keep the ring buffer and the prebuilt views for the next export
             of this model (host work per tensor drops to the consumer's copy; the
             ring's memory stays allocated until :func:`release_export_buffers`).
@@ -512,9 +519,6 @@ def export_hf_weights_bucketed(
         plan = [e for e in build_plan(hf_config, model.config, value_head=meta["value_head"]) if e.export]
         params = dict(model.named_parameters())
         buckets = _schedule(plan, params, tp, dims_of(hf_config), ring_bytes, destinations)
-        for bucket in buckets:
-            if bucket.chunk is not None:
-                _check_destination(bucket.items[0][1], destinations[bucket.items[0][1].hf_name])
         device = next(iter(params.values())).device
         exporter = _Exporter(buckets, tp, ring_bytes, device, group)
     exporter.prepare(destinations)

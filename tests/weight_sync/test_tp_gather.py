@@ -22,7 +22,8 @@ def _tiny(out_dir, kv_heads: int, tie: bool):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     cfg = Qwen2Config(
-        vocab_size=100, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        # odd vocab: padded rows on the last TP rank, exported in row chunks
+        vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
         num_attention_heads=8, num_key_value_heads=kv_heads, head_dim=8,
         max_position_embeddings=64, tie_word_embeddings=tie,
     )
