@@ -90,8 +90,37 @@ def full_length_batch(batches: list[torch.Tensor], response_len: int, seed: int 
     )
 
 
-def build_actor_step(shape, seq_len, tp, micro_bs, n_micro, device, batches, *, remove_padding=False, model_dir=None):
-    """(step callable running one update_policy, the worker)."""
+def legacy_lm_head_hooks(worker, vocab_size: int) -> None:
+    """Benchmark-only: put back the LM-head hooks megarl had until 2026-11-23 (an
+    out-of-place masked_fill of the padded vocab columns, and GPTModel's own
+    ``[s, b] -> [b, s]`` logits copy), to time the previous version in the same run."""
+    from megatron.core import parallel_state
+
+    from megarl.models import unwrap_chunk
+
+    def masked_fill_hook(module, inputs, output):
+        logits, bias = output
+        local = logits.shape[-1]
+        tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        full = local * parallel_state.get_tensor_model_parallel_world_size()
+        start = 0 if local == full else tp_rank * local
+        ids = torch.arange(start, start + local, device=logits.device)
+        return logits.masked_fill(ids >= vocab_size, torch.finfo(logits.dtype).min / 2), bias
+
+    for chunk in worker.engine.chunks:
+        head = getattr(unwrap_chunk(chunk), "output_layer", None)
+        if head is None:
+            continue
+        head._forward_pre_hooks.clear()
+        head._forward_hooks.clear()
+        head.register_forward_hook(masked_fill_hook)
+
+
+def build_actor_step(
+    shape, seq_len, tp, micro_bs, n_micro, device, batches, *, remove_padding=False, model_dir=None, legacy=False
+):
+    """(step callable running one update_policy, the worker). ``legacy``: the LM-head
+    hooks of the previous version (see :func:`legacy_lm_head_hooks`)."""
     from megarl.workers.actor import ActorWorker
 
     model_dir = model_dir or os.path.join(os.environ.get("TMPDIR", "/tmp"), f"megarl_bench_{shape['hidden_size']}")
@@ -99,6 +128,8 @@ def build_actor_step(shape, seq_len, tp, micro_bs, n_micro, device, batches, *, 
     cfg = actor_config(model_dir, tp, micro_bs, n_micro, remove_padding, dist_opt=device.type == "cuda")
     worker = ActorWorker(cfg, role="actor", device=device.type)
     worker.init_model()
+    if legacy:
+        legacy_lm_head_hooks(worker, shape["vocab_size"])
     data = full_length_batch(batches, response_len=seq_len * 3 // 4)
 
     def step():

@@ -123,11 +123,14 @@ def profile_step(step, device, label: str, top: int = 30) -> str:
         return ""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU], record_shapes=True) as prof:
         step()
         sync(device)
     table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=top, max_name_column_width=70)
-    return f"== profile {label} ==\n{table}"
+    shapes = prof.key_averages(group_by_input_shape=True).table(
+        sort_by="cuda_time_total", row_limit=top, max_name_column_width=40, max_shapes_column_width=80
+    )
+    return f"== profile {label} ==\n{table}\n== by input shape ==\n{shapes}"
 
 
 def install_cpu_compat() -> None:
@@ -167,6 +170,7 @@ def main() -> None:
     p.add_argument("--tiny", action="store_true", help="tiny model (CPU dry run)")
     p.add_argument("--profile", action="store_true")
     p.add_argument("--skip-megarl", action="store_true")
+    p.add_argument("--legacy", action="store_true", help="also time the previous LM-head hooks (same run)")
     p.add_argument("--out", default="actor_throughput.json")
     args = p.parse_args()
 
@@ -219,11 +223,13 @@ def main() -> None:
     if not args.skip_megarl:
         from _actor_path import build_actor_step
 
-        for remove_padding in (False, True):
-            label = "b_megarl_actor" + ("_rmpad" if remove_padding else "")
+        variants = [(False, False), (True, False)] + ([(False, True)] if args.legacy else [])
+        for remove_padding, legacy in variants:
+            label = "b_megarl_actor" + ("_rmpad" if remove_padding else "") + ("_legacy_head" if legacy else "")
             try:
                 step_b, worker = build_actor_step(
-                    shape, seq, args.tp, args.micro_bs, args.n_micro, device, batches, remove_padding=remove_padding
+                    shape, seq, args.tp, args.micro_bs, args.n_micro, device, batches, remove_padding=remove_padding,
+                    legacy=legacy,
                 )
                 times = time_it(step_b, device, args.warmup, args.iters)
                 results["runs"].append(report(label, times, tokens_per_step, fpt, world))
@@ -240,7 +246,7 @@ def main() -> None:
                 torch.cuda.reset_peak_memory_stats(device)
 
     runs = {r["label"]: r for r in results["runs"]}
-    for label in ("b_megarl_actor", "b_megarl_actor_rmpad"):
+    for label in ("b_megarl_actor", "b_megarl_actor_rmpad", "b_megarl_actor_legacy_head"):
         if "a_plain_megatron" in runs and label in runs:
             a, b = runs["a_plain_megatron"], runs[label]
             results[f"overhead_{label}_vs_a_pct"] = 100.0 * (b["step_s_median"] / a["step_s_median"] - 1.0)
