@@ -152,14 +152,17 @@ def controller(demo_dir, tmp_path_factory):
         "trainer.total_training_steps=100", "trainer.test_freq=-1", "critic.enable=true",
         f"{ACTOR}.policy_loss.loss_mode=gspo", f"{ACTOR}.loss_agg_mode=seq-mean-token-mean",
     ])
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
     trainer = RayPPOTrainer(cfg)
     try:
         trainer.init_workers()
         yield trainer, run_dir
     finally:
         trainer.close()
-        ray.shutdown()
+        if started:
+            ray.shutdown()
 
 
 def _groups(run_dir: Path, step: int) -> list[list[float]]:
