@@ -63,6 +63,25 @@ def gdpo(v: View) -> Iterator[Issue]:
         yield Issue("algorithm.gdpo_reward_weights", weights, f"needs one weight per reward key ({len(keys)})", "give as many weights as gdpo_reward_keys, or null")
 
 
+def optimal_token_baseline(v: View) -> Iterator[Issue]:
+    if v.get("algorithm.adv_estimator") != "optimal_token_baseline":
+        return
+    if not v.get(f"{ACTOR}.calculate_sum_pi_squared"):
+        yield Issue(
+            f"{ACTOR}.calculate_sum_pi_squared", False,
+            "algorithm.adv_estimator=optimal_token_baseline weighs tokens by sum_v pi_v^2, which the actor "
+            "computes only when asked",
+            f"set {ACTOR}.calculate_sum_pi_squared=true",
+        )
+    if v.get("algorithm.rollout_correction.bypass_mode"):
+        yield Issue(
+            "algorithm.rollout_correction.bypass_mode", True,
+            "bypass mode skips the actor's old-log-prob pass, which computes sum_pi_squared for "
+            "algorithm.adv_estimator=optimal_token_baseline",
+            "set algorithm.rollout_correction.bypass_mode=false, or choose another estimator",
+        )
+
+
 def lengths_copy(v: View) -> Iterator[Issue]:
     for rollout_key, data_key in (("prompt_length", "max_prompt_length"), ("response_length", "max_response_length")):
         got, want = v.get(f"{ROLLOUT}.{rollout_key}"), v.get(f"data.{data_key}")
@@ -219,4 +238,4 @@ def _optim_section(v: View, section: str) -> Iterator[Issue]:
         yield Issue(f"{section}.checkpoint.load_contents", load, f"{missing} are never saved (save_contents={save})", f"add them to {section}.checkpoint.save_contents or drop them from load_contents")
 
 
-RULES = (group_size, kl_sources, critic_needed, gdpo, lengths_copy, vllm_limits, sampling, policy_loss, loss_mode_needs, rollout_correction, reward, unimplemented, plugin_files, optim)
+RULES = (group_size, kl_sources, critic_needed, gdpo, optimal_token_baseline, lengths_copy, vllm_limits, sampling, policy_loss, loss_mode_needs, rollout_correction, reward, unimplemented, plugin_files, optim)

@@ -55,6 +55,7 @@ class ActorConfig:
     loss_agg_mode: str = spec(choices=names.loss_agg_modes)
     loss_scale_factor: float | None = spec(gt=0)
     entropy_coeff: float = spec(ge=0)
+    calculate_sum_pi_squared: bool = spec()
     use_kl_loss: bool = spec()
     kl_loss_coef: float = spec(ge=0)
     kl_loss_type: str = spec(choices=names.kl_penalties)

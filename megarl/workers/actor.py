@@ -7,8 +7,9 @@ returns the same DataProto / metrics (TP ranks agree by construction).
 
 Config: the `actor_rollout_ref` subtree (verl names): model.{path, override_config,
 use_remove_padding, enable_gradient_checkpointing, trust_remote_code}; actor.* (PPO and
-optim keys, `actor.megatron`); ref.{log_prob_*, megatron}; rollout.{n, temperature,
-log_prob_*} (the actor's old-log-prob pass uses the rollout's log_prob_* keys, as verl).
+optim keys, `actor.megatron`, `actor.calculate_sum_pi_squared`); ref.{log_prob_*,
+megatron}; rollout.{n, temperature, log_prob_*} (the actor's old-log-prob pass uses the
+rollout's log_prob_* keys, as verl).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from megarl.workers.megatron.ppo_loop import (
     mini_batch_rows,
     reduce_micro_stats,
 )
-from megarl.workers.megatron.vocab_parallel import vocab_parallel_log_probs_and_entropy
+from megarl.workers.megatron.vocab_parallel import vocab_parallel_log_probs_and_entropy, vocab_parallel_token_stats
 
 __all__ = ["ActorWorker"]
 
@@ -123,19 +124,26 @@ class ActorWorker:
         Input batch: input_ids/attention_mask/position_ids `[B, P+R]`, responses `[B, R]`;
         meta_info["temperature"] (default rollout.temperature).
         Returns `old_log_probs` and `entropys` `[B, R]` (actor) or `ref_log_prob` `[B, R]`
-        (ref), zero at padded response positions; meta_info["temperature"] kept.
+        (ref), zero at padded response positions; meta_info["temperature"] kept. With
+        `actor.calculate_sum_pi_squared` the actor also returns `sum_pi_squared` `[B, R]`
+        = sum_v pi(v)^2 of softmax(logits / temperature) per token (vocab-parallel: each TP
+        rank sums its vocabulary slice, one all-reduce; the optimal token baseline's input).
         """
         temperature = self._temperature(data)
         response_length = data.batch["responses"].shape[1]
         want_entropy = self.role == "actor"
+        want_spp = want_entropy and bool(self.config.actor.get("calculate_sum_pi_squared", False))
 
         def per_micro_batch(logits, mb):
-            logp, ent = vocab_parallel_log_probs_and_entropy(
-                logits, next_token_labels(mb.inputs), temperature=temperature, compute_entropy=want_entropy
+            logp, ent, spp = vocab_parallel_token_stats(
+                logits, next_token_labels(mb.inputs), temperature=temperature, compute_entropy=want_entropy,
+                compute_sum_pi_squared=want_spp,
             )
             out = {"log_probs": to_response(logp, mb.inputs, response_length)}
             if want_entropy:
                 out["entropy"] = to_response(ent, mb.inputs, response_length)
+            if want_spp:
+                out["sum_pi_squared"] = to_response(spp, mb.inputs, response_length)
             return out
 
         with self._onloaded():
@@ -146,6 +154,8 @@ class ActorWorker:
             tensors = {"ref_log_prob": result["log_probs"] * mask}
         else:
             tensors = {"old_log_probs": result["log_probs"] * mask, "entropys": result["entropy"] * mask}
+            if want_spp:
+                tensors["sum_pi_squared"] = result["sum_pi_squared"] * mask
         return DataProto.from_dict(tensors, meta_info={"temperature": temperature})
 
     # ------------------------------------------------------------------ PPO update

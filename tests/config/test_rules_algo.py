@@ -143,3 +143,13 @@ def test_rollout_is_threshold_takes_a_number_or_lower_upper(make):
 def test_unimplemented_features_refused_up_front(make, tmp_path):
     issue_for(make({"reward_model.enable": True, "reward_model.model.path": str(tmp_path)}), "reward_model.enable", "not implemented")
     issue_for(make({f"{R}.multi_turn.enable": True}), f"{R}.multi_turn.enable", "not implemented")
+
+
+def test_optimal_token_baseline_needs_sum_pi_squared(make):
+    otb = {"algorithm.adv_estimator": "optimal_token_baseline"}
+    issue_for(make(otb), f"{A}.calculate_sum_pi_squared", "optimal_token_baseline", f"{A}.calculate_sum_pi_squared=true")
+    no_issues(make({**otb, f"{A}.calculate_sum_pi_squared": True}))
+    no_issues(make({f"{A}.calculate_sum_pi_squared": True}))  # computed but unused: allowed
+    bypass = {**otb, f"{A}.calculate_sum_pi_squared": True, "algorithm.rollout_correction.bypass_mode": True,
+              f"{R}.calculate_log_probs": True}
+    issue_for(make(bypass), "algorithm.rollout_correction.bypass_mode", "old-log-prob pass", "optimal_token_baseline")

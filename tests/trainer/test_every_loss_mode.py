@@ -34,7 +34,8 @@ ACTOR = "actor_rollout_ref.actor"
 # Keys a name needs besides itself to form a valid config.
 LOSS_NEEDS = {"dro": {f"{ACTOR}.policy_loss.dro_beta": 0.1},
               "bypass_mode": {"algorithm.rollout_correction.bypass_mode": True}}
-ESTIMATOR_NEEDS = {"gdpo": {"algorithm.gdpo_reward_keys": ["reward_extra/score"]}}
+ESTIMATOR_NEEDS = {"gdpo": {"algorithm.gdpo_reward_keys": ["reward_extra/score"]},
+                   "optimal_token_baseline": {f"{ACTOR}.calculate_sum_pi_squared": True}}
 
 # Worker cases: name -> (loss_mode, actor.policy_loss extras). Ratios large enough that
 # clip_cov / kl_cov select tokens in a 40-token batch.

@@ -1,8 +1,9 @@
 """Megatron actor/ref/critic workers against HF transformers and against TP=1 runs.
 
 Checks (fp32, gloo, tiny Qwen2 with vocab 97 so TP=2 pads the vocabulary):
-  * log-probs / entropy / ref log-probs at TP=1, TP=2, PP=2, PP=2 x VPP=2 equal HF transformers'
-    forward with logits / temperature (temperature 0.7), atol 1e-5;
+  * log-probs / entropy / ref log-probs and the actor's sum_pi_squared (sum over the vocabulary
+    of softmax^2, actor.calculate_sum_pi_squared) at TP=1, TP=2, PP=2, PP=2 x VPP=2 equal HF
+    transformers' forward with logits / temperature (temperature 0.7), atol 1e-5;
   * one PPO step (clip + entropy bonus + in-loss KL, grad clipping active) at TP=2,
     PP=2 and DP=2 gives the same HF-exported weights and grad norm as TP=1 (VPP=2 as well). The tests use
     SGD with momentum: Adam's first step is sign(grad) * lr and would hide a wrongly
@@ -24,7 +25,7 @@ import pytest
 import torch
 
 from dist_utils import run_distributed
-from tiny import hf_response_log_probs, hf_values, make_tiny_qwen2, megatron_node, rollout_batch
+from tiny import hf_response_log_probs, hf_response_sum_pi_squared, hf_values, make_tiny_qwen2, megatron_node, rollout_batch
 from worker_bodies import TEMPERATURE, actor_and_critic, resume_from_checkpoint, tp1_suite
 
 pytestmark = pytest.mark.slow
@@ -91,10 +92,13 @@ def _assert_weights_close(got: dict, want: dict):
 @pytest.mark.parametrize("layout", ["tp1", "tp2", "pp2", "vpp2"])
 def test_log_probs_match_hf(setup, runs, layout):
     want_logp, want_ent = hf_response_log_probs(setup["model_path"], setup["batch"], TEMPERATURE)
+    want_spp = hf_response_sum_pi_squared(setup["model_path"], setup["batch"], TEMPERATURE)
     for rank_out in _main(runs, layout):  # every rank returns the same, full result
         torch.testing.assert_close(rank_out["log_probs"], want_logp, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(rank_out["entropys"], want_ent, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(rank_out["sum_pi_squared"], want_spp, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(rank_out["ref_log_prob"], want_logp, atol=1e-5, rtol=1e-5)
+        assert rank_out["ref_keys"] == ["ref_log_prob"]  # calculate_sum_pi_squared is the actor's
 
 
 @pytest.mark.parametrize("layout", ["tp2", "pp2", "dp2", "vpp2"])

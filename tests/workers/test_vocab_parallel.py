@@ -1,4 +1,5 @@
-"""Vocab-parallel log-prob / entropy against a full-vocabulary torch reference."""
+"""Vocab-parallel log-prob / entropy / sum of squared probabilities against a full-vocabulary
+torch reference."""
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ def _reference(logits, target, temperature):
     logp_all = torch.log_softmax(z, dim=-1)
     logp = logp_all.gather(-1, target.unsqueeze(-1)).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all).sum(-1)
-    return logp, entropy
+    return logp, entropy, logp_all.exp().square().sum(-1)
 
 
 def _inputs():
@@ -26,16 +27,16 @@ def _inputs():
 
 def _body(tp: int, temperature: float):
     from megarl.parallel import init_distributed
-    from megarl.workers.megatron.vocab_parallel import vocab_parallel_log_probs_and_entropy
+    from megarl.workers.megatron.vocab_parallel import vocab_parallel_token_stats
     from megatron.core import parallel_state
 
     init_distributed({"tensor_model_parallel_size": tp}, "cpu")
     logits, target, weights = _inputs()
     rank = parallel_state.get_tensor_model_parallel_rank()
     shard = logits.chunk(tp, dim=-1)[rank].clone().requires_grad_(True)
-    logp, ent = vocab_parallel_log_probs_and_entropy(shard, target, temperature=temperature)
+    logp, ent, spp = vocab_parallel_token_stats(shard, target, temperature=temperature, compute_sum_pi_squared=True)
     ((logp * weights).sum() + (ent * weights.flip(0)).sum()).backward()
-    return logp.detach(), ent.detach(), shard.grad
+    return logp.detach(), ent.detach(), spp, shard.grad
 
 
 @pytest.mark.slow
@@ -43,16 +44,17 @@ def _body(tp: int, temperature: float):
 def test_matches_full_vocab_reference(tp):
     temperature = 0.7
     logits, target, weights = _inputs()
-    ref_logp, ref_ent = _reference(logits, target, temperature)
+    ref_logp, ref_ent, ref_spp = _reference(logits, target, temperature)
     full = logits.double().clone().requires_grad_(True)
-    rl, re = _reference(full, target, temperature)
+    rl, re, _ = _reference(full, target, temperature)
     ((rl * weights).sum() + (re * weights.flip(0)).sum()).backward()
     ref_grad = full.grad
 
     results = run_distributed(_body, tp, tp, temperature, timeout=120)
-    grads = torch.cat([g for _, _, g in results], dim=-1)
-    for logp, ent, _ in results:
+    grads = torch.cat([g for *_, g in results], dim=-1)
+    for logp, ent, spp, _ in results:
         torch.testing.assert_close(logp.double(), ref_logp, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(ent.double(), ref_ent, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(spp.double(), ref_spp, atol=1e-6, rtol=1e-5)
     assert torch.isfinite(grads).all()
     torch.testing.assert_close(grads.double(), ref_grad, atol=1e-5, rtol=1e-5)

@@ -79,14 +79,24 @@ def actor_rollout_ref_config(model_path: str, megatron: dict, **actor_overrides)
     })
 
 
-def hf_response_log_probs(model_path: str, batch: dict, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """HF transformers reference: (log-probs, entropy) of the response tokens `[B, R]`."""
+def _hf_response_log_softmax(model_path: str, batch: dict, temperature: float) -> torch.Tensor:
+    """HF transformers log_softmax(logits / temperature) at the response positions `[B, R, V]` (fp64)."""
     model = transformers.AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, attn_implementation="eager").eval()
     with torch.no_grad():
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                        position_ids=batch["position_ids"]).logits.double()
-    logits = logits[:, PROMPT_LEN - 1 : -1] / temperature
-    logp_all = torch.log_softmax(logits, dim=-1)
+    return torch.log_softmax(logits[:, PROMPT_LEN - 1 : -1] / temperature, dim=-1)
+
+
+def hf_response_sum_pi_squared(model_path: str, batch: dict, temperature: float) -> torch.Tensor:
+    """HF transformers reference: sum_v softmax(logits / temperature)_v^2 per response token `[B, R]`."""
+    spp = _hf_response_log_softmax(model_path, batch, temperature).exp().square().sum(-1)
+    return (spp * batch["response_mask"].double()).float()
+
+
+def hf_response_log_probs(model_path: str, batch: dict, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """HF transformers reference: (log-probs, entropy) of the response tokens `[B, R]`."""
+    logp_all = _hf_response_log_softmax(model_path, batch, temperature)
     logp = logp_all.gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all).sum(-1)
     mask = batch["response_mask"].double()

@@ -44,12 +44,13 @@ def _rank0(value):
 def actor_and_critic(
     model_path: str, batch: dict, megatron: dict, ckpt_dir: str | None = None, actor_overrides: dict | None = None
 ) -> dict:
-    """Log-probs (actor + ref), one PPO step, critic values + one step; optional checkpoint."""
+    """Log-probs (actor + ref; the actor with sum_pi_squared), one PPO step, critic values + one
+    step; optional checkpoint."""
     from megarl.workers.actor import ActorWorker
     from megarl.workers.critic import CriticWorker
 
     out: dict = {}
-    cfg = actor_rollout_ref_config(model_path, megatron, **(actor_overrides or {}))
+    cfg = actor_rollout_ref_config(model_path, megatron, **{"calculate_sum_pi_squared": True, **(actor_overrides or {})})
     actor = ActorWorker(cfg, "actor", device="cpu")
     actor.init_model()
     rows = _dp_rows(batch)
@@ -59,7 +60,10 @@ def actor_and_critic(
     ref.init_model()
     out["log_probs"] = log_probs.batch["old_log_probs"]
     out["entropys"] = log_probs.batch["entropys"]
-    out["ref_log_prob"] = ref.compute_log_prob(data).batch["ref_log_prob"]
+    out["sum_pi_squared"] = log_probs.batch["sum_pi_squared"]
+    ref_out = ref.compute_log_prob(data)
+    out["ref_log_prob"] = ref_out.batch["ref_log_prob"]
+    out["ref_keys"] = sorted(ref_out.batch.keys())
     out["metrics"] = actor.update_policy(data)
     out["updated"] = _rank0(_export(actor))
     if ckpt_dir is not None:
