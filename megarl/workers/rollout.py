@@ -53,7 +53,7 @@ def _get(cfg: DictConfig, key: str, default: Any) -> Any:
     return default if value is None else value
 
 
-def read_special_token_ids(hf_dir: str) -> tuple[int, list[int]]:
+def read_special_token_ids(hf_dir: str, trust_remote_code: bool = False) -> tuple[int, list[int]]:
     """Pad id and EOS ids of the HF model in ``hf_dir``.
 
     EOS ids come from ``generation_config.json`` (chat models list several there),
@@ -76,7 +76,7 @@ def read_special_token_ids(hf_dir: str) -> tuple[int, list[int]]:
         try:
             from transformers import AutoTokenizer
 
-            tok = AutoTokenizer.from_pretrained(hf_dir)
+            tok = AutoTokenizer.from_pretrained(hf_dir, trust_remote_code=trust_remote_code)
             if tok.pad_token_id is not None:
                 pad = int(tok.pad_token_id)
             if not eos and tok.eos_token_id is not None:
@@ -121,7 +121,8 @@ class RolloutWorker:
         self.config = config
         self.rollout_cfg = config.rollout
         self.hf_dir = str(hf_dir)
-        self.pad_token_id, self.eos_token_ids = read_special_token_ids(self.hf_dir)
+        self.pad_token_id, self.eos_token_ids = read_special_token_ids(
+            self.hf_dir, bool(_get(self.config, "model.trust_remote_code", False)))
         self.calculate_log_probs = bool(_get(self.rollout_cfg, "calculate_log_probs", True))
         self.free_cache_engine = bool(_get(self.rollout_cfg, "free_cache_engine", True))
         self.is_sleeping = False
