@@ -2,7 +2,8 @@
 
 One step, as the algorithm reads:
 
-    prompts -> generate n per prompt (vLLM, after weight sync) -> reward
+    prompts -> generate n per prompt (vLLM, after weight sync) [+ one greedy per prompt: remax]
+      -> reward
       -> old log-prob (actor) -> ref log-prob -> values (critic)
       -> advantages on the controller (+ in-reward KL) -> critic update
       -> actor update (after trainer.critic_warmup steps) -> metrics / validation / checkpoint
@@ -220,7 +221,25 @@ class RayPPOTrainer:
         if "timing/generate_s" in gen_metrics:
             gen_metrics["timing_s/gen_engine"] = gen_metrics.pop("timing/generate_s")
         metrics.update(gen_metrics)
+        if self.cfg.algorithm.adv_estimator == "remax":
+            with timed("gen_max", timings):
+                batch.batch["reward_baselines"] = self._greedy_baselines(prompts, batch)
         return batch
+
+    def _greedy_baselines(self, prompts: DataProto, batch: DataProto) -> torch.Tensor:
+        """ReMax: one greedy response per prompt (do_sample=False -> temperature 0, n=1, same
+        rollout group), scored by the same reward manager; its sequence reward for every row
+        of ``batch`` whose ``uid`` is that prompt's. The greedy batch is discarded.
+
+        Returns: ``reward_baselines`` ``[len(batch)]`` float32.
+        """
+        greedy = DataProto(batch=prompts.batch, non_tensor_batch=dict(prompts.non_tensor_batch),
+                           meta_info={**prompts.meta_info, "do_sample": False})
+        out = self.actor.call_rollout("generate_sequences", greedy)
+        out.meta_info.pop("metrics", None)
+        scores, _ = self._reward(out)
+        by_uid = dict(zip(out.non_tensor_batch["uid"].tolist(), scores.sum(-1).tolist()))
+        return torch.tensor([by_uid[u] for u in batch.non_tensor_batch["uid"].tolist()], dtype=torch.float32)
 
     def _reward(self, batch: DataProto) -> tuple[torch.Tensor, dict[str, list[Any]]]:
         return self.reward_fn(batch)
@@ -372,9 +391,11 @@ class RayPPOTrainer:
             scores = batch.batch["token_level_scores"].sum(-1).tolist()
         truths = [r.get("ground_truth") if isinstance(r, dict) else r
                   for r in batch.non_tensor_batch.get("reward_model", [None] * len(batch))]
-        dump_generations(os.path.expanduser(directory), self.global_step,
-                         {"input": prompts, "output": outputs, "score": scores, "ground_truth": truths,
-                          "step": [self.global_step] * len(batch)})
+        rows = {"input": prompts, "output": outputs, "score": scores, "ground_truth": truths,
+                "step": [self.global_step] * len(batch)}
+        if "reward_baselines" in batch.batch.keys():  # remax: the greedy response's score
+            rows["reward_baseline"] = batch.batch["reward_baselines"].tolist()
+        dump_generations(os.path.expanduser(directory), self.global_step, rows)
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> dict[str, float]:

@@ -9,7 +9,9 @@ by config validation and runs.
 * one controller (Ray, vLLM rollout, Megatron actor + critic, loss_mode=gspo with
   seq-mean-token-mean) takes one step per estimator, switching
   ``algorithm.adv_estimator`` between steps; rloo and grpo advantages are checked against
-  the dumped scores.
+  the dumped scores, remax advantages against score - greedy-baseline score (the trainer's
+  extra greedy generation per prompt), optimal_token_baseline runs on the actor's
+  sum_pi_squared (``actor.calculate_sum_pi_squared``).
 """
 
 from __future__ import annotations
@@ -55,13 +57,6 @@ WORKER_CASES = {
     "bypass_mode-ppo_clip": ("bypass_mode", {"rollout_correction": {**RC, "loss_type": "ppo_clip"}}),
     "bypass_mode-reinforce": ("bypass_mode", {"rollout_correction": {**RC, "loss_type": "reinforce"}}),
 }
-
-# Estimators whose inputs the controller does not produce yet (compute_advantage raises).
-CONTROLLER_GAPS = {
-    "remax": "the trainer does not generate the greedy baseline (reward_baselines)",
-    "optimal_token_baseline": "the actor does not return sum_pi_squared",
-}
-
 
 @pytest.fixture(scope="module")
 def demo_dir(tmp_path_factory) -> Path:
@@ -152,6 +147,7 @@ def controller(demo_dir, tmp_path_factory):
     cfg = demo_config(demo_dir, run_dir, [
         "trainer.total_training_steps=100", "trainer.test_freq=-1", "critic.enable=true",
         f"{ACTOR}.policy_loss.loss_mode=gspo", f"{ACTOR}.loss_agg_mode=seq-mean-token-mean",
+        f"{ACTOR}.calculate_sum_pi_squared=true",  # worker config: fixed for every estimator
     ])
     started = not ray.is_initialized()
     if started:
@@ -166,12 +162,29 @@ def controller(demo_dir, tmp_path_factory):
             ray.shutdown()
 
 
+def _rows(run_dir: Path, step: int) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "rollouts" / f"{step}.jsonl").read_text().splitlines()]
+
+
 def _groups(run_dir: Path, step: int) -> list[list[float]]:
-    rows = [json.loads(line) for line in (run_dir / "rollouts" / f"{step}.jsonl").read_text().splitlines()]
     groups: dict[str, list[float]] = {}
-    for row in rows:
+    for row in _rows(run_dir, step):
         groups.setdefault(row["input"], []).append(float(row["score"]))
     return list(groups.values())
+
+
+def _greedy_scores(trainer, prompts) -> dict[str, float]:
+    """Independent of the trainer's remax path: greedy responses to ``prompts`` under the
+    weights the step will sample with (the call syncs them), scored, by prompt text."""
+    from megarl.protocol import DataProto
+
+    greedy = DataProto(batch=prompts.batch.clone(), non_tensor_batch=dict(prompts.non_tensor_batch),
+                       meta_info={**prompts.meta_info, "do_sample": False, "validate": False})
+    out = trainer.actor.call_rollout("generate_sequences", greedy)
+    out.meta_info.pop("metrics", None)
+    assert len(out) == len(prompts)
+    scores = trainer.reward_fn(out)[0].sum(-1).tolist()
+    return dict(zip(trainer._texts(out)[0], scores))
 
 
 def _reference_advantages(estimator: str, groups: list[list[float]]) -> torch.Tensor:
@@ -188,19 +201,17 @@ def _reference_advantages(estimator: str, groups: list[list[float]]) -> torch.Te
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("estimator", [
-    pytest.param(name, marks=pytest.mark.xfail(strict=True, raises=ValueError, reason=CONTROLLER_GAPS[name]))
-    if name in CONTROLLER_GAPS else name
-    for name in sorted(ADV_ESTIMATORS)
-])
+@pytest.mark.parametrize("estimator", sorted(ADV_ESTIMATORS))
 def test_controller_step_with_every_estimator(controller, estimator):
     trainer, run_dir = controller
     with open_dict(trainer.cfg):
         trainer.cfg.algorithm.adv_estimator = estimator
         trainer.cfg.algorithm.gdpo_reward_keys = ESTIMATOR_NEEDS.get(estimator, {}).get("algorithm.gdpo_reward_keys")
     prompts_iter = iter(trainer.train_loader)
+    prompts = next(prompts_iter)
+    greedy_scores = _greedy_scores(trainer, prompts) if estimator == "remax" else None
     trainer.global_step += 1
-    m = trainer.train_step(next(prompts_iter), prompts_iter)
+    m = trainer.train_step(prompts, prompts_iter)
     assert math.isfinite(m["actor/pg_loss"]) and m["actor/grad_norm"] > 0, m
     assert math.isfinite(m["critic/vf_loss"]) and m["critic/grad_norm"] > 0, m
     for stat in ("mean", "max", "min"):
@@ -209,3 +220,15 @@ def test_controller_step_with_every_estimator(controller, estimator):
         reference = _reference_advantages(estimator, _groups(run_dir, trainer.global_step))
         assert m["critic/advantages/max"] == pytest.approx(reference.max().item(), abs=1e-4)
         assert m["critic/advantages/min"] == pytest.approx(reference.min().item(), abs=1e-4)
+    if estimator == "remax":
+        assert m["timing_s/gen_max"] > 0, m
+        rows = _rows(run_dir, trainer.global_step)
+        greedy: dict[str, set[float]] = {}
+        for row in rows:  # one greedy response per prompt: one baseline for all its samples
+            greedy.setdefault(row["input"], set()).add(row["reward_baseline"])
+        assert all(len(v) == 1 for v in greedy.values()), greedy
+        assert {k: v.pop() for k, v in greedy.items()} == pytest.approx(greedy_scores)
+        # outcome reward on the last token: every valid token's advantage is score - baseline
+        reference = torch.tensor([row["score"] - row["reward_baseline"] for row in rows])
+        assert m["critic/advantages/max"] == pytest.approx(reference.max().item(), abs=1e-5)
+        assert m["critic/advantages/min"] == pytest.approx(reference.min().item(), abs=1e-5)
