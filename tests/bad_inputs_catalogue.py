@@ -140,7 +140,7 @@ CASES: tuple[Case, ...] = (
          ("expected integer, got str", "e.g. data.train_batch_size=", "(the default)"), subprocess=True, readme=True),
     Case("type_bool_got_string", (f"{A}.use_kl_loss=maybe",), f"{A}.use_kl_loss", ("expected boolean", "e.g.")),
     Case("type_number_got_string", (f"{A}.optim.lr=fast",), f"{A}.optim.lr", ("expected number, got str",)),
-    Case("type_list_for_int", (f"{R}.n=[4,8]",), f"{R}.n", ("expected integer, got list", f"{R}.n=8")),
+    Case("type_list_for_int", (f"{R}.n=[4,8]",), f"{R}.n", ("expected integer, got list", f"{R}.n=16")),  # the yaml default
     Case("type_null_for_int", ("data.max_prompt_length=null",), "data.max_prompt_length", ("expected integer, got null",)),
     Case("unknown_key_typo", (f"{R}.temprature=0.7",), f"{R}.temprature",
          ("unknown key", f"did you mean {R}.temperature"), readme=True),

@@ -6,7 +6,9 @@ Assets under ``demo_dir()`` (env ``MEGARL_DEMO_DIR``, default ``~/.cache/megarl/
 * ``train.parquet`` — ``TRAIN_ROWS`` rows of the "largest digit" task (``demo_data``),
 * ``val.parquet``   — ``VAL_ROWS`` rows.
 
-``ensure_demo_assets(cfg)`` builds the missing ones among those the config points at.
+``ensure_demo_assets(cfg)`` builds the missing ones among those the config points at, and
+rebuilds a split whose stamped data version is not ``demo_data.DATA_VERSION`` (a cache
+left by an older megarl, or a file that is not a demo split).
 Paths outside the demo dir belong to the user and are never written. Every asset is
 built in a temporary path in the demo dir and renamed into place, so two processes
 building at once both end with one complete copy.
@@ -21,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from megarl.data.demo_data import generate_rows, write_rows_parquet
+from megarl.data.demo_data import DATA_VERSION, data_version, generate_rows, write_rows_parquet
 
 logger = logging.getLogger(__name__)
 
@@ -96,12 +98,23 @@ BUILDERS: dict[str, Callable[[Path], None]] = {
 }
 
 
+def _is_current(name: str, target: Path) -> bool:
+    """An existing asset is reused, except a data split of another ``DATA_VERSION``."""
+    if name == MODEL_NAME:
+        return target.exists()
+    return target.exists() and data_version(target) == DATA_VERSION
+
+
 def build_asset(name: str, root: Path | None = None) -> Path:
-    """Build asset ``name`` under ``root`` (default ``demo_dir()``) unless it exists; return its path."""
+    """Build asset ``name`` under ``root`` (default ``demo_dir()``) unless it exists and is
+    current (splits: stamped with ``DATA_VERSION``); return its path."""
     root = root or demo_dir()
     target = root / name
-    if target.exists():
+    if _is_current(name, target):
         return target
+    if target.exists():
+        logger.warning("demo asset %s has data version %s, not %s: rebuilding it",
+                       target, data_version(target), DATA_VERSION)
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))
     try:
@@ -110,7 +123,7 @@ def build_asset(name: str, root: Path | None = None) -> Path:
             staged.mkdir()
         BUILDERS[name](staged)
         try:
-            os.rename(staged, target)  # atomic; fails if another process won the race
+            os.rename(staged, target)  # atomic (replaces a stale file); a dir fails if another process won the race
         except OSError:
             if not target.exists():
                 raise

@@ -5,13 +5,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from megarl.data.demo import TRAIN_ROWS, VAL_ROWS, demo_dir, ensure_demo_assets
-from megarl.data.demo_data import generate_rows, make_prompt_text
+from megarl.data.demo_data import DATA_VERSION, VERSION_KEY, data_version, generate_rows, make_prompt_text, write_rows_parquet
 from megarl.reward.demo_task import DATA_SOURCE, compute_score
 
 
@@ -67,7 +68,9 @@ def test_rows_follow_the_task_definition(built):
             assert question == "largest digit"
             assert r["reward_model"]["ground_truth"] == max(digits.split())
     answers = [r["reward_model"]["ground_truth"] for r in train]
-    assert 0.35 < answers.count("9") / len(answers) < 0.47  # 1 - 0.9**5 = 0.41
+    assert all(len(r["prompt"][0]["content"].split(" : ")[1].split()) == 2 for r in train + val)
+    assert 0.15 < answers.count("9") / len(answers) < 0.23  # 1 - 0.9**2 = 0.19
+    assert 0.0 < answers.count("0") / len(answers) < 0.03  # both digits 0: 0.01
 
 
 def test_generate_rows_depends_on_seed_and_split():
@@ -111,10 +114,32 @@ def test_model_has_the_specified_shape_and_loads(built):
 
 def test_existing_assets_are_not_rebuilt(tmp_path, monkeypatch):
     monkeypatch.setenv("MEGARL_DEMO_DIR", str(tmp_path))
-    (tmp_path / "train.parquet").write_bytes(b"mine")
-    built = ensure_demo_assets({"data": {"train_files": str(tmp_path / "train.parquet")}})
-    assert built == [tmp_path / "train.parquet"]
-    assert (tmp_path / "train.parquet").read_bytes() == b"mine"
+    write_rows_parquet(generate_rows("train", 3, 7), tmp_path / "train.parquet")  # current version, other rows
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "mine").write_text("x")
+    cfg = {"data": {"train_files": str(tmp_path / "train.parquet")}, "actor_rollout_ref": {"model": {"path": str(tmp_path / "model")}}}
+    assert ensure_demo_assets(cfg) == [tmp_path / "model", tmp_path / "train.parquet"]
+    assert pq.read_table(tmp_path / "train.parquet").to_pylist() == generate_rows("train", 3, 7)
+    assert [p.name for p in (tmp_path / "model").iterdir()] == ["mine"]
+
+
+def test_a_split_of_another_data_version_is_rebuilt(tmp_path, monkeypatch):
+    """A cache from an older megarl (unstamped 5-digit rows, version 1) or a stray file in
+    the demo dir is replaced by the current split, not silently reused."""
+    monkeypatch.setenv("MEGARL_DEMO_DIR", str(tmp_path))
+    old = [{**r, "prompt": [{"role": "user", "content": "largest digit : 1 2 3 4 5"}]} for r in generate_rows("val", 4, 0)]
+    pq.write_table(pa.Table.from_pylist(old), str(tmp_path / "val.parquet"))  # no version stamp
+    (tmp_path / "train.parquet").write_bytes(b"not parquet")
+    v1 = pa.Table.from_pylist(old).replace_schema_metadata({VERSION_KEY: b"1"})
+    pq.write_table(v1, str(tmp_path / "other.parquet"))
+    assert data_version(tmp_path / "val.parquet") is None and data_version(tmp_path / "train.parquet") is None
+    assert data_version(tmp_path / "other.parquet") == 1 != DATA_VERSION
+    cfg = {"data": {"train_files": str(tmp_path / "train.parquet"), "val_files": str(tmp_path / "val.parquet")}}
+    ensure_demo_assets(cfg)
+    assert pq.read_table(tmp_path / "val.parquet").to_pylist() == generate_rows("val", VAL_ROWS, 0)
+    assert pq.read_table(tmp_path / "train.parquet").num_rows == TRAIN_ROWS
+    assert data_version(tmp_path / "val.parquet") == data_version(tmp_path / "train.parquet") == DATA_VERSION
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.parquet", "train.parquet", "val.parquet"]
 
 
 def test_paths_outside_the_demo_dir_are_never_touched(tmp_path, monkeypatch):

@@ -1,6 +1,7 @@
 """The demo task is learnable the way the quickstart needs: a bare GRPO loop on the demo
-model (HF transformers, sampling on CPU, 16 prompts x 8 samples, 8-token responses) lifts
-the mean reward from the random-policy level (~0.03) well above what digits-at-random earn.
+model (HF transformers, sampling on CPU, 16 prompts x 16 samples, 1-token responses, as the
+quickstart yaml) lifts the mean reward from the random-policy level (~0.03) above what the
+best constant answer earns (always "9": 0.19 + 0.1 * 0.81 = 0.27 on 2-digit prompts).
 
 This checks the task design, not megarl's trainer: the loop here is independent of it.
 """
@@ -15,7 +16,9 @@ from megarl.reward.demo_task import compute_score
 
 pytestmark = pytest.mark.slow
 
-PROMPTS, SAMPLES, RESPONSE_LEN, STEPS, LR = 16, 8, 8, 30, 3e-3
+# lr 1e-3, not the yaml's 3e-3: this plain loop (no Megatron optimizer details) at 3e-3 swings
+# between the best constant and above it from step to step (measured: last-5 means 0.26-0.39).
+PROMPTS, MINI_BATCH, SAMPLES, RESPONSE_LEN, STEPS, LR, CLIP = 16, 8, 16, 1, 30, 1e-3, 0.2
 
 
 def sample(model, prompt_ids: torch.Tensor, eos: int, pad: int) -> torch.Tensor:
@@ -30,6 +33,12 @@ def sample(model, prompt_ids: torch.Tensor, eos: int, pad: int) -> torch.Tensor:
     return seq[:, prompt_ids.shape[1]:]
 
 
+def log_probs(model, seq: torch.Tensor, responses: torch.Tensor) -> torch.Tensor:
+    """``[N, RESPONSE_LEN]`` log-probs of ``responses`` (the tail of ``seq``)."""
+    logits = model(seq).logits[:, seq.shape[1] - responses.shape[1] - 1:-1]
+    return torch.log_softmax(logits, dim=-1).gather(-1, responses[..., None]).squeeze(-1)
+
+
 def test_grpo_raises_reward_within_30_steps():
     torch.manual_seed(0)
     tokenizer = build_demo_tokenizer()
@@ -42,7 +51,7 @@ def test_grpo_raises_reward_within_30_steps():
         batch = rows[step * PROMPTS:(step + 1) * PROMPTS]
         texts = [tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False) for r in batch]
         prompt_ids = torch.tensor([tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts])
-        prompt_ids = prompt_ids.repeat_interleave(SAMPLES, dim=0)  # all demo prompts have 15 tokens
+        prompt_ids = prompt_ids.repeat_interleave(SAMPLES, dim=0)  # all demo prompts have 9 tokens
         responses = sample(model, prompt_ids, eos, pad)
         is_eos = (responses == eos).long()
         response_mask = ((torch.cumsum(is_eos, dim=1) - is_eos) == 0).float()  # up to and incl. eos
@@ -53,15 +62,21 @@ def test_grpo_raises_reward_within_30_steps():
         advantage = ((groups - groups.mean(1, keepdim=True)) / (groups.std(1, keepdim=True) + 1e-6)).view(-1, 1)
 
         seq = torch.cat([prompt_ids, responses], dim=1)
-        logits = model(seq).logits[:, prompt_ids.shape[1] - 1:-1]
-        log_prob = torch.log_softmax(logits, dim=-1).gather(-1, responses[..., None]).squeeze(-1)
-        loss = -(advantage * log_prob * response_mask).sum() / response_mask.sum()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+        with torch.no_grad():
+            old_log_prob = log_probs(model, seq, responses)
+        # PPO as the yaml: an optimizer step per mini-batch of 8 prompts, ratio clip 0.2, grad norm clip 1.0
+        for mb in torch.arange(len(seq)).split(MINI_BATCH * SAMPLES):
+            ratio = torch.exp(log_probs(model, seq[mb], responses[mb]) - old_log_prob[mb])
+            token_loss = -torch.min(ratio * advantage[mb], ratio.clamp(1 - CLIP, 1 + CLIP) * advantage[mb])
+            loss = (token_loss * response_mask[mb]).sum() / response_mask[mb].sum()
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
         rewards_per_step.append(reward.mean().item())
 
     start = sum(rewards_per_step[:3]) / 3
     end = sum(rewards_per_step[-5:]) / 5
     assert start < 0.08, rewards_per_step
-    assert end > 0.3, rewards_per_step
+    # measured last-5 means 0.39 / 0.52 / 0.47 for torch seeds 0 / 1 / 2; best constant 0.27
+    assert end > 0.33, rewards_per_step
