@@ -268,7 +268,7 @@ class MegatronEngine:
         lr = self.optimizer.param_groups[0]["lr"]
         success, grad_norm, _ = self.optimizer.step()
         if not success:
-            logger.warning("%s: optimizer step skipped (inf/nan gradients under the fp16 loss scale)", self.prefix)
+            logger.warning("%s: optimizer step skipped (non-finite gradients: fp16 loss-scale overflow or NaN/Inf)", self.prefix)
         return stats, float(grad_norm) if grad_norm is not None else float("nan"), float(lr)
 
     def step_scheduler(self) -> None:
