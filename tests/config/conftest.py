@@ -52,6 +52,10 @@ def make(default_cfg: DictConfig, tmp_path: Path):
         OmegaConf.update(cfg, "actor_rollout_ref.model.path", str(tmp_path / "model"))
         OmegaConf.update(cfg, "data.train_files", str(tmp_path / "train.parquet"))
         OmegaConf.update(cfg, "data.val_files", str(tmp_path / "val.parquet"))
+        # The rule tests derive their expected numbers from these sizes: pin them so that
+        # tuning the demo's defaults in the yaml does not change what the tests assume.
+        OmegaConf.update(cfg, "data.max_response_length", 8)
+        OmegaConf.update(cfg, "actor_rollout_ref.rollout.n", 8)
         for key, value in (overrides or {}).items():
             OmegaConf.update(cfg, key, value, force_add=True)
         return cfg
