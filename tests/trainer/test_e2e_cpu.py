@@ -99,6 +99,7 @@ def test_grpo_async_reward_and_dapo_filter_groups(demo_dir, tmp_path):
         "trainer.total_training_steps=1", "trainer.test_freq=-1", "algorithm.filter_groups.enable=true",
         "algorithm.filter_groups.metric=seq_reward", "algorithm.filter_groups.max_num_gen_batches=20",
         "reward_model.reward_manager=dapo", "reward_model.overlong_buffer.enable=true",
+        "data.max_response_length=8",  # room for the overlong buffer (default len 4)
     ])
     _run(cfg)
     m = read_metrics(tmp_path / "dapo")[1]
