@@ -26,7 +26,10 @@ from megarl.config import (
     validate_config,
 )
 from megarl.config.errors import no_value
+from megarl.config.load import finish_compose
 from megarl.config.preflight import preflight
+from megarl.config.profile import demo_banner
+from megarl.config.rules_compat import compat_notices
 
 EXIT_BAD_CONFIG = 2
 
@@ -65,6 +68,8 @@ def prepare(cfg: DictConfig) -> DictConfig:
         except ValueError as error:  # a demo path the builder does not know; names the key
             raise ConfigError([Issue("demo assets", no_value(), str(error), "point the key at your own file or at a demo asset")]) from error
     validate_config(cfg)
+    for notice in compat_notices(cfg):
+        print(f"megarl: {notice}", flush=True)
     resolved = resolve_config(cfg)
     preflight(resolved)
     return resolved
@@ -72,7 +77,12 @@ def prepare(cfg: DictConfig) -> DictConfig:
 
 @hydra.main(config_path=CONFIG_DIR, config_name=CONFIG_NAME, version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
     try:
+        applied = finish_compose(cfg, list(HydraConfig.get().overrides.task))
+        if applied:
+            print(demo_banner(applied), flush=True)
         resolved = prepare(cfg)
     except ConfigError as error:
         _fail(error)

@@ -73,14 +73,14 @@ def overlong_penalty(
     """Soft overlong punishment `[batch]` (<= 0): 0 up to max_response_length - buffer_len,
     then falls linearly to -penalty_factor at max_response_length.
 
-    Config: reward_model.overlong_buffer.{len, penalty_factor}; max_response_length =
+    Config: reward.reward_kwargs.overlong_buffer_cfg.{len, penalty_factor}; max_response_length =
     data.max_response_length.
     """
     if overlong_buffer_len <= 0:
-        raise ValueError(f"reward_model.overlong_buffer.len must be > 0, got {overlong_buffer_len}")
+        raise ValueError(f"reward.reward_kwargs.overlong_buffer_cfg.len must be > 0, got {overlong_buffer_len}")
     if overlong_buffer_len > max_response_length:
         raise ValueError(
-            f"reward_model.overlong_buffer.len ({overlong_buffer_len}) exceeds "
+            f"reward.reward_kwargs.overlong_buffer_cfg.len ({overlong_buffer_len}) exceeds "
             f"data.max_response_length ({max_response_length})"
         )
     expected = max_response_length - overlong_buffer_len

@@ -16,12 +16,30 @@ CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs" / "megatron")
 CONFIG_NAME = "ppo_megatron_trainer"
 
 
+def finish_compose(cfg: DictConfig, overrides: Sequence[str]) -> dict[str, object]:
+    """After Hydra composed `cfg` from `overrides`: move legacy reward keys to `reward.*` (verl's
+    migration) and, when no model is given, apply the demo profile to the keys the user did not
+    set. Mutates `cfg`; returns the demo-profile values applied (empty for a real run)."""
+    from megarl.config.errors import ConfigError
+    from megarl.config.legacy import migrate_legacy_reward_keys
+    from megarl.config.profile import apply_demo_profile, override_keys
+
+    user_keys = override_keys(overrides)
+    issues = migrate_legacy_reward_keys(cfg, user_keys)
+    if issues:
+        raise ConfigError(issues)
+    return apply_demo_profile(cfg, user_keys)
+
+
 def load_config(overrides: Sequence[str] = (), config_name: str = CONFIG_NAME) -> DictConfig:
-    """Hydra-compose `config_name` with command-line style `overrides` (`a.b=c`)."""
+    """Compose `config_name` with command-line style `overrides` (`a.b=c`) exactly as
+    `python -m megarl.main_ppo` does (Hydra, legacy-key migration, demo profile)."""
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        return compose(config_name=config_name, overrides=list(overrides))
+        cfg = compose(config_name=config_name, overrides=list(overrides))
+    finish_compose(cfg, overrides)
+    return cfg
 
 
 def resolve_config(cfg: DictConfig) -> DictConfig:
@@ -29,6 +47,8 @@ def resolve_config(cfg: DictConfig) -> DictConfig:
 
     Workers get sub-trees of this; nothing downstream needs to expand paths again.
     `trainer.logger` given as one string (`trainer.logger=console`) becomes a list.
+    `rollout.weight_sync.bucket_size_mb` follows verl's `checkpoint_engine.update_weights_bucket_megabytes`
+    unless set itself.
     """
     out = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     if isinstance(OmegaConf.select(out, "trainer.logger", default=None), str):

@@ -66,14 +66,14 @@ def reward_issues(cfg: DictConfig) -> list[Issue]:
     from megarl.reward import RewardFunctionError, load_reward_fn
 
     try:
-        load_reward_fn(cfg.get("custom_reward_function"))
+        load_reward_fn(cfg.reward.custom_reward_function)
     except RewardFunctionError as exc:
         text = str(exc)
-        key = "custom_reward_function.name" if text.startswith("custom_reward_function.name") else "custom_reward_function.path"
+        key = "reward.custom_reward_function.name" if text.startswith("reward.custom_reward_function.name") else "reward.custom_reward_function.path"
         problem = text.split(": ", 1)[1] if ": " in text else text
         fixes = {
-            "custom_reward_function.name": f"set custom_reward_function.name to a function defined in {value_at(cfg, 'custom_reward_function.path')}",
-            "custom_reward_function.path": "point custom_reward_function.path at an existing .py file that imports cleanly",
+            "reward.custom_reward_function.name": f"set reward.custom_reward_function.name to a function defined in {value_at(cfg, 'reward.custom_reward_function.path')}",
+            "reward.custom_reward_function.path": "point reward.custom_reward_function.path at an existing .py file that imports cleanly",
         }
         return [Issue(key, value_at(cfg, key), problem, fixes[key])]
     return []

@@ -32,11 +32,11 @@ def local_cluster_issues(cfg: DictConfig) -> list[Issue]:
             return [Issue("trainer.n_gpus_per_node", per_node, f"this machine has {gpus} CUDA GPU(s) (trainer.device={device})",
                           f"set trainer.n_gpus_per_node <= {gpus}" + ("" if gpus else ", or trainer.device=cpu"))]
         return []
-    cpus = value_at(cfg, "ray_init.num_cpus") or os.cpu_count() or 1
+    cpus = value_at(cfg, "ray_kwargs.ray_init.num_cpus") or os.cpu_count() or 1
     need = per_node * CPU_PER_CPU_RANK
     if need > cpus:
-        source = "ray_init.num_cpus" if value_at(cfg, "ray_init.num_cpus") else "this machine"
+        source = "ray_kwargs.ray_init.num_cpus" if value_at(cfg, "ray_kwargs.ray_init.num_cpus") else "this machine"
         return [Issue("trainer.n_gpus_per_node", per_node,
                       f"{per_node} CPU ranks reserve {need:g} CPUs ({CPU_PER_CPU_RANK} each) but {source} has {cpus}",
-                      f"set trainer.n_gpus_per_node <= {int(cpus / CPU_PER_CPU_RANK)} or raise ray_init.num_cpus")]
+                      f"set trainer.n_gpus_per_node <= {int(cpus / CPU_PER_CPU_RANK)} or raise ray_kwargs.ray_init.num_cpus")]
     return []

@@ -58,7 +58,7 @@ def _overlong(cfg: DictConfig, dataset: Any, files_key: str) -> list[Issue]:
 
 def _data_sources(cfg: DictConfig, dataset: Any, files_key: str) -> list[Issue]:
     """With the built-in scorers, every row's data source must have one."""
-    if value_at(cfg, "custom_reward_function.path"):
+    if value_at(cfg, "reward.custom_reward_function.path"):
         return []
     from megarl.reward import default_compute_score, known_data_sources
 
@@ -74,8 +74,8 @@ def _data_sources(cfg: DictConfig, dataset: Any, files_key: str) -> list[Issue]:
     if not unknown:
         return []
     return [Issue(
-        "custom_reward_function.path", None,
+        "reward.custom_reward_function.path", None,
         f"{files_key} has data sources ({dataset.reward_fn_key} column) without a built-in scorer: {', '.join(unknown)}",
-        f"set custom_reward_function.path / name to your scoring function, or use a built-in data source "
+        f"set reward.custom_reward_function.path / name to your scoring function, or use a built-in data source "
         f"({', '.join(known_data_sources()[:4])}, ...: megarl.reward.known_data_sources())",
     )]

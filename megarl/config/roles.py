@@ -22,7 +22,6 @@ class Role:
 ACTOR = Role("actor", "actor_rollout_ref.actor.megatron", "actor_rollout_ref.model.path", "actor_rollout_ref.model.override_config")
 REF = Role("ref", "actor_rollout_ref.ref.megatron", "actor_rollout_ref.model.path", "actor_rollout_ref.model.override_config")
 CRITIC = Role("critic", "critic.megatron", "critic.model.path", "critic.model.override_config")
-REWARD_MODEL = Role("reward_model", "reward_model.megatron", "reward_model.model.path", None)
 
 
 def critic_enabled(v: View) -> bool:
@@ -52,8 +51,6 @@ def active_roles(v: View) -> list[Role]:
         roles.append(REF)
     if critic_enabled(v):
         roles.append(CRITIC)
-    if v.get("reward_model.enable"):
-        roles.append(REWARD_MODEL)
     return roles
 
 

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 from megarl.config.errors import Issue
 from megarl.config.names import GROUP_ADV_ESTIMATORS
+from megarl.config.schema_reward import OVERLONG_KEY, overlong_buffer
 from megarl.config.view import Skip, View
 
 ROLLOUT = "actor_rollout_ref.rollout"
@@ -182,25 +183,19 @@ def _problem(exc: ValueError) -> str:
 
 
 def reward(v: View) -> Iterator[Issue]:
-    ob = "reward_model.overlong_buffer"
-    if v.get(f"{ob}.enable"):
-        if v.get("reward_model.reward_manager") != "dapo":
-            yield Issue(f"{ob}.enable", True, "the overlong penalty is applied by the dapo reward manager", "set reward_model.reward_manager=dapo")
-        length, resp = v.get(f"{ob}.len"), v.get("data.max_response_length")
-        if length > resp:
-            yield Issue(f"{ob}.len", length, f"longer than data.max_response_length={resp}", f"set {ob}.len <= {resp}")
-    if v.get("reward_model.enable") and v.get("reward_model.model.path") is None:
-        yield Issue("reward_model.model.path", None, "reward_model.enable is true but no reward model is given", "set reward_model.model.path to a local HF dir, or reward_model.enable=false")
-
-
-def unimplemented(v: View) -> Iterator[Issue]:
-    """verl features whose keys megarl accepts but has no worker for yet: refused up front."""
-    if v.get("reward_model.enable") and v.get("reward_model.model.path") is not None:
-        yield Issue("reward_model.enable", True, "learned reward models are not implemented in megarl yet",
-                    "set reward_model.enable=false and score with the rule scorers / custom_reward_function")
-    if v.get(f"{ROLLOUT}.multi_turn.enable"):
-        yield Issue(f"{ROLLOUT}.multi_turn.enable", True, "multi-turn (tool) rollouts are not implemented in megarl yet",
-                    f"set {ROLLOUT}.multi_turn.enable=false")
+    key = f"{OVERLONG_KEY}"
+    try:
+        buffer = overlong_buffer(v.get("reward.reward_kwargs"))
+    except ValueError as error:
+        yield Issue(key, v.get("reward.reward_kwargs").get("overlong_buffer_cfg"), str(error),
+                    f"give {key} as {{enable: true, len: 4, penalty_factor: 1.0, log: false}}")
+        return
+    if buffer is not None and buffer.enable:
+        if v.get("reward.reward_manager.name") != "dapo":
+            yield Issue(f"{key}.enable", True, "the overlong penalty is applied by the dapo reward manager", "set reward.reward_manager.name=dapo")
+        resp = v.get("data.max_response_length")
+        if buffer.len > resp:
+            yield Issue(f"{key}.len", buffer.len, f"longer than data.max_response_length={resp}", f"set {key}.len <= {resp}")
 
 
 def _python_file(v: View, path_key: str, name_key: str, what: str) -> Iterator[Issue]:
@@ -214,7 +209,7 @@ def _python_file(v: View, path_key: str, name_key: str, what: str) -> Iterator[I
 
 
 def plugin_files(v: View) -> Iterator[Issue]:
-    yield from _python_file(v, "custom_reward_function.path", "custom_reward_function.name", "reward function")
+    yield from _python_file(v, "reward.custom_reward_function.path", "reward.custom_reward_function.name", "reward function")
     yield from _python_file(v, "data.custom_cls.path", "data.custom_cls.name", "dataset class")
     yield from _python_file(v, "data.sampler.class_path", "data.sampler.class_name", "sampler class")
 
@@ -238,4 +233,4 @@ def _optim_section(v: View, section: str) -> Iterator[Issue]:
         yield Issue(f"{section}.checkpoint.load_contents", load, f"{missing} are never saved (save_contents={save})", f"add them to {section}.checkpoint.save_contents or drop them from load_contents")
 
 
-RULES = (group_size, kl_sources, critic_needed, gdpo, optimal_token_baseline, lengths_copy, vllm_limits, sampling, policy_loss, loss_mode_needs, rollout_correction, reward, unimplemented, plugin_files, optim)
+RULES = (group_size, kl_sources, critic_needed, gdpo, optimal_token_baseline, lengths_copy, vllm_limits, sampling, policy_loss, loss_mode_needs, rollout_correction, reward, plugin_files, optim)

@@ -97,18 +97,10 @@ def actor_batches(v: View) -> Iterator[Issue]:
 def critic_batches(v: View) -> Iterator[Issue]:
     if critic_enabled(v):
         yield from _ppo_batches(v, "critic", CRITIC)
-        yield from _critic_forward(v)
-
-
-def _critic_forward(v: View) -> Iterator[Issue]:
-    """Micro-batching of the value forward (compute_values)."""
-    if v.get("critic.use_dynamic_bsz"):
-        key = "critic.forward_max_token_len_per_gpu"
-        if v.get(key) < _seq_len(v):
-            yield _budget_issue(v, key)
-    elif v.get("critic.forward_micro_batch_size_per_gpu") is None:
-        key = "critic.forward_micro_batch_size_per_gpu"
-        yield Issue(key, None, "required when critic.use_dynamic_bsz is false", f"set {key} (responses per rank per forward), e.g. 16")
+        if v.get("critic.use_dynamic_bsz"):  # the value forward (compute_values) has its own budget
+            key = "critic.forward_max_token_len_per_gpu"
+            if v.get(key) < _seq_len(v):
+                yield _budget_issue(v, key)
 
 
 def old_log_prob_batches(v: View) -> Iterator[Issue]:

@@ -1,4 +1,5 @@
-"""The whole config tree as dataclasses (types and constraints; defaults live in the yaml)."""
+"""The typed config tree: the keys megarl implements (defaults live in the yaml; the verl keys
+megarl accepts without implementing are in compat.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from megarl.config.schema_actor import ActorRolloutRefConfig
 from megarl.config.schema_algorithm import AlgorithmConfig
 from megarl.config.schema_critic import CriticConfig
 from megarl.config.schema_data import DataConfig
-from megarl.config.schema_reward import CustomRewardFunctionConfig, RewardModelConfig
-from megarl.config.schema_trainer import RayInitConfig, TrainerConfig
+from megarl.config.schema_reward import LegacyCustomRewardFunctionConfig, LegacyRewardModelConfig, RewardConfig
+from megarl.config.schema_trainer import RayKwargsConfig, TrainerConfig
 from megarl.config.spec import spec
 
 
@@ -20,8 +21,9 @@ class MegaRLConfig:
     data: DataConfig = spec()
     actor_rollout_ref: ActorRolloutRefConfig = spec()
     critic: CriticConfig = spec()
-    reward_model: RewardModelConfig = spec()
-    custom_reward_function: CustomRewardFunctionConfig = spec()
+    reward: RewardConfig = spec()
+    custom_reward_function: LegacyCustomRewardFunctionConfig = spec()
+    reward_model: LegacyRewardModelConfig = spec()
     algorithm: AlgorithmConfig = spec()
     trainer: TrainerConfig = spec()
-    ray_init: RayInitConfig = spec()
+    ray_kwargs: RayKwargsConfig = spec()

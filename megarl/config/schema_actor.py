@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from megarl.config import names
-from megarl.config.names import DTYPES, LOAD_FORMATS
+from megarl.config.names import DTYPES, LOAD_FORMATS, ROLLOUT_MODES
 from megarl.config.schema_megatron import (
     CheckpointConfig,
     MegatronInferConfig,
@@ -18,7 +18,7 @@ from megarl.config.spec import spec
 
 @dataclass
 class ModelConfig:
-    path: str = spec(path=True)
+    path: str | None = spec(path=True)
     tokenizer_path: str | None = spec(path=True)
     trust_remote_code: bool = spec()
     override_config: dict[str, Any] = spec()
@@ -39,12 +39,12 @@ class PolicyLossConfig:
 
 @dataclass
 class ActorConfig:
+    rollout_n: int = spec(ge=1)
     strategy: Literal["megatron"] = spec(note="megarl trains with Megatron-Core only (no FSDP)")
     ppo_mini_batch_size: int = spec(ge=1)
     ppo_micro_batch_size_per_gpu: int | None = spec(ge=1)
     use_dynamic_bsz: bool = spec()
     ppo_max_token_len_per_gpu: int = spec(ge=1)
-    grad_clip: float = spec(gt=0)
     clip_ratio: float = spec(gt=0)
     clip_ratio_low: float | None = spec(gt=0)
     clip_ratio_high: float | None = spec(gt=0)
@@ -69,6 +69,7 @@ class ActorConfig:
 
 @dataclass
 class RefConfig:
+    strategy: Literal["megatron"] = spec(note="megarl runs the reference on Megatron-Core only")
     log_prob_micro_batch_size_per_gpu: int | None = spec(ge=1)
     log_prob_use_dynamic_bsz: bool = spec()
     log_prob_max_token_len_per_gpu: int = spec(ge=1)
@@ -90,11 +91,8 @@ class ValKwargs:
 
 
 @dataclass
-class MultiTurnConfig:
-    enable: bool = spec()
-    max_assistant_turns: int | None = spec(ge=1)
-    max_user_turns: int | None = spec(ge=1)
-    tool_config_path: str | None = spec(path=True)
+class CheckpointEngineConfig:
+    update_weights_bucket_megabytes: int = spec(ge=1)
 
 
 @dataclass
@@ -106,7 +104,7 @@ class WeightSyncConfig:
 @dataclass
 class RolloutConfig:
     name: Literal["vllm"] = spec(note="megarl generates with vLLM only (no sglang/hf rollout)")
-    mode: Literal["sync"] = spec(note="megarl drives vLLM through the synchronous LLM API only")
+    mode: str = spec(choices=ROLLOUT_MODES)
     temperature: float = spec(gt=0)
     top_k: int = spec(ge=-1)
     top_p: float = spec(gt=0, le=1)
@@ -123,6 +121,7 @@ class RolloutConfig:
     max_model_len: int | None = spec(ge=1)
     max_num_seqs: int = spec(ge=1)
     enable_chunked_prefill: bool = spec()
+    enable_prefix_caching: bool = spec()
     do_sample: bool = spec()
     n: int = spec(ge=1)
     seed: int = spec(ge=0)
@@ -132,7 +131,7 @@ class RolloutConfig:
     log_prob_max_token_len_per_gpu: int = spec(ge=1)
     engine_kwargs: EngineKwargs = spec()
     val_kwargs: ValKwargs = spec()
-    multi_turn: MultiTurnConfig = spec()
+    checkpoint_engine: CheckpointEngineConfig = spec()
     weight_sync: WeightSyncConfig = spec()
 
 

@@ -5,13 +5,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from megarl.config.names import CHECKPOINT_CONTENTS, DTYPES, LR_DECAY_STYLES, OPTIMIZERS
+from megarl.config.names import (
+    CHECKPOINT_CONTENTS,
+    DTYPES,
+    GRAD_DTYPES,
+    LR_DECAY_STYLES,
+    OPTIM_STATE_DTYPES,
+    OPTIMIZERS,
+    WD_INCR_STYLES,
+    WSD_DECAY_STYLES,
+)
 from megarl.config.spec import spec
 
 
 @dataclass
 class MegatronInferConfig:
-    """Parallel layout of a forward-only Megatron model (reference, reward model)."""
+    """Parallel layout of a forward-only Megatron model (reference)."""
 
     tensor_model_parallel_size: int = spec(ge=1)
     pipeline_model_parallel_size: int = spec(ge=1)
@@ -33,22 +42,34 @@ class MegatronTrainConfig(MegatronInferConfig):
     """Parallel layout plus optimizer-side switches of a trained model (actor, critic)."""
 
     use_distributed_optimizer: bool = spec()
-    grad_offload: bool = spec()
     optimizer_offload: bool = spec()
 
 
 @dataclass
 class OptimConfig:
+    """verl's McoreOptimizerConfig: Megatron optimizer + OptimizerParamScheduler."""
+
     optimizer: str = spec(choices=OPTIMIZERS)
     lr: float = spec(gt=0)
+    lr_warmup_init: float = spec(ge=0)
     lr_warmup_steps: int = spec(ge=-1)
     lr_warmup_steps_ratio: float = spec(ge=0, le=1)
+    lr_decay_steps: int | None = spec(ge=1)
     lr_decay_style: str = spec(choices=LR_DECAY_STYLES)
-    min_lr_ratio: float = spec(ge=0, le=1)
+    min_lr: float = spec(ge=0)
+    lr_wsd_decay_style: str = spec(choices=WSD_DECAY_STYLES)
+    lr_wsd_decay_steps: int | None = spec(ge=1)
     weight_decay: float = spec(ge=0)
+    weight_decay_incr_style: str = spec(choices=WD_INCR_STYLES)
     betas: list[float] = spec(ge=0, lt=1)
     clip_grad: float = spec(gt=0)
     total_training_steps: int = spec(ge=-1)
+    use_checkpoint_opt_param_scheduler: bool = spec()
+    use_precision_aware_optimizer: bool = spec()
+    main_grads_dtype: str = spec(choices=GRAD_DTYPES)
+    exp_avg_dtype: str = spec(choices=OPTIM_STATE_DTYPES)
+    exp_avg_sq_dtype: str = spec(choices=OPTIM_STATE_DTYPES)
+    override_optimizer_config: dict[str, Any] = spec()
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Schema of `reward_model` and `custom_reward_function`."""
+"""Schema of `reward` (verl 0.9 layout) and the legacy top-level reward keys it replaces."""
 
 from __future__ import annotations
 
@@ -6,38 +6,74 @@ from dataclasses import dataclass
 from typing import Any
 
 from megarl.config.names import REWARD_MANAGERS
-from megarl.config.schema_megatron import MegatronInferConfig
 from megarl.config.spec import spec
-
-
-@dataclass
-class OverlongBufferConfig:
-    enable: bool = spec()
-    len: int = spec(ge=1)
-    penalty_factor: float = spec(ge=0)
-
-
-@dataclass
-class RewardModelModelConfig:
-    path: str | None = spec(path=True)
-    input_tokenizer: str | None = spec(path=True)
-    trust_remote_code: bool = spec()
-
-
-@dataclass
-class RewardModelConfig:
-    enable: bool = spec()
-    reward_manager: str = spec(choices=REWARD_MANAGERS)
-    launch_reward_fn_async: bool = spec()
-    overlong_buffer: OverlongBufferConfig = spec()
-    model: RewardModelModelConfig = spec()
-    megatron: MegatronInferConfig = spec()
-    micro_batch_size_per_gpu: int = spec(ge=1)
-    max_length: int | None = spec(ge=1)
 
 
 @dataclass
 class CustomRewardFunctionConfig:
     path: str | None = spec(path=True)
-    name: str = spec()
+    name: str | None = spec()
     reward_kwargs: dict[str, Any] = spec()
+
+
+@dataclass
+class RewardManagerConfig:
+    name: str = spec(choices=REWARD_MANAGERS)
+
+
+@dataclass
+class RewardConfig:
+    custom_reward_function: CustomRewardFunctionConfig = spec()
+    reward_manager: RewardManagerConfig = spec()
+    reward_kwargs: dict[str, Any] = spec()
+    launch_reward_fn_async: bool = spec()
+
+
+@dataclass
+class LegacyCustomRewardFunctionConfig:
+    """verl's top-level `custom_reward_function` (null = use reward.custom_reward_function)."""
+
+    path: str | None = spec(path=True)
+    name: str | None = spec()
+
+
+@dataclass
+class LegacyRewardModelConfig:
+    """verl's top-level `reward_model` keys megarl migrates (the rest are in compat.py)."""
+
+    reward_manager: str | None = spec(choices=REWARD_MANAGERS)
+    enable: bool | None = spec()
+
+
+OVERLONG_KEY = "reward.reward_kwargs.overlong_buffer_cfg"
+
+
+@dataclass(frozen=True)
+class OverlongBufferConfig:
+    """DAPO's soft overlong penalty, `reward.reward_kwargs.overlong_buffer_cfg` (verl's place)."""
+
+    enable: bool
+    len: int  # tokens of the soft-penalty zone before max_response_length
+    penalty_factor: float  # penalty at max_response_length (linear from 0 at the zone start)
+    log: bool  # also report the penalty per response
+
+
+def overlong_buffer(reward_kwargs: dict[str, Any]) -> OverlongBufferConfig | None:
+    """The overlong-buffer settings in `reward_kwargs`, or None; ValueError names a bad field."""
+    raw = reward_kwargs.get("overlong_buffer_cfg")  # a free-form mapping: absence is meaningful
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ValueError("must be a mapping")
+    unknown = set(raw) - {"enable", "len", "penalty_factor", "log"}
+    if unknown:
+        raise ValueError(f"unknown fields {sorted(unknown)}")
+    missing = {"enable", "len", "penalty_factor"} - set(raw)
+    if raw.get("enable") and missing:
+        raise ValueError(f"enable is true but {sorted(missing)} are not given")
+    cfg = OverlongBufferConfig(bool(raw.get("enable", False)), raw.get("len", 0), raw.get("penalty_factor", 0.0), bool(raw.get("log", False)))
+    if cfg.enable and (not isinstance(cfg.len, int) or isinstance(cfg.len, bool) or cfg.len < 1):
+        raise ValueError(f"len must be an integer >= 1, got {cfg.len!r}")
+    if cfg.enable and (not isinstance(cfg.penalty_factor, (int, float)) or cfg.penalty_factor < 0):
+        raise ValueError(f"penalty_factor must be a number >= 0, got {cfg.penalty_factor!r}")
+    return cfg

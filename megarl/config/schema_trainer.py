@@ -1,4 +1,4 @@
-"""Schema of `trainer` (loop, logging, checkpoints, cluster size) and `ray_init`."""
+"""Schema of `trainer` (loop, logging, checkpoints, cluster size) and `ray_kwargs`."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from megarl.config.spec import spec
 
 @dataclass
 class TrainerConfig:
+    balance_batch: bool = spec()
     total_epochs: int = spec(ge=1)
     total_training_steps: int | None = spec(ge=1)
     project_name: str = spec()
@@ -20,7 +21,6 @@ class TrainerConfig:
     validation_data_dir: str | None = spec(path=True)
     nnodes: int = spec(ge=1)
     n_gpus_per_node: int = spec(ge=1)
-    device: str = spec(choices=DEVICES)
     save_freq: int = spec()
     resume_mode: str = spec(choices=RESUME_MODES)
     resume_from_path: str | None = spec(path=True)
@@ -30,11 +30,22 @@ class TrainerConfig:
     default_local_dir: str = spec(path=True)
     max_actor_ckpt_to_keep: int | None = spec(ge=1)
     max_critic_ckpt_to_keep: int | None = spec(ge=1)
-    balance_batch: bool = spec()
+    device: str = spec(choices=DEVICES)
     nan_policy: str = spec(choices=NAN_POLICIES)
+
+
+@dataclass
+class RuntimeEnvConfig:
+    py_executable: str | None = spec(path=True)
 
 
 @dataclass
 class RayInitConfig:
     num_cpus: int | None = spec(ge=1)
+    runtime_env: RuntimeEnvConfig = spec()
+
+
+@dataclass
+class RayKwargsConfig:
+    ray_init: RayInitConfig = spec()
     timeline_json_file: str | None = spec(path=True)

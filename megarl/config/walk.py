@@ -17,6 +17,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
+from megarl.config.compat import rule_for
 from megarl.config.errors import Issue, no_value
 from megarl.config.unsupported import UNSUPPORTED_VERL_KEYS
 
@@ -58,7 +59,10 @@ def all_schema_paths(root: type) -> tuple[str, ...]:
 
 
 def schema_type_at(root: type, dotted: str) -> Any | None:
-    """Type of the schema field at `dotted` (a dataclass for a section), or None if unknown."""
+    """Type of the schema field at `dotted` (a dataclass for a section), `Any` inside a free-form
+    mapping or a verl key megarl accepts (compat.py), None if unknown."""
+    if rule_for(dotted) is not None:
+        return Any
     tp: Any = root
     for part in dotted.split("."):
         if tp is dict or typing.get_origin(tp) is dict:
@@ -209,6 +213,8 @@ def check_tree(node: DictConfig, cls: type, prefix: str = "", root: type | None 
     for key in node.keys():
         if str(key) not in fields:
             full = f"{prefix}{key}"
+            if key == "_target_" or rule_for(full) is not None:
+                continue  # verl's class tag, or a verl key megarl accepts (rules_compat checks its value)
             issues.append(unknown_key_issue(root, full))
             bad.add(full)
     for name, (tp, meta) in fields.items():

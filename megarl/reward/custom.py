@@ -1,4 +1,4 @@
-"""Loading the scoring function named by ``custom_reward_function.{path, name, reward_kwargs}``."""
+"""Loading the scoring function named by ``reward.custom_reward_function.{path, name, reward_kwargs}``."""
 
 from __future__ import annotations
 
@@ -29,19 +29,19 @@ def load_reward_fn(custom_cfg: Any) -> ScoreFn:
     name = custom_cfg.get("name") or "compute_score"
     path = os.path.expanduser(str(path))
     if not os.path.isfile(path):
-        raise RewardFunctionError(f"custom_reward_function.path={path!r}: file not found")
+        raise RewardFunctionError(f"reward.custom_reward_function.path={path!r}: file not found")
     module_name = "megarl_custom_reward_" + str(abs(hash(os.path.abspath(path))))
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
     except Exception as error:  # the user's file; report where it failed
-        raise RewardFunctionError(f"custom_reward_function.path={path!r}: importing it failed: {error!r}") from error
+        raise RewardFunctionError(f"reward.custom_reward_function.path={path!r}: importing it failed: {error!r}") from error
     sys.modules[module_name] = module  # so worker processes (prime manager) can unpickle fn
     fn = getattr(module, name, None)
     if not callable(fn):
         raise RewardFunctionError(
-            f"custom_reward_function.name={name!r}: no function of that name in {path!r}"
+            f"reward.custom_reward_function.name={name!r}: no function of that name in {path!r}"
         )
     kwargs = dict(custom_cfg.get("reward_kwargs") or {})
     return functools.partial(fn, **kwargs) if kwargs else fn

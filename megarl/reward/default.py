@@ -24,7 +24,7 @@ def default_compute_score(
     """Score one decoded response with the rule scorer for ``data_source``.
 
     Raises ValueError naming the data source and the known ones when none matches (point
-    ``custom_reward_function.path`` at your own scorer for other data).
+    ``reward.custom_reward_function.path`` at your own scorer for other data).
     """
     del extra_info
     if data_source == demo_task.DATA_SOURCE:
@@ -35,5 +35,5 @@ def default_compute_score(
         return math_boxed.compute_score(solution_str, str(ground_truth))
     raise ValueError(
         f"no built-in reward function for data_source={data_source!r} (known: {list(known_data_sources())}); "
-        "set custom_reward_function.path / name to score it"
+        "set reward.custom_reward_function.path / name to score it"
     )

@@ -9,7 +9,7 @@ list of length B (``score`` always; any extra keys a scorer returns in a dict).
   lists, returning a list of scores.
 * ``prime``: the per-row calls in a process pool with a timeout for the batch (rows not
   done by then score 0 and is counted in ``reward/timeouts``).
-* ``dapo``: per-row scores plus DAPO's overlong penalty (``reward_model.overlong_buffer``).
+* ``dapo``: per-row scores plus DAPO's overlong penalty (``reward.reward_kwargs.overlong_buffer_cfg``).
 
 A scorer that raises, or returns NaN/Inf, is reported with the row index and its data_source.
 """
@@ -90,7 +90,7 @@ class RewardManager:
         overlong: tuple[int, float, int] | None = None,
     ) -> None:
         if name not in REWARD_MANAGERS:
-            raise ValueError(f"reward_model.reward_manager={name!r} is not one of {list(REWARD_MANAGERS)}")
+            raise ValueError(f"reward.reward_manager.name={name!r} is not one of {list(REWARD_MANAGERS)}")
         self.tokenizer = tokenizer
         self.compute_score = compute_score
         self.name = name
@@ -174,7 +174,7 @@ class RewardManager:
             if not math.isfinite(score):
                 raise self._fail(i, rows[i], ValueError(
                     f"score is {score}; a reward must be a finite number (fix the reward function, e.g. "
-                    "custom_reward_function.path, for this row)"))
+                    "reward.custom_reward_function.path, for this row)"))
             scores.append(score)
             for k, v in more.items():
                 extra.setdefault(k, [None] * len(results))[i] = v
@@ -194,18 +194,19 @@ class RewardManager:
 
 
 def build_reward_manager(cfg: Any, tokenizer: Any) -> RewardManager:
-    """The reward manager of a full config (reward_model.*, custom_reward_function.*, data.*)."""
+    """The reward manager of a full config (reward.*, data.*)."""
+    from megarl.config.schema_reward import overlong_buffer
     from megarl.reward.custom import load_reward_fn
 
-    name = cfg.reward_model.get("reward_manager", "naive")
+    name = cfg.reward.reward_manager.name
     overlong = None
-    buffer = cfg.reward_model.get("overlong_buffer", None)
-    if name == "dapo" and buffer is not None and buffer.get("enable", False):
-        overlong = (int(buffer.len), float(buffer.penalty_factor), int(cfg.data.max_response_length))
+    buffer = overlong_buffer(dict(cfg.reward.reward_kwargs))
+    if name == "dapo" and buffer is not None and buffer.enable:
+        overlong = (buffer.len, float(buffer.penalty_factor), int(cfg.data.max_response_length))
     return RewardManager(
         tokenizer,
-        load_reward_fn(cfg.get("custom_reward_function")),
+        load_reward_fn(cfg.reward.custom_reward_function),
         name=name,
-        reward_fn_key=cfg.data.get("reward_fn_key", "data_source"),
+        reward_fn_key=cfg.data.reward_fn_key,
         overlong=overlong,
     )

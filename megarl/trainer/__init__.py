@@ -19,10 +19,13 @@ def run_ppo(cfg: DictConfig) -> dict[str, Any]:
     started = False
     if not ray.is_initialized():
         # RAY_ADDRESS (set by launch/*.sh) joins a running cluster; otherwise a local Ray
-        # with ray_init.num_cpus CPUs.
-        num_cpus = None if _cluster_running() else cfg.get("ray_init", {}).get("num_cpus")
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True,
-                 runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+        # with ray_kwargs.ray_init (num_cpus, runtime_env.py_executable).
+        ray_init = cfg.ray_kwargs.ray_init
+        runtime_env: dict[str, Any] = {"env_vars": {"TOKENIZERS_PARALLELISM": "false"}}
+        if ray_init.runtime_env.py_executable:
+            runtime_env["py_executable"] = ray_init.runtime_env.py_executable
+        num_cpus = None if _cluster_running() else ray_init.num_cpus
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True, runtime_env=runtime_env)
         started = True
     trainer = RayPPOTrainer(cfg)
     failed = True
@@ -35,7 +38,7 @@ def run_ppo(cfg: DictConfig) -> dict[str, Any]:
         # After a failure (a worker error or death, NaN stop, Ctrl-C) the workers are killed,
         # not asked to shut down: a rank may wait forever in a collective with a dead peer.
         trainer.close(graceful=not failed)
-        timeline = cfg.get("ray_init", {}).get("timeline_json_file")
+        timeline = cfg.ray_kwargs.timeline_json_file
         if timeline:
             ray.timeline(filename=timeline)
         if started:

@@ -82,22 +82,6 @@ def _merge(batch: DataProto, out: DataProto) -> dict[str, float]:
     return _mean_dicts(metrics if isinstance(metrics, list) else [metrics])
 
 
-def _reject_unimplemented(cfg: DictConfig) -> None:
-    """Config features the trainer has no worker for yet: a clear error, not a silent no-op."""
-    from megarl.config import ConfigError, Issue
-
-    issues = []
-    if cfg.reward_model.get("enable", False):
-        issues.append(Issue("reward_model.enable", True, "learned reward models are not implemented in megarl yet",
-                            "set reward_model.enable=false and score with rules / custom_reward_function"))
-    if cfg.actor_rollout_ref.rollout.multi_turn.get("enable", False):
-        issues.append(Issue("actor_rollout_ref.rollout.multi_turn.enable", True,
-                            "multi-turn (tool) rollouts are not implemented in megarl yet",
-                            "set actor_rollout_ref.rollout.multi_turn.enable=false"))
-    if issues:
-        raise ConfigError(issues)
-
-
 def _verify_initial_dist_checkpoints(cfg: DictConfig) -> None:
     """``megatron.use_dist_checkpointing`` initial weights (actor, ref, critic): refuse, before any
     worker loads them, a checkpoint that would run code when unpickled (megarl.utils.safe_checkpoint)."""
@@ -125,7 +109,6 @@ class RayPPOTrainer:
 
         self.cfg = cfg
         arr = cfg.actor_rollout_ref
-        _reject_unimplemented(cfg)
         tokenizer_dir = cfg.data.get("tokenizer") or arr.model.get("tokenizer_path") or arr.model.path
         self.tokenizer = AutoTokenizer.from_pretrained(
             os.path.expanduser(tokenizer_dir), trust_remote_code=bool(arr.model.get("trust_remote_code", False))
@@ -144,11 +127,11 @@ class RayPPOTrainer:
         self.use_kl_in_reward = bool(cfg.algorithm.get("use_kl_in_reward", False))
         self.kl_ctrl = get_kl_controller(cfg.algorithm.kl_ctrl) if self.use_kl_in_reward else None
         self.reward_fn = build_reward_manager(cfg, self.tokenizer)
-        # reward_model.launch_reward_fn_async: score in a background thread while the
+        # reward.launch_reward_fn_async: score in a background thread while the
         # log-prob / value passes run on the workers (not with filter_groups, which needs
         # the scores before those passes).
         self.reward_pool = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="megarl-reward")
-                            if cfg.reward_model.get("launch_reward_fn_async", False)
+                            if cfg.reward.launch_reward_fn_async
                             and not cfg.algorithm.filter_groups.get("enable", False) else None)
         self.rollout_n = int(arr.rollout.n)
         self.global_step = 0

@@ -1,0 +1,149 @@
+"""verl 0.9.1 keys that megarl accepts but does not implement, and why.
+
+Every key of verl's `ppo_megatron_trainer.yaml` is in megarl's yaml with verl's default, so a
+verl command line or YAML composes unchanged. The keys megarl implements are typed in
+`schema*.py`; each other key matches exactly one rule here:
+
+- `refuse`: at its yaml default the key is harmless; any other value is refused before start-up,
+  naming the key and the reason (megarl would otherwise silently ignore what the user asked for).
+- `ignore`: a pure speed / resource switch with no counterpart in megarl (its work is done
+  another way); any value is accepted and a changed value is logged once as having no effect.
+
+Patterns are `fnmatch` globs over dotted keys (`*` also crosses dots); the first match wins.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+from typing import Literal
+
+Kind = Literal["refuse", "ignore"]
+
+_RM = "learned reward models are not implemented in megarl yet"
+_MULTI_TURN = "multi-turn / tool / agent-loop rollouts are not implemented in megarl yet"
+_LORA = "LoRA is not implemented in megarl yet (full-parameter training only)"
+_PROFILER = "megarl has no profiler integration; run under nsys / torch.profiler yourself"
+_MM = "multimodal data is not supported by megarl"
+_PACKING = "megarl pads or packs (model.use_remove_padding) its own way"
+_KERNELS = "megarl runs Megatron-Core's own kernels (vocab-parallel log-probs never gather the vocabulary)"
+_ONE_IMPL = "megarl has one trainer/worker implementation"
+_LOADER = "megarl tokenizes the dataset once in the driver"
+_MBRIDGE = "megarl converts HF <-> Megatron weights with its own converters (megarl/models/converters)"
+_ROLLOUT_PAR = "megarl's vLLM replicas are tensor-parallel only"
+_DEPRECATED_MB = "deprecated global micro-batch size; set the *_per_gpu key instead (per rank)"
+
+
+@dataclass(frozen=True)
+class CompatRule:
+    pattern: str
+    kind: Kind
+    reason: str
+
+    def matches(self, key: str) -> bool:
+        return fnmatch.fnmatchcase(key, self.pattern)
+
+
+def _rules(kind: Kind, reason: str, *patterns: str) -> list[CompatRule]:
+    return [CompatRule(p, kind, reason) for p in patterns]
+
+
+RULES: tuple[CompatRule, ...] = tuple(
+    # ---- speed / resource switches: accepted, no effect
+    _rules("ignore", _KERNELS,
+           "*.use_torch_compile", "*.use_fused_kernels", "*.fused_kernel_options.*", "*.use_liger",
+           "*.entropy_from_logits_with_chunking", "*.entropy_from_logits_chunk_size")
+    + _rules("ignore", _PACKING,
+             "*.megatron.pad_bshd_to_minibatch_max", "*.megatron.pad_to_length", "*.megatron.pad_to_length_bucket")
+    + _rules("ignore", _LOADER,
+             "*.use_shm", "data.dataloader_num_workers", "data.filter_overlong_prompts_workers")
+    + _rules("ignore", _MM,
+             "data.image_key", "data.video_key", "data.audio_key", "data.image_patch_size",
+             "data.return_multi_modal_inputs", "data.mm_processor_kwargs")
+    + _rules("ignore", _MBRIDGE, "*.megatron.use_mbridge", "*.megatron.vanilla_mbridge")
+    + _rules("ignore", "vLLM engine switch with no effect on what megarl computes",
+             "actor_rollout_ref.rollout.disable_log_stats", "actor_rollout_ref.rollout.layered_summon",
+             "actor_rollout_ref.rollout.multi_stage_wake_up", "actor_rollout_ref.rollout.skip_tokenizer_init",
+             "actor_rollout_ref.rollout.scheduling_policy", "actor_rollout_ref.rollout.moe_load_balance_metrics_interval",
+             "actor_rollout_ref.rollout.n_gpus_per_node", "actor_rollout_ref.rollout.qat",
+             "actor_rollout_ref.rollout.qat.*", "actor_rollout_ref.rollout.engine_kwargs.sglang",
+             "actor_rollout_ref.rollout.engine_kwargs.trtllm", "actor_rollout_ref.rollout.agent.num_workers")
+    + _rules("ignore", "the reference model has no optimizer",
+             "actor_rollout_ref.ref.megatron.use_distributed_optimizer", "actor_rollout_ref.ref.megatron.optimizer_offload",
+             "actor_rollout_ref.ref.megatron.forward_only", "actor_rollout_ref.ref.rollout_n")
+    + _rules("ignore", _ONE_IMPL,
+             "trainer.use_v1", "trainer.esi_redundant_time", "trainer.ray_wait_register_center_timeout",
+             "reward.num_workers", "sandbox_fusion.max_concurrent", "sandbox_fusion.memory_limit_mb",
+             "reward.sandbox_fusion.max_concurrent", "reward.sandbox_fusion.memory_limit_mb")
+    # ---- accepted at verl's default only
+    + _rules("refuse", _DEPRECATED_MB,
+             "*.ppo_micro_batch_size", "*.log_prob_micro_batch_size")
+    + _rules("refuse", _PROFILER, "*.profiler.*", "global_profiler.*")
+    + _rules("refuse", _LORA,
+             "*.model.lora_rank", "*.model.lora_alpha", "*.model.target_modules", "*.model.exclude_modules",
+             "*.model.lora_adapter_path", "*.model.lora.*")
+    + _rules("refuse", _MULTI_TURN,
+             "actor_rollout_ref.rollout.multi_turn.*", "actor_rollout_ref.rollout.agent.*",
+             "data.tool_config_path", "data.function_tool_path", "actor_rollout_ref.rollout.trace.*",
+             "actor_rollout_ref.rollout.router_config_path")
+    + _rules("refuse", _RM,
+             "reward.reward_model.*", "reward_model.enable_resource_pool", "reward_model.n_gpus_per_node",
+             "reward_model.nnodes", "reward_model.num_workers", "reward_model.model.*", "reward_model.rollout.*",
+             "reward_model.reward_loop_source", "reward_model.reward_loop_module_path",
+             "reward_model.reward_loop_class_name", "data.return_raw_input_ids")
+    + _rules("refuse", "megarl's reward managers are built in (naive | batch | prime | dapo); use reward.custom_reward_function for custom scoring",
+             "reward.reward_manager.source", "reward.reward_manager.module.*")
+    + _rules("refuse", "sandboxed code execution is not implemented in megarl", "sandbox_fusion.*", "reward.sandbox_fusion.*")
+    + _rules("refuse", _ROLLOUT_PAR,
+             "actor_rollout_ref.rollout.data_parallel_size", "actor_rollout_ref.rollout.expert_parallel_size",
+             "actor_rollout_ref.rollout.pipeline_model_parallel_size", "actor_rollout_ref.rollout.nnodes",
+             "actor_rollout_ref.rollout.disaggregation.*")
+    + _rules("refuse", "megarl's weight sync is its own bucketed resharding (size: rollout.weight_sync.bucket_size_mb)",
+             "actor_rollout_ref.rollout.checkpoint_engine.backend", "actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs",
+             "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module")
+    + _rules("refuse", "not implemented in megarl's vLLM rollout",
+             "actor_rollout_ref.rollout.full_determinism", "actor_rollout_ref.rollout.logprobs_mode",
+             "actor_rollout_ref.rollout.over_sample_rate", "actor_rollout_ref.rollout.enable_rollout_routing_replay",
+             "actor_rollout_ref.rollout.prometheus.*", "actor_rollout_ref.rollout.quantization",
+             "actor_rollout_ref.rollout.quantization_config_file", "actor_rollout_ref.rollout.mtp",
+             "actor_rollout_ref.rollout.mtp.*", "actor_rollout_ref.rollout.cudagraph_capture_sizes")
+    + _rules("refuse", "multi-token prediction is not implemented in megarl", "*.model.mtp.*")
+    + _rules("refuse", "not implemented in megarl's model loading",
+             "*.model.hf_config_path", "*.model.external_lib", "*.model.enable_activation_offload",
+             "*.model.tiled_mlp.*", "*.model.custom_chat_template")
+    + _rules("refuse", "quantization-aware training is not implemented in megarl", "*.qat.*")
+    + _rules("refuse", "MoE router replay is not implemented in megarl", "*.megatron.router_replay.*")
+    + _rules("refuse", "context parallelism features are not implemented in megarl yet",
+             "*.megatron.dynamic_context_parallel", "*.megatron.max_seqlen_per_dp_cp_rank")
+    + _rules("refuse", "not implemented in megarl's Megatron engine",
+             "*.megatron.dist_checkpointing_prefix", "*.megatron.dist_ckpt_optim_fully_reshardable",
+             "*.megatron.distrib_optim_fully_reshardable_mem_efficient", "*.megatron.override_ddp_config",
+             "*.megatron.override_mcore_model_config", "*.megatron.use_megatron_fsdp", "*.megatron.forward_only",
+             "*.megatron.use_remove_padding", "*.megatron.optimizer_offload_fraction", "*.nccl_timeout",
+             "*.optim.use_layer_wise_distributed_optimizer", "*.optim.muon_*")
+    + _rules("refuse", "not implemented in megarl's checkpoints",
+             "*.checkpoint.async_save", "*.checkpoint.strict", "*.checkpoint.mbridge_config",
+             "trainer.checkpoint_callback_class", "trainer.del_local_ckpt_after_load", "trainer.default_hdfs_dir")
+    + _rules("refuse", "not implemented in megarl's actor",
+             "actor_rollout_ref.actor.freeze_vision_tower", "actor_rollout_ref.actor.use_prefix_grouper",
+             "actor_rollout_ref.actor.calculate_entropy")
+    + _rules("refuse", "not implemented in megarl's data loader",
+             "data.train_max_samples", "data.val_max_samples", "data.gen_batch_size", "data.validation_shuffle",
+             "data.trust_remote_code", "data.apply_chat_template_kwargs")
+    + _rules("refuse", "not implemented in megarl's trainer",
+             "trainer.val_only", "trainer.v1.*", "algorithm.use_pf_ppo", "algorithm.pf_ppo.*",
+             "algorithm.filter_groups.max_inflight_gen_batches")
+    + _rules("refuse", "distillation is not implemented in megarl", "distillation.*")
+    + _rules("refuse", "verl's transfer queue has no counterpart in megarl (the controller moves DataProto through Ray)",
+             "transfer_queue.*")
+    + _rules("refuse", "verl's rollout skip/dump manager has no counterpart in megarl (use trainer.rollout_data_dir)",
+             "skip.*")
+)
+
+
+def rule_for(key: str) -> CompatRule | None:
+    """The rule covering dotted `key` (a leaf, or a section any rule reaches into)."""
+    for rule in RULES:
+        if rule.matches(key) or rule.matches(key + ".x"):
+            return rule
+    return None

@@ -1,0 +1,56 @@
+"""The embedded demo as a profile: configs/megatron/profiles/demo.yaml fills the keys the user did
+not set, and only when no model is given (`actor_rollout_ref.model.path` null)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+DEMO_PROFILE = Path(__file__).resolve().parents[2] / "configs" / "megatron" / "profiles" / "demo.yaml"
+MODEL_KEY = "actor_rollout_ref.model.path"
+
+
+def override_keys(overrides: Sequence[str]) -> set[str]:
+    """Dotted keys a Hydra command line sets (`a.b=1`, `+a.b=1`, `++a.b=1`, `~a.b`)."""
+    keys = set()
+    for arg in overrides:
+        if arg.startswith("-") or ("=" not in arg and not arg.startswith("~")):
+            continue
+        key = arg.split("=", 1)[0].lstrip("+~").strip()
+        if key and "/" not in key and "@" not in key and not key.startswith("hydra."):
+            keys.add(key)
+    return keys
+
+
+def wants_demo(cfg: DictConfig) -> bool:
+    node = cfg.actor_rollout_ref.model
+    return "path" in node and OmegaConf.to_container(node, resolve=False)["path"] is None
+
+
+def _set_by_user(key: str, user_keys: Iterable[str]) -> bool:
+    return any(key == u or key.startswith(u + ".") for u in user_keys)
+
+
+def apply_demo_profile(cfg: DictConfig, user_keys: Iterable[str]) -> dict[str, object]:
+    """When `cfg` names no model, set every demo-profile key the user did not set; returns them."""
+    if not wants_demo(cfg):
+        return {}
+    user_keys = set(user_keys)
+    profile = OmegaConf.load(DEMO_PROFILE)
+    applied: dict[str, object] = {}
+    for key in profile:
+        if _set_by_user(key, user_keys):
+            continue
+        value = OmegaConf.to_container(profile, resolve=False)[key]
+        OmegaConf.update(cfg, key, value, merge=False)
+        applied[key] = value
+    return applied
+
+
+def demo_banner(applied: dict[str, object]) -> str:
+    """The one line a demo run prints."""
+    shown = ", ".join(f"{k}={v}" for k, v in applied.items() if k != MODEL_KEY and "_files" not in k)
+    return (f"megarl: no actor_rollout_ref.model.path given: running the embedded CPU demo "
+            f"({DEMO_PROFILE.relative_to(DEMO_PROFILE.parents[2])}): {shown}")

@@ -1,0 +1,37 @@
+"""The resolved config as typed objects: `MegaRLConfig` and its nested dataclasses.
+
+Workers, the trainer and algorithms receive these (attribute access, the yaml's key names). Built
+from a config that `validate_config` accepted, so every value already has its schema type; keys
+megarl does not implement (compat.py) are not carried.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, TypeVar
+
+from omegaconf import DictConfig, OmegaConf
+
+from megarl.config.schema import MegaRLConfig
+from megarl.config.walk import schema_fields
+
+T = TypeVar("T")
+
+
+def to_typed(cls: type[T], values: dict[str, Any]) -> T:
+    """Instance of schema dataclass `cls` from plain `values` (sections become nested dataclasses)."""
+    kwargs = {}
+    for name, (tp, _) in schema_fields(cls).items():
+        value = values[name]
+        kwargs[name] = to_typed(tp, value) if dataclasses.is_dataclass(tp) else value
+    return cls(**kwargs)
+
+
+def typed_config(cfg: DictConfig) -> MegaRLConfig:
+    """`MegaRLConfig` from a validated (and preferably resolved) DictConfig."""
+    return to_typed(MegaRLConfig, OmegaConf.to_container(cfg, resolve=True))
+
+
+def to_dict(obj: Any) -> Any:
+    """Plain nested dict of a typed config (for logging, checkpoints, hashing)."""
+    return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else obj
