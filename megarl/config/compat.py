@@ -66,7 +66,7 @@ RULES: tuple[CompatRule, ...] = tuple(
              "actor_rollout_ref.rollout.multi_stage_wake_up", "actor_rollout_ref.rollout.skip_tokenizer_init",
              "actor_rollout_ref.rollout.scheduling_policy", "actor_rollout_ref.rollout.moe_load_balance_metrics_interval",
              "actor_rollout_ref.rollout.n_gpus_per_node", "actor_rollout_ref.rollout.qat",
-             "actor_rollout_ref.rollout.qat.*", "actor_rollout_ref.rollout.engine_kwargs.sglang",
+             "actor_rollout_ref.rollout.engine_kwargs.sglang",
              "actor_rollout_ref.rollout.engine_kwargs.trtllm", "actor_rollout_ref.rollout.agent.num_workers")
     + _rules("ignore", "the reference model has no optimizer",
              "actor_rollout_ref.ref.megatron.use_distributed_optimizer", "actor_rollout_ref.ref.megatron.optimizer_offload",
@@ -106,7 +106,7 @@ RULES: tuple[CompatRule, ...] = tuple(
              "actor_rollout_ref.rollout.over_sample_rate", "actor_rollout_ref.rollout.enable_rollout_routing_replay",
              "actor_rollout_ref.rollout.prometheus.*", "actor_rollout_ref.rollout.quantization",
              "actor_rollout_ref.rollout.quantization_config_file", "actor_rollout_ref.rollout.mtp",
-             "actor_rollout_ref.rollout.mtp.*", "actor_rollout_ref.rollout.cudagraph_capture_sizes")
+             "actor_rollout_ref.rollout.cudagraph_capture_sizes")
     + _rules("refuse", "multi-token prediction is not implemented in megarl", "*.model.mtp.*")
     + _rules("refuse", "not implemented in megarl's model loading",
              "*.model.hf_config_path", "*.model.external_lib", "*.model.enable_activation_offload",
@@ -119,7 +119,7 @@ RULES: tuple[CompatRule, ...] = tuple(
              "*.megatron.dist_checkpointing_prefix", "*.megatron.dist_ckpt_optim_fully_reshardable",
              "*.megatron.distrib_optim_fully_reshardable_mem_efficient", "*.megatron.override_ddp_config",
              "*.megatron.override_mcore_model_config", "*.megatron.use_megatron_fsdp", "*.megatron.forward_only",
-             "*.megatron.use_remove_padding", "*.megatron.optimizer_offload_fraction", "*.nccl_timeout",
+             "*.megatron.use_remove_padding", "*.nccl_timeout",
              "*.optim.use_layer_wise_distributed_optimizer", "*.optim.muon_*")
     + _rules("refuse", "not implemented in megarl's checkpoints",
              "*.checkpoint.async_save", "*.checkpoint.strict", "*.checkpoint.mbridge_config",

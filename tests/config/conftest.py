@@ -27,7 +27,9 @@ TINY_HF = {
 
 @pytest.fixture(scope="session")
 def default_cfg() -> DictConfig:
-    return load_config()
+    from cpu_config import CPU_SMALL
+
+    return load_config([*CPU_SMALL, "actor_rollout_ref.model.path=/placeholder/model"])
 
 
 def write_model(model_dir: Path, **fields: Any) -> Path:

@@ -53,7 +53,7 @@ def test_prepare_returns_resolved_config_with_expanded_paths(make, monkeypatch, 
     out = prepare(cfg)
     assert checked == [out]  # the preflight sees the resolved config
     assert out.trainer.rollout_data_dir == str(tmp_path / "dumps")
-    assert out.actor_rollout_ref.actor.optim.clip_grad == out.actor_rollout_ref.actor.grad_clip
+    assert out.actor_rollout_ref.rollout.weight_sync.bucket_size_mb == out.actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes
     assert out.actor_rollout_ref.rollout.response_length == out.data.max_response_length
     assert "${" not in OmegaConf.to_yaml(out)
 

@@ -81,20 +81,37 @@ def test_dual_clip_c_above_1(make):
     issue_for(make({f"{A}.clip_ratio_c": 1.0}), f"{A}.clip_ratio_c", "> 1")
 
 
+OB = "reward.reward_kwargs.overlong_buffer_cfg"
+
+
 def test_overlong_buffer_needs_dapo_manager(make):
-    issue_for(make({"reward_model.overlong_buffer.enable": True}), "reward_model.overlong_buffer.enable", "dapo")
-    cfg = make({"reward_model.overlong_buffer.enable": True, "reward_model.reward_manager": "dapo", "reward_model.overlong_buffer.len": 9})
-    issue_for(cfg, "reward_model.overlong_buffer.len", "max_response_length=8")
-
-
-def test_reward_model_enabled_without_path(make):
-    issue_for(make({"reward_model.enable": True}), "reward_model.model.path", "no reward model")
+    on = {"enable": True, "len": 4, "penalty_factor": 1.0}
+    issue_for(make({OB: on}), f"{OB}.enable", "dapo")
+    cfg = make({OB: {**on, "len": 9}, "reward.reward_manager.name": "dapo"})
+    issue_for(cfg, f"{OB}.len", "max_response_length=8")
+    no_issues(make({OB: on, "reward.reward_manager.name": "dapo"}))
+    issue_for(make({OB: {"enable": True}, "reward.reward_manager.name": "dapo"}), OB, "not given")
+    issue_for(make({OB: {**on, "lenght": 3}, "reward.reward_manager.name": "dapo"}), OB, "unknown fields")
 
 
 def test_custom_reward_file_must_exist(make, tmp_path):
-    issue_for(make({"custom_reward_function.path": str(tmp_path / "score.py")}), "custom_reward_function.path", "does not exist")
+    key = "reward.custom_reward_function.path"
+    issue_for(make({key: str(tmp_path / "score.py")}), key, "does not exist")
     (tmp_path / "score.py").write_text("def compute_score(**kw):\n    return 0.0\n")
-    no_issues(make({"custom_reward_function.path": str(tmp_path / "score.py")}))
+    no_issues(make({key: str(tmp_path / "score.py")}))
+
+
+def test_legacy_reward_keys_move_to_reward_section(tmp_path):
+    """verl 0.9 keeps custom_reward_function / reward_model.reward_manager as null legacy keys and
+    moves a non-null value to reward.*; both places set differently is an error."""
+    from megarl.config import ConfigError, load_config
+
+    cfg = load_config(["custom_reward_function.path=/x/score.py", "custom_reward_function.name=f",
+                       "reward_model.reward_manager=dapo"])
+    assert cfg.reward.custom_reward_function.path == "/x/score.py" and cfg.reward.custom_reward_function.name == "f"
+    assert cfg.reward.reward_manager.name == "dapo" and cfg.custom_reward_function.path is None
+    with pytest.raises(ConfigError, match="conflicts with reward.reward_manager.name"):
+        load_config(["reward_model.reward_manager=dapo", "reward.reward_manager.name=prime"])
 
 
 def test_custom_dataset_class_needs_name(make, tmp_path):
@@ -141,7 +158,7 @@ def test_rollout_is_threshold_takes_a_number_or_lower_upper(make):
 
 
 def test_unimplemented_features_refused_up_front(make, tmp_path):
-    issue_for(make({"reward_model.enable": True, "reward_model.model.path": str(tmp_path)}), "reward_model.enable", "not implemented")
+    issue_for(make({"reward.reward_model.enable": True}), "reward.reward_model.enable", "not implemented")
     issue_for(make({f"{R}.multi_turn.enable": True}), f"{R}.multi_turn.enable", "not implemented")
 
 

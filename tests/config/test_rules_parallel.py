@@ -78,7 +78,12 @@ def test_rollout_tp_vs_kv_heads(make):
 
 @pytest.mark.skipif(has_module("transformer_engine") or has_module("apex"), reason="TE/apex installed")
 def test_sequence_parallel_needs_te_or_apex(make):
-    issue_for(make({f"{M}.sequence_parallel": True}), f"{M}.sequence_parallel", "transformer-engine or apex")
+    two = {"trainer.n_gpus_per_node": 2, f"{M}.tensor_model_parallel_size": 2}
+    issue_for(make({**two, f"{M}.sequence_parallel": True}), f"{M}.sequence_parallel", "transformer-engine or apex")
+
+
+def test_sequence_parallel_at_tp1_is_a_no_op_as_in_verls_default(make):
+    no_issues(make({f"{M}.sequence_parallel": True}))
 
 
 @pytest.mark.skipif(has_module("transformer_engine"), reason="TE installed")

@@ -1,80 +1,79 @@
-"""No dead config keys: every yaml key is read by megarl, or refused when changed; yaml
-comments list every registered name."""
+"""No dead config keys: every yaml key is typed (megarl implements it) or covered by exactly one
+compat rule; a changed `refuse` key is an error naming it; yaml comments list every registered name."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
 from config_testing import issue_for, no_issues
+from megarl.config.compat import RULES, rule_for
 from megarl.config.load import CONFIG_DIR, CONFIG_NAME
-from megarl.config.rules_inert import INERT_KEYS
+from megarl.config.rules_compat import compat_notices
+from megarl.config.schema import MegaRLConfig
+from megarl.config.walk import iter_schema_keys
 
-REPO = Path(__file__).resolve().parents[2]
 YAML = Path(CONFIG_DIR) / f"{CONFIG_NAME}.yaml"
-FREE_FORM = ("override_config", "vllm", "reward_kwargs", "override_transformer_config")
-# Read only through an interpolation (grad_clip -> optim.clip_grad) or fixed by a Literal type.
-NOT_READ_DIRECTLY = {
-    "actor_rollout_ref.hybrid_engine": "Literal[True]",
-    "actor_rollout_ref.actor.strategy": "Literal['megatron']",
-    "actor_rollout_ref.rollout.mode": "Literal['sync']",
-    "actor_rollout_ref.actor.grad_clip": "via optim.clip_grad: ${..grad_clip}",
-    "critic.grad_clip": "via optim.clip_grad: ${..grad_clip}",
-}
+FREE_FORM = {key for key, tp, _ in iter_schema_keys(MegaRLConfig) if tp is dict or getattr(tp, "__origin__", None) is dict}
 
 
 def yaml_leaf_keys() -> list[str]:
-    cfg = OmegaConf.load(YAML)
-
     def walk(node, prefix=""):
         for k in node.keys():
+            key = f"{prefix}{k}"
             child = node._get_node(k)
-            if OmegaConf.is_dict(child) and k not in FREE_FORM:
-                yield from walk(child, f"{prefix}{k}.")
+            if OmegaConf.is_dict(child) and len(child) and key not in FREE_FORM:
+                yield from walk(child, f"{key}.")
             else:
-                yield f"{prefix}{k}"
+                yield key
 
-    return list(walk(cfg))
-
-
-def _sources() -> str:
-    return "\n".join(p.read_text() for p in (REPO / "megarl").rglob("*.py") if "megarl/config" not in p.as_posix())
+    return list(walk(OmegaConf.load(YAML)))
 
 
-def _covered_by_inert(key: str) -> bool:
-    return any(key == k or key.startswith(k + ".") for k in INERT_KEYS)
+def test_every_yaml_key_is_typed_or_compat_and_never_both():
+    typed = {key for key, _, _ in iter_schema_keys(MegaRLConfig)}
+    leaves = yaml_leaf_keys()
+    neither = [k for k in leaves if k not in typed and rule_for(k) is None]
+    both = [k for k in leaves if k in typed and rule_for(k) is not None]
+    assert not neither, f"yaml keys neither typed (megarl/config/schema*.py) nor in compat.py: {neither}"
+    assert not both, f"typed keys also matched by a compat rule (remove the rule): {both}"
+    missing = sorted(typed - set(leaves))
+    assert not missing, f"schema keys with no yaml default: {missing}"
 
 
-def test_every_yaml_key_is_read_or_refused():
-    sources = _sources()
-    unread = []
-    for key in yaml_leaf_keys():
-        last = key.rsplit(".", 1)[-1]
-        if _covered_by_inert(key) or key in NOT_READ_DIRECTLY:
-            continue
-        if not re.search(rf"""(["']{re.escape(last)}["']|\.{re.escape(last)}\b)""", sources):
-            unread.append(key)
-    assert not unread, f"yaml keys no megarl code reads (implement, or add to megarl/config/rules_inert.py): {unread}"
+def test_every_compat_rule_matches_a_yaml_key():
+    leaves = yaml_leaf_keys()
+    unused = [r.pattern for r in RULES if not any(r.matches(k) for k in leaves)]
+    assert not unused, f"compat rules that match no yaml key (dead rules): {unused}"
 
 
 @pytest.mark.parametrize("key, value", [
-    ("data.return_raw_input_ids", True),
+    ("actor_rollout_ref.model.lora_rank", 8),
+    ("actor_rollout_ref.rollout.multi_turn.enable", True),
     ("actor_rollout_ref.rollout.multi_turn.max_user_turns", 3),
-    ("reward_model.micro_batch_size_per_gpu", 4),
-    ("reward_model.megatron.tensor_model_parallel_size", 2),
-    ("reward_model.model.input_tokenizer", "/some/dir"),
+    ("global_profiler.tool", "nsys"),
+    ("actor_rollout_ref.actor.megatron.router_replay.mode", "R2"),
+    ("data.return_raw_input_ids", True),
+    ("reward.reward_model.enable", True),
+    ("actor_rollout_ref.rollout.data_parallel_size", 2),
 ])
-def test_changed_inert_key_is_refused(make, key, value):
-    parent = next(k for k in INERT_KEYS if key == k or key.startswith(k + "."))
-    issue_for(make({key: value}), parent, "has no effect", "remove the override")
+def test_changed_refuse_key_is_refused_naming_it(make, key, value):
+    issue_for(make({key: value}), key, "not supported", "remove the override")
 
 
-def test_inert_keys_at_default_are_fine(make, tmp_path):
-    no_issues(make())
-    no_issues(make({"actor_rollout_ref.model.path": str(tmp_path / "model")}))  # input_tokenizer's interpolation follows
+def test_changed_ignore_key_is_accepted_and_noted_once(make):
+    cfg = make({"actor_rollout_ref.actor.use_torch_compile": False, "data.dataloader_num_workers": 2})
+    no_issues(cfg)
+    notes = compat_notices(cfg)
+    assert len(notes) == 2 and any(n.startswith("actor_rollout_ref.actor.use_torch_compile=False has no effect") for n in notes)
+
+
+def test_compat_keys_at_default_are_fine_and_silent(make):
+    cfg = make()
+    no_issues(cfg)
+    assert compat_notices(cfg) == []
 
 
 @pytest.mark.parametrize("key, registry", [
