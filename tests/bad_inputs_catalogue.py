@@ -33,6 +33,13 @@ BASE_ARGS = (
     "data.train_batch_size=16", f"{R}.n=8", f"{A}.ppo_mini_batch_size=8", f"{A}.ppo_micro_batch_size_per_gpu=16",
     "data.max_prompt_length=32", "data.max_response_length=8",
 )
+# With a model path the demo profile is off and verl's defaults apply: what a user adds to run
+# the demo's data on one CPU slot (so such a case fails on its own key, not on these).
+REAL_RUN_ARGS = (
+    "data.train_files={demo}/train.parquet", "data.val_files={demo}/val.parquet", "trainer.device=cpu",
+    "trainer.n_gpus_per_node=1", "algorithm.adv_estimator=grpo", f"{R}.log_prob_micro_batch_size_per_gpu=16",
+    f"{R}.tensor_model_parallel_size=1",
+)
 
 
 @dataclass(frozen=True)
@@ -140,7 +147,7 @@ CASES: tuple[Case, ...] = (
          ("expected integer, got str", "e.g. data.train_batch_size=", "(the default)"), subprocess=True, readme=True),
     Case("type_bool_got_string", (f"{A}.use_kl_loss=maybe",), f"{A}.use_kl_loss", ("expected boolean", "e.g.")),
     Case("type_number_got_string", (f"{A}.optim.lr=fast",), f"{A}.optim.lr", ("expected number, got str",)),
-    Case("type_list_for_int", (f"{R}.n=[4,8]",), f"{R}.n", ("expected integer, got list", f"{R}.n=16")),  # the yaml default
+    Case("type_list_for_int", (f"{R}.n=[4,8]",), f"{R}.n", ("expected integer, got list", f"{R}.n=1")),  # the yaml default (verl's)
     Case("type_null_for_int", ("data.max_prompt_length=null",), "data.max_prompt_length", ("expected integer, got null",)),
     Case("unknown_key_typo", (f"{R}.temprature=0.7",), f"{R}.temprature",
          ("unknown key", f"did you mean {R}.temperature"), readme=True),
@@ -168,7 +175,7 @@ CASES: tuple[Case, ...] = (
     Case("unknown_kl_loss_type", (f"{A}.kl_loss_type=kl3",), f"{A}.kl_loss_type", ("unknown name 'kl3'", "low_var_kl")),
     Case("rollout_engine_sglang", (f"{R}.name=sglang",), f"{R}.name", ("vLLM only", f"{R}.name=vllm")),
     Case("strategy_fsdp", (f"{A}.strategy=fsdp",), f"{A}.strategy", ("Megatron-Core only", f"{A}.strategy=megatron")),
-    Case("unknown_reward_manager", ("reward_model.reward_manager=foo",), "reward_model.reward_manager", ("naive, batch, prime, dapo",)),
+    Case("unknown_reward_manager", ("reward.reward_manager.name=foo",), "reward.reward_manager.name", ("naive, batch, prime, dapo",)),
     Case("unknown_logger", ("trainer.logger=[console,mlflow]",), "trainer.logger", ("unknown name 'mlflow'", "tensorboard")),
     Case("unknown_truncation", ("data.truncation=cut",), "data.truncation", ("unknown name 'cut'", "error, left, right, middle")),
     Case("unknown_rollout_rs", ("algorithm.rollout_correction.rollout_rs=token_k4",), "algorithm.rollout_correction.rollout_rs",
@@ -222,9 +229,9 @@ CASES: tuple[Case, ...] = (
          ("a local Ray (RAY_ADDRESS is not set) has one node", "export RAY_ADDRESS")),
     Case("more_gpus_than_the_machine", ("trainer.device=cuda", "trainer.n_gpus_per_node=64", f"{A}.ppo_micro_batch_size_per_gpu=1"),
          "trainer.n_gpus_per_node", ("CUDA GPU(s) (trainer.device=cuda)", "set trainer.n_gpus_per_node <=")),
-    Case("more_cpu_ranks_than_cpus", ("trainer.device=cpu", "ray_init.num_cpus=2", "trainer.n_gpus_per_node=8",
+    Case("more_cpu_ranks_than_cpus", ("trainer.device=cpu", "ray_kwargs.ray_init.num_cpus=2", "trainer.n_gpus_per_node=8",
                                       f"{A}.ppo_micro_batch_size_per_gpu=8"),
-         "trainer.n_gpus_per_node", ("8 CPU ranks reserve 4 CPUs (0.5 each) but ray_init.num_cpus has 2", "<= 4")),
+         "trainer.n_gpus_per_node", ("8 CPU ranks reserve 4 CPUs (0.5 each) but ray_kwargs.ray_init.num_cpus has 2", "<= 4")),
     # model directory
     Case("model_dir_missing", (f"{MODEL}={{dir}}/nope",), MODEL,
          ("model directory does not exist", "huggingface-cli download"), subprocess=True, readme=True),
@@ -238,7 +245,7 @@ CASES: tuple[Case, ...] = (
          setup=model_copy({"hidden_act": "gelu"})),
     Case("model_dir_without_weights", (f"{MODEL}={{dir}}/model",), MODEL, ("no *.safetensors weights", "save_pretrained"),
          setup=model_copy(files=("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"))),
-    Case("model_dir_without_tokenizer", (f"{MODEL}={{dir}}/model",), MODEL, ("cannot load a tokenizer", "no chat template", "tokenizer.json"),
+    Case("model_dir_without_tokenizer", (f"{MODEL}={{dir}}/model", *REAL_RUN_ARGS), MODEL, ("cannot load a tokenizer", "no chat template", "tokenizer.json"),
          setup=model_copy(files=("config.json", "model.safetensors"))),
     # datasets
     Case("train_file_missing", ("data.train_files={dir}/nope.parquet",), "data.train_files", ("file does not exist", "existing parquet file")),
@@ -265,8 +272,8 @@ CASES: tuple[Case, ...] = (
     Case("data_source_empty", ("data.train_files={dir}/train.parquet",), "data.reward_fn_key",
          ("row 0, column 'data_source': expected a non-empty string",),
          setup=rows_file("train.parquet", lambda: [row(i, source=None if i == 0 else SOURCE) for i in range(20)])),
-    Case("data_source_without_scorer", ("data.train_files={dir}/train.parquet",), "custom_reward_function.path",
-         ("without a built-in scorer: 'my_task' (first at", "row 5)", "set custom_reward_function.path / name"),
+    Case("data_source_without_scorer", ("data.train_files={dir}/train.parquet",), "reward.custom_reward_function.path",
+         ("without a built-in scorer: 'my_task' (first at", "row 5)", "set reward.custom_reward_function.path / name"),
          setup=rows_file("train.parquet", lambda: [row(i, source="my_task" if i >= 5 else SOURCE) for i in range(20)]), readme=True),
     Case("every_prompt_filtered_out", ("data.train_files={dir}/train.parquet", "data.filter_overlong_prompts=true"), "data.max_prompt_length",
          ("data.filter_overlong_prompts dropped every row", "raise data.max_prompt_length"),
@@ -285,19 +292,19 @@ CASES: tuple[Case, ...] = (
     Case("sampler_not_a_sampler", ("data.sampler.class_path={dir}/plugins.py", "data.sampler.class_name=NotASampler"), "data.sampler.class_name",
          ("is not a torch.utils.data.Sampler subclass",), setup=text_file("plugins.py", PLUGINS)),
     # custom reward function
-    Case("reward_file_missing", ("custom_reward_function.path={dir}/nope.py",), "custom_reward_function.path",
+    Case("reward_file_missing", ("custom_reward_function.path={dir}/nope.py",), "reward.custom_reward_function.path",
          ("reward function file does not exist", "existing .py file")),
-    Case("reward_function_missing", ("custom_reward_function.path={dir}/plugins.py",), "custom_reward_function.name",
-         ("'compute_score': no function of that name", "set custom_reward_function.name to a function defined in"),
+    Case("reward_function_missing", ("custom_reward_function.path={dir}/plugins.py",), "reward.custom_reward_function.name",
+         ("'compute_score': no function of that name", "set reward.custom_reward_function.name to a function defined in"),
          setup=text_file("plugins.py", PLUGINS), subprocess=True, readme=True),
-    Case("reward_file_import_error", ("custom_reward_function.path={dir}/broken.py",), "custom_reward_function.path",
+    Case("reward_file_import_error", ("custom_reward_function.path={dir}/broken.py",), "reward.custom_reward_function.path",
          ("importing it failed", "ModuleNotFoundError"), setup=text_file("broken.py", "import not_a_real_module_xyz\n")),
     # cross-key and unsupported features
     Case("resume_path_without_dir", ("trainer.resume_mode=resume_path",), "trainer.resume_from_path", ("needs a checkpoint dir", "global_step_N")),
     Case("kl_applied_twice", ("algorithm.use_kl_in_reward=true", f"{A}.use_kl_loss=true"), "algorithm.use_kl_in_reward",
          ("the KL to the reference would be applied twice", "use one")),
     Case("gae_without_critic", ("algorithm.adv_estimator=gae", "critic.enable=false"), "critic.enable", ("needs the critic's values",)),
-    Case("reward_model_without_path", ("reward_model.enable=true",), "reward_model.model.path", ("no reward model is given",)),
+    Case("reward_model_enabled", ("reward_model.enable=true",), "reward.reward_model.enable", ("not implemented in megarl yet",)),
     Case("multi_turn_unimplemented", (f"{R}.multi_turn.enable=true",), f"{R}.multi_turn.enable", ("not implemented in megarl yet",)),
-    Case("inert_verl_key_changed", ("data.return_raw_input_ids=true",), "data.return_raw_input_ids", ("has no effect", "remove the override")),
+    Case("inert_verl_key_changed", ("data.return_raw_input_ids=true",), "data.return_raw_input_ids", ("not supported", "remove the override")),
 )

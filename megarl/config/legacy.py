@@ -7,7 +7,7 @@ so pre-0.9 command lines keep working. Setting both places to different values i
 
 from __future__ import annotations
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from megarl.config.errors import Issue
 
@@ -42,4 +42,11 @@ def migrate_legacy_reward_keys(cfg: DictConfig, user_keys: set[str] | None = Non
             continue
         OmegaConf.update(cfg, new, value, merge=False)
         OmegaConf.update(cfg, old, None, merge=False)
+    legacy_fn = cfg.get("custom_reward_function")
+    if legacy_fn is not None and "reward_kwargs" in legacy_fn:  # `+custom_reward_function.reward_kwargs.x=1`
+        merged = {**OmegaConf.to_container(cfg.reward.custom_reward_function.reward_kwargs, resolve=False),
+                  **OmegaConf.to_container(legacy_fn.reward_kwargs, resolve=False)}
+        OmegaConf.update(cfg, "reward.custom_reward_function.reward_kwargs", merged, merge=False)
+        with open_dict(cfg):
+            del cfg.custom_reward_function["reward_kwargs"]
     return issues

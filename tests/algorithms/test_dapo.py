@@ -33,7 +33,7 @@ def test_overlong_penalty_by_hand():
     lengths = torch.tensor([10, 16, 17, 18, 20])
     assert overlong_penalty(lengths, 20, 4, 1.0).tolist() == [0.0, 0.0, -0.25, -0.5, -1.0]
     assert overlong_penalty(lengths, 20, 4, 2.0)[-1].item() == -2.0
-    with pytest.raises(ValueError, match="overlong_buffer.len"):
+    with pytest.raises(ValueError, match="overlong_buffer_cfg.len"):
         overlong_penalty(lengths, 20, 0, 1.0)
 
 

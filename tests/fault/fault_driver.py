@@ -37,7 +37,7 @@ def overrides(demo_dir: Path, run_dir: Path, extra: list[str]) -> list[str]:
     if not reward.exists():
         reward.write_text(REWARD_FILE)
     return [
-        "trainer.device=cpu", "ray_init.num_cpus=2", "trainer.logger=[console]",
+        "trainer.device=cpu", "ray_kwargs.ray_init.num_cpus=2", "trainer.logger=[console]",
         f"trainer.default_local_dir={run_dir}/ckpt", "trainer.val_before_train=false", "trainer.test_freq=-1",
         "data.train_batch_size=4", "data.val_batch_size=16",
         "algorithm.adv_estimator=reinforce_plus_plus", "actor_rollout_ref.rollout.n=1",

@@ -16,7 +16,7 @@ def demo_config(demo_dir: Path, run_dir: Path, overrides: list[str]):
     os.environ["MEGARL_DEMO_DIR"] = str(demo_dir)
     base = [
         "trainer.device=cpu",
-        "ray_init.num_cpus=2",
+        "ray_kwargs.ray_init.num_cpus=2",
         "trainer.logger=[console]",
         f"trainer.default_local_dir={run_dir}/ckpt",
         f"trainer.rollout_data_dir={run_dir}/rollouts",

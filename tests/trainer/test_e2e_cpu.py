@@ -87,7 +87,7 @@ def test_grpo_async_reward_and_dapo_filter_groups(demo_dir, tmp_path):
     """launch_reward_fn_async scores in the background; then DAPO dynamic sampling keeps only
     groups whose scores differ (a second run dir)."""
     cfg = demo_config(demo_dir, tmp_path / "async", ["trainer.total_training_steps=1", "trainer.test_freq=-1",
-                                                     "reward_model.launch_reward_fn_async=true"])
+                                                     "reward.launch_reward_fn_async=true"])
     _run(cfg)
     m = read_metrics(tmp_path / "async")[1]
     rows = read_rollouts(tmp_path / "async", 1)
@@ -98,8 +98,9 @@ def test_grpo_async_reward_and_dapo_filter_groups(demo_dir, tmp_path):
     cfg = demo_config(demo_dir, tmp_path / "dapo", [
         "trainer.total_training_steps=1", "trainer.test_freq=-1", "algorithm.filter_groups.enable=true",
         "algorithm.filter_groups.metric=seq_reward", "algorithm.filter_groups.max_num_gen_batches=20",
-        "reward_model.reward_manager=dapo", "reward_model.overlong_buffer.enable=true",
-        "data.max_response_length=8",  # room for the overlong buffer (default len 4)
+        "reward_model.reward_manager=dapo",  # verl's legacy key: moved to reward.reward_manager.name
+        "+reward.reward_kwargs.overlong_buffer_cfg={enable:true,len:4,penalty_factor:1.0}",
+        "data.max_response_length=8",  # room for the overlong buffer (len 4)
     ])
     _run(cfg)
     m = read_metrics(tmp_path / "dapo")[1]
