@@ -11,11 +11,11 @@ from megarl.config.schema_critic import CriticConfig
 from megarl.config.schema_data import DataConfig
 from megarl.config.schema_reward import LegacyCustomRewardFunctionConfig, LegacyRewardModelConfig, RewardConfig
 from megarl.config.schema_trainer import RayKwargsConfig, TrainerConfig
-from megarl.config.spec import spec
+from megarl.config.spec import Section, spec
 
 
 @dataclass
-class MegaRLConfig:
+class MegaRLConfig(Section):
     """Root of `configs/megatron/ppo_megatron_trainer.yaml`."""
 
     data: DataConfig = spec()

@@ -13,11 +13,11 @@ from megarl.config.schema_megatron import (
     MegatronTrainConfig,
     OptimConfig,
 )
-from megarl.config.spec import spec
+from megarl.config.spec import Section, spec
 
 
 @dataclass
-class ModelConfig:
+class ModelConfig(Section):
     path: str | None = spec(path=True)
     tokenizer_path: str | None = spec(path=True)
     trust_remote_code: bool = spec()
@@ -27,7 +27,7 @@ class ModelConfig:
 
 
 @dataclass
-class PolicyLossConfig:
+class PolicyLossConfig(Section):
     loss_mode: str = spec(choices=names.policy_losses)
     clip_cov_ratio: float = spec(gt=0, le=1)
     clip_cov_lb: float = spec()
@@ -38,7 +38,7 @@ class PolicyLossConfig:
 
 
 @dataclass
-class ActorConfig:
+class ActorConfig(Section):
     rollout_n: int = spec(ge=1)
     strategy: Literal["megatron"] = spec(note="megarl trains with Megatron-Core only (no FSDP)")
     ppo_mini_batch_size: int = spec(ge=1)
@@ -68,7 +68,7 @@ class ActorConfig:
 
 
 @dataclass
-class RefConfig:
+class RefConfig(Section):
     strategy: Literal["megatron"] = spec(note="megarl runs the reference on Megatron-Core only")
     log_prob_micro_batch_size_per_gpu: int | None = spec(ge=1)
     log_prob_use_dynamic_bsz: bool = spec()
@@ -77,12 +77,12 @@ class RefConfig:
 
 
 @dataclass
-class EngineKwargs:
+class EngineKwargs(Section):
     vllm: dict[str, Any] = spec()
 
 
 @dataclass
-class ValKwargs:
+class ValKwargs(Section):
     top_k: int = spec(ge=-1)
     top_p: float = spec(gt=0, le=1)
     temperature: float = spec(ge=0)
@@ -91,18 +91,18 @@ class ValKwargs:
 
 
 @dataclass
-class CheckpointEngineConfig:
+class CheckpointEngineConfig(Section):
     update_weights_bucket_megabytes: int = spec(ge=1)
 
 
 @dataclass
-class WeightSyncConfig:
+class WeightSyncConfig(Section):
     bucket_size_mb: int = spec(ge=1)
     integrity_check: bool = spec()
 
 
 @dataclass
-class RolloutConfig:
+class RolloutConfig(Section):
     name: Literal["vllm"] = spec(note="megarl generates with vLLM only (no sglang/hf rollout)")
     mode: str = spec(choices=ROLLOUT_MODES)
     temperature: float = spec(gt=0)
@@ -136,7 +136,7 @@ class RolloutConfig:
 
 
 @dataclass
-class ActorRolloutRefConfig:
+class ActorRolloutRefConfig(Section):
     hybrid_engine: Literal[True] = spec(note="megarl colocates actor, reference and rollout (hybrid engine) only")
     model: ModelConfig = spec()
     actor: ActorConfig = spec()

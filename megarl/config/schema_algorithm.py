@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from megarl.config import names
-from megarl.config.spec import spec
+from megarl.config.spec import Section, spec
 
 
 @dataclass
-class KLCtrlConfig:
+class KLCtrlConfig(Section):
     type: str = spec(choices=names.kl_ctrl_types)
     kl_coef: float = spec(ge=0)
     horizon: int = spec(gt=0)
@@ -17,14 +17,14 @@ class KLCtrlConfig:
 
 
 @dataclass
-class FilterGroupsConfig:
+class FilterGroupsConfig(Section):
     enable: bool = spec()
     metric: str = spec()  # names are checked at runtime against the reward's extra info
     max_num_gen_batches: int = spec(ge=0)
 
 
 @dataclass
-class RolloutCorrectionConfig:
+class RolloutCorrectionConfig(Section):
     rollout_is: str | None = spec(choices=names.rollout_is_levels)
     # "lower_upper" strings and comma lists are parsed by rules_algo.rollout_correction
     # with megarl.algorithms' own parsers.
@@ -39,7 +39,7 @@ class RolloutCorrectionConfig:
 
 
 @dataclass
-class AlgorithmConfig:
+class AlgorithmConfig(Section):
     gamma: float = spec(ge=0, le=1)
     lam: float = spec(ge=0, le=1)
     adv_estimator: str = spec(choices=names.adv_estimators)

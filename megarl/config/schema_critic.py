@@ -8,11 +8,11 @@ from typing import Literal
 from megarl.config import names
 from megarl.config.schema_actor import ModelConfig
 from megarl.config.schema_megatron import CheckpointConfig, MegatronTrainConfig, OptimConfig
-from megarl.config.spec import spec
+from megarl.config.spec import Section, spec
 
 
 @dataclass
-class CriticConfig:
+class CriticConfig(Section):
     optim: OptimConfig = spec()
     megatron: MegatronTrainConfig = spec()
     rollout_n: int = spec(ge=1)

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from megarl.config.names import TRUNCATIONS
-from megarl.config.spec import spec
+from megarl.config.spec import Section, spec
 
 
 @dataclass
-class ClassRef:
+class ClassRef(Section):
     """A class loaded from a python file (`data.custom_cls`)."""
 
     path: str | None = spec(path=True)
@@ -17,7 +17,7 @@ class ClassRef:
 
 
 @dataclass
-class SamplerRef:
+class SamplerRef(Section):
     """A sampler class loaded from a python file (`data.sampler`)."""
 
     class_path: str | None = spec(path=True)
@@ -25,7 +25,7 @@ class SamplerRef:
 
 
 @dataclass
-class DataConfig:
+class DataConfig(Section):
     tokenizer: str | None = spec(path=True)
     train_files: str | list[str] = spec(path=True)
     val_files: str | list[str] = spec(path=True)

@@ -15,11 +15,11 @@ from megarl.config.names import (
     WD_INCR_STYLES,
     WSD_DECAY_STYLES,
 )
-from megarl.config.spec import spec
+from megarl.config.spec import Section, spec
 
 
 @dataclass
-class MegatronInferConfig:
+class MegatronInferConfig(Section):
     """Parallel layout of a forward-only Megatron model (reference)."""
 
     tensor_model_parallel_size: int = spec(ge=1)
@@ -46,7 +46,7 @@ class MegatronTrainConfig(MegatronInferConfig):
 
 
 @dataclass
-class OptimConfig:
+class OptimConfig(Section):
     """verl's McoreOptimizerConfig: Megatron optimizer + OptimizerParamScheduler."""
 
     optimizer: str = spec(choices=OPTIMIZERS)
@@ -73,6 +73,6 @@ class OptimConfig:
 
 
 @dataclass
-class CheckpointConfig:
+class CheckpointConfig(Section):
     save_contents: list[str] = spec(choices=CHECKPOINT_CONTENTS)
     load_contents: list[str] = spec(choices=CHECKPOINT_CONTENTS)

@@ -6,23 +6,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from megarl.config.names import REWARD_MANAGERS
-from megarl.config.spec import spec
+from megarl.config.spec import Section, spec
 
 
 @dataclass
-class CustomRewardFunctionConfig:
+class CustomRewardFunctionConfig(Section):
     path: str | None = spec(path=True)
     name: str | None = spec()
     reward_kwargs: dict[str, Any] = spec()
 
 
 @dataclass
-class RewardManagerConfig:
+class RewardManagerConfig(Section):
     name: str = spec(choices=REWARD_MANAGERS)
 
 
 @dataclass
-class RewardConfig:
+class RewardConfig(Section):
     custom_reward_function: CustomRewardFunctionConfig = spec()
     reward_manager: RewardManagerConfig = spec()
     reward_kwargs: dict[str, Any] = spec()
@@ -30,7 +30,7 @@ class RewardConfig:
 
 
 @dataclass
-class LegacyCustomRewardFunctionConfig:
+class LegacyCustomRewardFunctionConfig(Section):
     """verl's top-level `custom_reward_function` (null = use reward.custom_reward_function)."""
 
     path: str | None = spec(path=True)
@@ -38,7 +38,7 @@ class LegacyCustomRewardFunctionConfig:
 
 
 @dataclass
-class LegacyRewardModelConfig:
+class LegacyRewardModelConfig(Section):
     """verl's top-level `reward_model` keys megarl migrates (the rest are in compat.py)."""
 
     reward_manager: str | None = spec(choices=REWARD_MANAGERS)

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from megarl.config.names import DEVICES, LOGGERS, NAN_POLICIES, RESUME_MODES
-from megarl.config.spec import spec
+from megarl.config.spec import Section, spec
 
 
 @dataclass
-class TrainerConfig:
+class TrainerConfig(Section):
     balance_batch: bool = spec()
     total_epochs: int = spec(ge=1)
     total_training_steps: int | None = spec(ge=1)
@@ -35,17 +35,17 @@ class TrainerConfig:
 
 
 @dataclass
-class RuntimeEnvConfig:
+class RuntimeEnvConfig(Section):
     py_executable: str | None = spec(path=True)
 
 
 @dataclass
-class RayInitConfig:
+class RayInitConfig(Section):
     num_cpus: int | None = spec(ge=1)
     runtime_env: RuntimeEnvConfig = spec()
 
 
 @dataclass
-class RayKwargsConfig:
+class RayKwargsConfig(Section):
     ray_init: RayInitConfig = spec()
     timeline_json_file: str | None = spec(path=True)

@@ -6,6 +6,8 @@ dataclasses hold types and constraints only, so a schema field has no default.
 
 from __future__ import annotations
 
+import os
+
 from collections.abc import Callable, Iterable
 from dataclasses import field
 from typing import Any
@@ -32,3 +34,32 @@ def spec(
     """
     meta = {"ge": ge, "gt": gt, "le": le, "lt": lt, "choices": choices, "path": path, "note": note}
     return field(metadata={k: v for k, v in meta.items() if v is not None and v is not False})
+
+
+# ---------------------------------------------------------------- which keys a run reads
+# With MEGARL_CONFIG_READS=<file>, every process appends each typed key it reads (once) to
+# <file>.<pid>; tests/trainer/test_e2e_cpu.py checks that a run reads every key it should.
+_READS_FILE = os.environ.get("MEGARL_CONFIG_READS")
+_SEEN: set[str] = set()
+
+
+def _record(key: str) -> None:
+    if key not in _SEEN:
+        _SEEN.add(key)
+        with open(f"{_READS_FILE}.{os.getpid()}", "a") as out:
+            out.write(key + "\n")
+
+
+class Section:
+    """Base of the schema dataclasses; `megarl.config.typed.to_typed` sets `_megarl_key` (the
+    section's dotted prefix) on each instance so reads can be recorded."""
+
+    if _READS_FILE:
+
+        def __getattribute__(self, name: str) -> Any:
+            value = object.__getattribute__(self, name)
+            if not name.startswith("_") and not isinstance(value, Section) and not callable(value):
+                prefix = object.__getattribute__(self, "__dict__").get("_megarl_key")
+                if prefix is not None:
+                    _record(prefix + name)
+            return value

@@ -18,13 +18,16 @@ from megarl.config.walk import schema_fields
 T = TypeVar("T")
 
 
-def to_typed(cls: type[T], values: dict[str, Any]) -> T:
-    """Instance of schema dataclass `cls` from plain `values` (sections become nested dataclasses)."""
+def to_typed(cls: type[T], values: dict[str, Any], prefix: str = "") -> T:
+    """Instance of schema dataclass `cls` from plain `values` (sections become nested dataclasses);
+    `prefix` is the section's dotted key (recorded reads name the full key)."""
     kwargs = {}
     for name, (tp, _) in schema_fields(cls).items():
         value = values[name]
-        kwargs[name] = to_typed(tp, value) if dataclasses.is_dataclass(tp) else value
-    return cls(**kwargs)
+        kwargs[name] = to_typed(tp, value, f"{prefix}{name}.") if dataclasses.is_dataclass(tp) else value
+    obj = cls(**kwargs)
+    object.__setattr__(obj, "_megarl_key", prefix)
+    return obj
 
 
 def typed_config(cfg: DictConfig) -> MegaRLConfig:
@@ -35,3 +38,11 @@ def typed_config(cfg: DictConfig) -> MegaRLConfig:
 def to_dict(obj: Any) -> Any:
     """Plain nested dict of a typed config (for logging, checkpoints, hashing)."""
     return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else obj
+
+
+def section_of(cfg: MegaRLConfig, dotted: str) -> Any:
+    """The typed section at `dotted` (e.g. "actor_rollout_ref.rollout")."""
+    node: Any = cfg
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node
