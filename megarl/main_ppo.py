@@ -86,7 +86,10 @@ def main(cfg: DictConfig) -> None:
         resolved = prepare(cfg)
     except ConfigError as error:
         _fail(error)
-    print(OmegaConf.to_yaml(resolved), flush=True)
+    from megarl.config.typed import to_dict, typed_config
+
+    # The keys megarl implements, resolved (verl's other keys are at their defaults or refused).
+    print(OmegaConf.to_yaml(OmegaConf.create(to_dict(typed_config(resolved)))), flush=True)
     run_ppo = _optional("megarl.trainer", "run_ppo")
     if run_ppo is None:
         print("megarl: config is valid; megarl.trainer.run_ppo is not available yet, nothing to run.")
