@@ -21,7 +21,9 @@ def _seq_len(v: View) -> int:
 def _ppo_batches(v: View, section: str, role: Role) -> Iterator[Issue]:
     """PPO update batching of the actor or critic (`section` holds ppo_mini_batch_size etc.)."""
     train = v.get("data.train_batch_size")
-    n = v.get("actor_rollout_ref.rollout.n")
+    # responses per prompt: the unit of ppo_mini_batch_size (critic.rollout_n follows rollout.n)
+    n_key = "critic.rollout_n" if section == "critic" else "actor_rollout_ref.rollout.n"
+    n = v.get(n_key)
     mini_key = f"{section}.ppo_mini_batch_size"
     mini = v.get(mini_key)
     if train % mini != 0:
@@ -38,7 +40,7 @@ def _ppo_batches(v: View, section: str, role: Role) -> Iterator[Issue]:
         yield Issue(
             mini_key, mini,
             f"{mini} prompts x rollout.n={n} = {mini_responses} responses do not split evenly over {dp} data-parallel ranks",
-            f"make {mini_key} * actor_rollout_ref.rollout.n a multiple of dp={dp} (dp = world / (tp*pp*cp))",
+            f"make {mini_key} * {n_key} a multiple of dp={dp} (dp = world / (tp*pp*cp))",
         )
         return
     per_rank = mini_responses // dp
@@ -101,14 +103,12 @@ def critic_batches(v: View) -> Iterator[Issue]:
 
 
 def _critic_forward(v: View) -> Iterator[Issue]:
-    """Micro-batching of the value forward (compute_values)."""
+    """Token budget of the value forward (compute_values); without use_dynamic_bsz it uses
+    critic.ppo_micro_batch_size_per_gpu, checked with the update's batches."""
     if v.get("critic.use_dynamic_bsz"):
         key = "critic.forward_max_token_len_per_gpu"
         if v.get(key) < _seq_len(v):
             yield _budget_issue(v, key)
-    elif v.get("critic.forward_micro_batch_size_per_gpu") is None:
-        key = "critic.forward_micro_batch_size_per_gpu"
-        yield Issue(key, None, "required when critic.use_dynamic_bsz is false", f"set {key} (responses per rank per forward), e.g. 16")
 
 
 def old_log_prob_batches(v: View) -> Iterator[Issue]:

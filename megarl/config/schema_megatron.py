@@ -33,7 +33,6 @@ class MegatronTrainConfig(MegatronInferConfig):
     """Parallel layout plus optimizer-side switches of a trained model (actor, critic)."""
 
     use_distributed_optimizer: bool = spec()
-    grad_offload: bool = spec()
     optimizer_offload: bool = spec()
 
 
@@ -44,7 +43,7 @@ class OptimConfig:
     lr_warmup_steps: int = spec(ge=-1)
     lr_warmup_steps_ratio: float = spec(ge=0, le=1)
     lr_decay_style: str = spec(choices=LR_DECAY_STYLES)
-    min_lr_ratio: float = spec(ge=0, le=1)
+    min_lr: float = spec(ge=0)
     weight_decay: float = spec(ge=0)
     betas: list[float] = spec(ge=0, lt=1)
     clip_grad: float = spec(gt=0)

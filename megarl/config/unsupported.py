@@ -16,7 +16,7 @@ UNSUPPORTED_VERL_KEYS: dict[str, str] = {
     "model.lora_adapter_path": "LoRA is not supported by megarl (full-parameter training only)",
     "model.external_lib": "not supported by megarl: only the built-in architectures are supported",
     "model.use_fused_kernels": "not supported by megarl",
-    "model.enable_activation_offload": "not supported by megarl; use megatron.param_offload/grad_offload",
+    "model.enable_activation_offload": "not supported by megarl; use megatron.param_offload (params and grads)/optimizer_offload",
     "fsdp_config": "FSDP is not supported by megarl; use the .megatron section",
     "ulysses_sequence_parallel_size": "Ulysses SP is FSDP-only; use megatron.context_parallel_size",
     "use_torch_compile": "not supported by megarl (Megatron-Core kernels are used as is)",

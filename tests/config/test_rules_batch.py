@@ -70,6 +70,5 @@ def test_critic_batches_checked_when_critic_runs(make):
 
 def test_critic_forward_micro_batches(make):
     gae = {"algorithm.adv_estimator": "gae"}
-    issue_for(make({**gae, "critic.forward_micro_batch_size_per_gpu": None}), "critic.forward_micro_batch_size_per_gpu", "required")
     issue_for(make({**gae, "critic.use_dynamic_bsz": True, "critic.forward_max_token_len_per_gpu": 8}),
               "critic.forward_max_token_len_per_gpu", "smaller than one full sequence")
