@@ -21,7 +21,9 @@ def _seq_len(v: View) -> int:
 def _ppo_batches(v: View, section: str, role: Role) -> Iterator[Issue]:
     """PPO update batching of the actor or critic (`section` holds ppo_mini_batch_size etc.)."""
     train = v.get("data.train_batch_size")
-    n = v.get("actor_rollout_ref.rollout.n")
+    # responses per prompt: the unit of ppo_mini_batch_size (actor/critic.rollout_n follow rollout.n)
+    n_key = f"{section}.rollout_n"
+    n = v.get(n_key)
     mini_key = f"{section}.ppo_mini_batch_size"
     mini = v.get(mini_key)
     if train % mini != 0:
@@ -38,7 +40,7 @@ def _ppo_batches(v: View, section: str, role: Role) -> Iterator[Issue]:
         yield Issue(
             mini_key, mini,
             f"{mini} prompts x rollout.n={n} = {mini_responses} responses do not split evenly over {dp} data-parallel ranks",
-            f"make {mini_key} * actor_rollout_ref.rollout.n a multiple of dp={dp} (dp = world / (tp*pp*cp))",
+            f"make {mini_key} * {n_key} a multiple of dp={dp} (dp = world / (tp*pp*cp))",
         )
         return
     per_rank = mini_responses // dp

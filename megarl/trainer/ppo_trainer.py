@@ -165,10 +165,7 @@ class RayPPOTrainer:
                                  {"role": role, "device": self.device}, self.pool.placements,
                                  share_cpu, share_gpu, env)
         if self.use_critic:
-            critic_cfg = cfg.critic.copy()
-            with open_dict(critic_cfg):
-                critic_cfg.rollout_n = self.rollout_n  # mini-batch sizes count prompts
-            self.critic = WorkerGroup("critic", CRITIC_CLS, (critic_cfg,), {"device": self.device},
+            self.critic = WorkerGroup("critic", CRITIC_CLS, (cfg.critic,), {"device": self.device},
                                       self.pool.placements, share_cpu, share_gpu, env)
         # Critic first: its world must exist before vLLM grabs memory on GPUs.
         if self.critic is not None:

@@ -9,15 +9,12 @@ Config: the `actor_rollout_ref` subtree (verl names): model.{path, override_conf
 use_remove_padding, enable_gradient_checkpointing, trust_remote_code}; actor.* (PPO and
 optim keys, `actor.megatron`, `actor.calculate_sum_pi_squared`); ref.{log_prob_*,
 megatron}; rollout.{n, temperature, log_prob_*} (the actor's old-log-prob pass uses the
-rollout's log_prob_* keys, as verl).
+rollout's log_prob_* keys, as verl). Read by attribute: every key must be present.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-import torch
-from omegaconf import DictConfig
 
 from megarl.algorithms import (
     combine_actor_loss,
@@ -26,20 +23,11 @@ from megarl.algorithms import (
     get_policy_loss,
 )
 from megarl.protocol import DataProto
-from megarl.workers.megatron.checkpoint import load_checkpoint, save_checkpoint
-from megarl.workers.megatron.engine import MegatronEngine, MicroBatchSpec
-from megarl.workers.megatron.inputs import next_token_labels, to_response
-from megarl.workers.megatron.offload import Offloader
-from megarl.workers.megatron.schedule import broadcast_from_last_stage
-from megarl.workers.megatron.ppo_loop import (
-    global_denominator,
-    iterate_mini_batches,
-    NonFiniteCheck,
-    mean_metrics,
-    mini_batch_rows,
-    reduce_micro_stats,
-)
+from megarl.workers.megatron.engine import MicroBatchSpec
+from megarl.workers.megatron.inputs import next_token_labels, response_mask_of, to_response
+from megarl.workers.megatron.ppo_loop import run_ppo_update, update_inputs
 from megarl.workers.megatron.vocab_parallel import vocab_parallel_log_probs_and_entropy, vocab_parallel_token_stats
+from megarl.workers.megatron.worker_base import MegatronWorker
 
 __all__ = ["ActorWorker"]
 
@@ -48,75 +36,44 @@ _ROLES = ("actor", "ref")
 _SHARE_KEYS = ("actor/pg_loss", "actor/entropy", "actor/kl_loss")
 
 
-def response_mask_of(data: DataProto) -> torch.Tensor:
-    """`response_mask` `[B, R]`, or the response part of attention_mask when absent."""
-    if "response_mask" in data.batch.keys():
-        return data.batch["response_mask"]
-    response_length = data.batch["responses"].shape[1]
-    return data.batch["attention_mask"][:, -response_length:]
-
-
-class ActorWorker:
+class ActorWorker(MegatronWorker):
     """Policy (`role="actor"`) or frozen reference (`role="ref"`) on Megatron-Core.
 
     Args:
-        config: the `actor_rollout_ref` DictConfig.
+        config: the `actor_rollout_ref` node.
         role: "actor" (trainable, optimizer) or "ref" (eval only).
         device: "cpu" | "cuda"; default cuda when available (the trainer passes `trainer.device`).
     """
 
-    def __init__(self, config: DictConfig, role: str = "actor", device: str | None = None) -> None:
+    def __init__(self, config: Any, role: str = "actor", device: str | None = None) -> None:
         if role not in _ROLES:
             raise ValueError(f"ActorWorker role must be one of {_ROLES}, got {role!r}")
         self.config = config
         self.role = role
-        node = config.actor if role == "actor" else config.ref
-        model = config.model
-        self.engine = MegatronEngine(
-            node.megatron,
-            model.path,
-            override_config=model.get("override_config", None),
-            value_head=False,
-            optim_cfg=config.actor.optim if role == "actor" else None,
-            remove_padding=model.get("use_remove_padding", False),
-            gradient_checkpointing=model.get("enable_gradient_checkpointing", False) and role == "actor",
-            trust_remote_code=model.get("trust_remote_code", False),
-            prefix=f"actor_rollout_ref.{role}",
-            device=device,
+        trainable = role == "actor"
+        node = config.actor if trainable else config.ref
+        super().__init__(
+            config.model, node.megatron, config.actor.optim if trainable else None, config.actor.checkpoint,
+            value_head=False, prefix=f"actor_rollout_ref.{role}", device=device,
         )
-        log_prob_node = config.rollout if role == "actor" else config.ref
-        log_prob_prefix = "actor_rollout_ref.rollout." if role == "actor" else "actor_rollout_ref.ref."
+        # the old-log-prob pass uses the rollout's log_prob_* keys (verl), the reference its own
+        log_prob_node, log_prob_path = (config.rollout, "rollout") if trainable else (config.ref, "ref")
         self.log_prob_spec = MicroBatchSpec(
-            log_prob_node.get("log_prob_micro_batch_size_per_gpu", None),
-            log_prob_node.get("log_prob_use_dynamic_bsz", False),
-            log_prob_node.get("log_prob_max_token_len_per_gpu", None),
-            prefix=log_prob_prefix + "log_prob_",
+            log_prob_node.log_prob_micro_batch_size_per_gpu,
+            log_prob_node.log_prob_use_dynamic_bsz,
+            log_prob_node.log_prob_max_token_len_per_gpu,
+            micro_batch_key=f"actor_rollout_ref.{log_prob_path}.log_prob_micro_batch_size_per_gpu",
+            max_token_len_key=f"actor_rollout_ref.{log_prob_path}.log_prob_max_token_len_per_gpu",
         )
-        if role == "actor":
-            actor = config.actor
-            self.train_spec = MicroBatchSpec(
-                actor.get("ppo_micro_batch_size_per_gpu", None),
-                actor.get("use_dynamic_bsz", False),
-                actor.get("ppo_max_token_len_per_gpu", None),
-                prefix="actor_rollout_ref.actor.ppo_",
-            )
-        self.offloader: Offloader | None = None
-
-    # ------------------------------------------------------------------ lifecycle
-    def init_model(self) -> None:
-        """Process groups, model chunks with HF (or dist-checkpoint) weights, optimizer."""
-        self.engine.init_model()
-        megatron = self.config.actor.megatron if self.role == "actor" else self.config.ref.megatron
-        self.offloader = Offloader(
-            self.engine,
-            params=bool(megatron.get("param_offload", False)),
-            grads=bool(megatron.get("grad_offload", False)),
-            optimizer=bool(megatron.get("optimizer_offload", False)),
-        )
+        if trainable:
+            self.train_spec = MicroBatchSpec.for_ppo(config.actor, "actor_rollout_ref.actor")
 
     # ------------------------------------------------------------------ log-probs
     def _temperature(self, data: DataProto) -> float:
-        return float(data.meta_info.get("temperature", self.config.rollout.get("temperature", 1.0)))
+        """The rollout's temperature (meta_info["temperature"]), else rollout.temperature."""
+        if "temperature" in data.meta_info:
+            return float(data.meta_info["temperature"])
+        return float(self.config.rollout.temperature)
 
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """Log-probs of `responses` (and entropy for the actor) under the current weights.
@@ -132,7 +89,7 @@ class ActorWorker:
         temperature = self._temperature(data)
         response_length = data.batch["responses"].shape[1]
         want_entropy = self.role == "actor"
-        want_spp = want_entropy and bool(self.config.actor.get("calculate_sum_pi_squared", False))
+        want_spp = want_entropy and bool(self.config.actor.calculate_sum_pi_squared)
 
         def per_micro_batch(logits, mb):
             logp, ent, spp = vocab_parallel_token_stats(
@@ -183,110 +140,58 @@ class ActorWorker:
         actor = self.config.actor
         temperature = self._temperature(data)
         response_length = data.batch["responses"].shape[1]
-        loss_agg_mode = actor.get("loss_agg_mode", "token-mean")
-        policy_loss_fn = get_policy_loss(actor.get("policy_loss", {}).get("loss_mode", "vanilla"))
-        entropy_coeff = float(actor.get("entropy_coeff", 0.0))
-        use_kl_loss = bool(actor.get("use_kl_loss", False))
-        kl_loss_coef = float(actor.get("kl_loss_coef", 0.0))
-        kl_loss_type = actor.get("kl_loss_type", "low_var_kl")
-        loss_scale_factor = actor.get("loss_scale_factor", None)
+        loss_agg_mode = actor.loss_agg_mode
+        policy_loss_fn = get_policy_loss(actor.policy_loss.loss_mode)
+        entropy_coeff = float(actor.entropy_coeff)
+        use_kl_loss = bool(actor.use_kl_loss)
+        kl_loss_coef = float(actor.kl_loss_coef)
+        kl_loss_type = actor.kl_loss_type
+        loss_scale_factor = actor.loss_scale_factor
+        tensors = update_inputs(
+            data, ("old_log_probs", "advantages") + (("ref_log_prob",) if use_kl_loss else ()),
+            ("rollout_is_weights",), method="update_policy",
+            hints={"ref_log_prob": "actor.use_kl_loss needs the reference log-probs"},
+        )
 
-        batch = data.batch
-        tensors = {"response_mask": response_mask_of(data)}
-        for key in ("old_log_probs", "advantages") + (("ref_log_prob",) if use_kl_loss else ()):
-            if key not in batch.keys():
-                hint = " (actor.use_kl_loss needs the reference log-probs)" if key == "ref_log_prob" else ""
-                raise KeyError(f"update_policy: the batch lacks {key!r}{hint}")
-            tensors[key] = batch[key]
-        if "rollout_is_weights" in batch.keys():
-            tensors["rollout_is_weights"] = batch["rollout_is_weights"]
-        model_tensors = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids", "responses")}
-        work = DataProto.from_dict({**model_tensors, **tensors})
-
-        rows = mini_batch_rows(actor.ppo_mini_batch_size, self.config.rollout.get("n", 1), len(work), "actor_rollout_ref.actor")
-        epochs = int(actor.get("ppo_epochs", 1))
-        nan_check = NonFiniteCheck(data.meta_info, "actor_rollout_ref.actor", "update_actor", epochs * (len(work) // rows))
-        steps = []
-        with self._onloaded():
-            for index in iterate_mini_batches(
-                len(work), rows, epochs, actor.get("shuffle", False), actor.get("data_loader_seed", 0) or 0
-            ):
-                mini = work[index]
-                denominator = global_denominator(mini.batch["response_mask"])
-                micro, _ = self.engine.micro_batches(mini, self.train_spec, tuple(tensors))
-
-                def loss_fn(logits, mb, denominator=denominator):
-                    t = mb.tensors
-                    mask = t["response_mask"]
-                    # As verl: the entropy (2 more passes over the [tokens, V/tp] logits
-                    # and a second fp32 buffer) only when it is part of the loss.
-                    logp, ent = vocab_parallel_log_probs_and_entropy(
-                        logits, next_token_labels(mb.inputs), temperature=temperature,
-                        compute_entropy=entropy_coeff != 0,
+        def make_loss_fn(denominator):
+            def loss_fn(logits, mb):
+                t = mb.tensors
+                mask = t["response_mask"]
+                # As verl: the entropy (2 more passes over the [tokens, V/tp] logits
+                # and a second fp32 buffer) only when it is part of the loss.
+                logp, ent = vocab_parallel_log_probs_and_entropy(
+                    logits, next_token_labels(mb.inputs), temperature=temperature,
+                    compute_entropy=entropy_coeff != 0,
+                )
+                log_prob = to_response(logp, mb.inputs, response_length)
+                pg_loss, stats = policy_loss_fn(
+                    t["old_log_probs"], log_prob, t["advantages"], mask, loss_agg_mode,
+                    config=actor, global_denominator=denominator,
+                    rollout_is_weights=t.get("rollout_is_weights"),
+                )
+                entropy_loss = None
+                if ent is not None:
+                    entropy = to_response(ent, mb.inputs, response_length)
+                    entropy_loss = compute_entropy_loss(entropy, mask, loss_agg_mode, denominator, loss_scale_factor)
+                    stats["actor/entropy"] = entropy_loss.item()
+                kl_loss = None
+                if use_kl_loss:
+                    kl_loss, _ = compute_kl_loss(
+                        log_prob, t["ref_log_prob"], mask, kl_loss_type, loss_agg_mode, denominator, loss_scale_factor
                     )
-                    log_prob = to_response(logp, mb.inputs, response_length)
-                    pg_loss, stats = policy_loss_fn(
-                        t["old_log_probs"], log_prob, t["advantages"], mask, loss_agg_mode,
-                        config=actor, global_denominator=denominator,
-                        rollout_is_weights=t.get("rollout_is_weights"),
-                    )
-                    entropy_loss = None
-                    if ent is not None:
-                        entropy = to_response(ent, mb.inputs, response_length)
-                        entropy_loss = compute_entropy_loss(entropy, mask, loss_agg_mode, denominator, loss_scale_factor)
-                        stats["actor/entropy"] = entropy_loss.item()
-                    kl_loss = None
-                    if use_kl_loss:
-                        kl_loss, _ = compute_kl_loss(
-                            log_prob, t["ref_log_prob"], mask, kl_loss_type, loss_agg_mode, denominator, loss_scale_factor
-                        )
-                        stats["actor/kl_loss"] = kl_loss.item()
-                    loss = combine_actor_loss(pg_loss, entropy_loss, entropy_coeff, kl_loss, kl_loss_coef)
-                    stats["actor/pg_loss"] = pg_loss.item()
-                    return loss, stats
+                    stats["actor/kl_loss"] = kl_loss.item()
+                loss = combine_actor_loss(pg_loss, entropy_loss, entropy_coeff, kl_loss, kl_loss_coef)
+                stats["actor/pg_loss"] = pg_loss.item()
+                return loss, stats
 
-                micro_stats, grad_norm, lr = self.engine.train_step(micro, loss_fn, fp32_output=False)
-                step = reduce_micro_stats(micro_stats, _SHARE_KEYS)
-                step.update({"actor/grad_norm": grad_norm, "actor/lr": lr})
-                if not nan_check.drop(step, self.engine.optimizer):
-                    steps.append(step)
-        self.engine.step_scheduler()
-        return broadcast_from_last_stage({**mean_metrics(steps), **nan_check.metrics("actor")})
+            return loss_fn
 
-    # ------------------------------------------------------------------ weights / state
-    def save_checkpoint(self, path: str, global_step: int = 0) -> None:
-        """Megatron dist checkpoint of model, optimizer, lr scheduler and RNG (see checkpoint.py)."""
-        contents = self.config.actor.get("checkpoint", {}).get("save_contents", ["model", "optimizer", "extra"])
         with self._onloaded():
-            save_checkpoint(self.engine, path, contents=list(contents), global_step=global_step)
-
-    def load_checkpoint(self, path: str) -> dict[str, Any]:
-        """Restore what `save_checkpoint` wrote (any TP/PP layout); returns its metadata."""
-        contents = self.config.actor.get("checkpoint", {}).get("load_contents", ["model", "optimizer", "extra"])
-        with self._onloaded():
-            return load_checkpoint(self.engine, path, contents=list(contents))
-
-    def export_hf_weights(self):
-        """Iterator of (hf_name, full tensor); collective over the model-parallel group."""
-        return self.engine.export_hf_weights()
-
-    def offload(self) -> None:
-        """Move the configured state (megatron.param/grad/optimizer_offload) to CPU."""
-        if self.offloader is not None:
-            self.offloader.offload()
-
-    def onload(self) -> None:
-        """Bring offloaded state back to the training device."""
-        if self.offloader is not None:
-            self.offloader.onload()
-
-    def _onloaded(self):
-        return self.offloader.onloaded() if self.offloader is not None else _nullcontext()
-
-
-class _nullcontext:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
+            # bf16 logits straight to the fused log-prob, as in compute_log_prob
+            return run_ppo_update(
+                self.engine, data, tensors, make_loss_fn, self.train_spec,
+                mini_batch_size=actor.ppo_mini_batch_size, rollout_n=self.config.rollout.n,
+                ppo_epochs=actor.ppo_epochs, shuffle=actor.shuffle, seed=actor.data_loader_seed,
+                prefix="actor_rollout_ref.actor", phase="update_actor", metric_prefix="actor",
+                share_keys=_SHARE_KEYS, fp32_output=False,
+            )

@@ -31,7 +31,6 @@ import time
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 
 from megarl.protocol import DataProto
 from megarl.weight_sync import SyncStats, log_prob_gap, plan_for_model, stream_in_process
@@ -51,10 +50,10 @@ class ActorRolloutRefWorker:
         device: ``"cpu"`` | ``"cuda"``; default cuda when available.
     """
 
-    def __init__(self, config: DictConfig, role: str = "actor_rollout_ref", device: str | None = None) -> None:
+    def __init__(self, config: Any, role: str = "actor_rollout_ref", device: str | None = None) -> None:
         if role not in ROLES:
             raise ValueError(f"ActorRolloutRefWorker role must be one of {ROLES}, got {role!r}")
-        if role == "actor_rollout" and bool(OmegaConf.select(config, "actor.use_kl_loss", default=False)):
+        if role == "actor_rollout" and bool(config.actor.use_kl_loss):
             raise ValueError(
                 "actor_rollout_ref.actor.use_kl_loss=true needs the reference model: "
                 "use role='actor_rollout_ref'"
@@ -68,14 +67,14 @@ class ActorRolloutRefWorker:
         self.ref = ActorWorker(config, role="ref", device=device) if role == "actor_rollout_ref" else None
         self.rollout = None
         self.plan = None
-        sync_cfg = OmegaConf.select(config, "rollout.weight_sync", default=None) or {}
-        bucket_mb = float(sync_cfg.get("bucket_size_mb", 128))
+        sync_cfg = config.rollout.weight_sync
+        bucket_mb = float(sync_cfg.bucket_size_mb)
         if bucket_mb <= 0:
             raise ValueError(
                 f"actor_rollout_ref.rollout.weight_sync.bucket_size_mb must be > 0, got {bucket_mb}"
             )
         self.bucket_size_bytes = int(bucket_mb * 2**20)
-        self.integrity_check = bool(sync_cfg.get("integrity_check", True))
+        self.integrity_check = bool(sync_cfg.integrity_check)
         self._weights_version = 0
         self._synced_version = -1
 
@@ -156,12 +155,11 @@ class ActorRolloutRefWorker:
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """``old_log_probs``, ``entropys`` ``[B, R]``; when ``data`` carries
         ``rollout_log_probs``, meta_info["metrics"] gets the rollout/actor log-prob gap."""
+        from megarl.workers.megatron.inputs import response_mask_of
+
         out = self.actor.compute_log_prob(data)
         if "rollout_log_probs" in data.batch.keys():
-            mask = data.batch["response_mask"] if "response_mask" in data.batch.keys() else None
-            if mask is None:
-                R = data.batch["responses"].shape[1]
-                mask = data.batch["attention_mask"][:, -R:]
+            mask = response_mask_of(data)
             out.meta_info["metrics"] = log_prob_gap(data.batch["rollout_log_probs"], out.batch["old_log_probs"], mask)
         return out
 

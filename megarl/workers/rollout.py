@@ -48,11 +48,6 @@ class RolloutConfigError(ValueError):
     """A rollout config value vLLM cannot use; the message names the key."""
 
 
-def _get(cfg: DictConfig, key: str, default: Any) -> Any:
-    value = OmegaConf.select(cfg, key, default=default)
-    return default if value is None else value
-
-
 def read_special_token_ids(hf_dir: str, trust_remote_code: bool = False) -> tuple[int, list[int]]:
     """Pad id and EOS ids of the HF model in ``hf_dir``.
 
@@ -111,46 +106,46 @@ class RolloutWorker:
     """One vLLM engine (a rollout replica, or this rank's part of one).
 
     Args:
-        config: the ``actor_rollout_ref`` config subtree (verl keys); reads
+        config: the ``actor_rollout_ref`` config subtree (verl keys), read by attribute:
             ``rollout.*`` and ``model.trust_remote_code``.
         hf_dir: HF model directory (config, tokenizer); its weights are NOT read when
             ``rollout.load_format`` is ``dummy`` -- call :meth:`update_weights`.
     """
 
-    def __init__(self, config: DictConfig, hf_dir: str) -> None:
+    def __init__(self, config: Any, hf_dir: str) -> None:
         self.config = config
         self.rollout_cfg = config.rollout
         self.hf_dir = str(hf_dir)
         self.pad_token_id, self.eos_token_ids = read_special_token_ids(
-            self.hf_dir, bool(_get(self.config, "model.trust_remote_code", False)))
-        self.calculate_log_probs = bool(_get(self.rollout_cfg, "calculate_log_probs", True))
-        self.free_cache_engine = bool(_get(self.rollout_cfg, "free_cache_engine", True))
+            self.hf_dir, bool(config.model.trust_remote_code))
+        self.calculate_log_probs = bool(self.rollout_cfg.calculate_log_probs)
+        self.free_cache_engine = bool(self.rollout_cfg.free_cache_engine)
         self.is_sleeping = False
         self.llm = self._start_engine()
 
     # ------------------------------------------------------------------ engine
     def _engine_kwargs(self) -> dict[str, Any]:
         rc = self.rollout_cfg
-        tp = int(_get(rc, "tensor_model_parallel_size", 1))
-        dtype = str(_get(rc, "dtype", "auto"))
+        tp = int(rc.tensor_model_parallel_size)
+        dtype = str(rc.dtype)
         dtype = _DTYPE_ALIASES.get(dtype, dtype)
         if dtype == "auto":
             # The actor trains in fp32 on CPU (bf16 on GPU); vLLM must match it.
             dtype = "bfloat16" if torch.cuda.is_available() else "float32"
-        load_format = str(_get(rc, "load_format", "dummy"))
+        load_format = str(rc.load_format)
         if load_format.startswith("dummy"):
             load_format = "dummy"  # verl's dummy_dtensor / dummy_megatron / ...
-        prompt_length = int(_get(rc, "prompt_length", 512))
-        response_length = int(_get(rc, "response_length", 512))
-        max_model_len = _get(rc, "max_model_len", None) or prompt_length + response_length
+        prompt_length = int(rc.prompt_length)
+        response_length = int(rc.response_length)
+        max_model_len = rc.max_model_len or prompt_length + response_length  # null: just fits
         if max_model_len < prompt_length + response_length:
             raise RolloutConfigError(
                 f"actor_rollout_ref.rollout.max_model_len={max_model_len} is smaller than "
                 f"prompt_length + response_length = {prompt_length + response_length}; "
                 "raise it or leave it null"
             )
-        max_batched = int(_get(rc, "max_num_batched_tokens", 8192))
-        enable_chunked_prefill = bool(_get(rc, "enable_chunked_prefill", True))
+        max_batched = int(rc.max_num_batched_tokens)
+        enable_chunked_prefill = bool(rc.enable_chunked_prefill)
         if not enable_chunked_prefill and max_batched < max_model_len:
             raise RolloutConfigError(
                 f"actor_rollout_ref.rollout.max_num_batched_tokens={max_batched} must be >= "
@@ -163,17 +158,17 @@ class RolloutWorker:
             load_format=load_format,
             dtype=dtype,
             tensor_parallel_size=tp,
-            gpu_memory_utilization=float(_get(rc, "gpu_memory_utilization", 0.5)),
-            enforce_eager=bool(_get(rc, "enforce_eager", True)),
+            gpu_memory_utilization=float(rc.gpu_memory_utilization),
+            enforce_eager=bool(rc.enforce_eager),
             max_model_len=int(max_model_len),
             max_num_batched_tokens=max_batched,
-            max_num_seqs=int(_get(rc, "max_num_seqs", 1024)),
+            max_num_seqs=int(rc.max_num_seqs),
             enable_chunked_prefill=enable_chunked_prefill,
             enable_sleep_mode=self.free_cache_engine and torch.cuda.is_available(),
-            trust_remote_code=bool(_get(self.config, "model.trust_remote_code", False)),
+            trust_remote_code=bool(self.config.model.trust_remote_code),
             logprobs_mode="processed_logprobs",
-            seed=0,
         )
+        replica = 0
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             world = torch.distributed.get_world_size()
             if world % tp:
@@ -183,11 +178,23 @@ class RolloutWorker:
                 )
             if tp > 1:
                 kwargs["distributed_executor_backend"] = "external_launcher"
-            # Replicas of one world must not draw identical samples (an explicit
-            # engine_kwargs.vllm.seed below overrides this, identical on every replica).
-            kwargs["seed"] = torch.distributed.get_rank() // tp
-        extra = _get(rc, "engine_kwargs.vllm", {}) or {}
+            replica = torch.distributed.get_rank() // tp
+        # rollout.seed is the engine seed: vLLM seeds the process RNG with it once the engine
+        # is up (set_random_seed after warm-up) and samples every token from that stream, so
+        # the same config and call sequence give the same samples, each step draws new ones
+        # (the stream advances) and another seed changes them all. Replica r uses seed + r:
+        # replicas must not sample alike, while the TP ranks of one replica share the seed and
+        # so pick the same tokens. (A per-request SamplingParams.seed would also survive a
+        # resume, but vLLM then samples each request with its own generator every decode step,
+        # off FlashInfer on GPU; verl uses those only for full determinism.)
+        kwargs["seed"] = int(rc.seed) + replica
+        extra = rc.engine_kwargs.vllm
         extra = OmegaConf.to_container(extra, resolve=True) if isinstance(extra, DictConfig) else dict(extra)
+        if "seed" in extra:
+            raise RolloutConfigError(
+                "actor_rollout_ref.rollout.engine_kwargs.vllm.seed is not accepted: set "
+                "actor_rollout_ref.rollout.seed (replica r of the world uses seed + r)"
+            )
         kwargs.update({k: v for k, v in extra.items() if v is not None})
         return kwargs
 
@@ -215,24 +222,24 @@ class RolloutWorker:
         from vllm import SamplingParams
 
         rc = self.rollout_cfg
-        src = rc.val_kwargs if meta_info.get("validate", False) and "val_kwargs" in rc else rc
-        do_sample = bool(_get(src, "do_sample", True)) and bool(meta_info.get("do_sample", True))
-        n = int(_get(src, "n", 1))
+        src = rc.val_kwargs if meta_info.get("validate", False) else rc
+        do_sample = bool(src.do_sample) and bool(meta_info.get("do_sample", True))
+        n = int(src.n)
         if do_sample:
-            temperature = float(_get(src, "temperature", 1.0))
-            top_p = float(_get(src, "top_p", 1.0))
-            top_k = int(_get(src, "top_k", -1))
+            temperature = float(src.temperature)
+            top_p = float(src.top_p)
+            top_k = int(src.top_k)
         else:
             temperature, top_p, top_k, n = 0.0, 1.0, -1, 1
         if n < 1:
             raise RolloutConfigError(f"actor_rollout_ref.rollout.n must be >= 1, got {n}")
-        ignore_eos = bool(_get(rc, "ignore_eos", False))
+        ignore_eos = bool(rc.ignore_eos)
         return SamplingParams(
             n=n,
             temperature=temperature,
             top_p=top_p,
             top_k=top_k if top_k > 0 else 0,
-            max_tokens=int(_get(rc, "response_length", 512)),
+            max_tokens=int(rc.response_length),
             ignore_eos=ignore_eos,
             stop_token_ids=[] if ignore_eos else list(self.eos_token_ids),
             # The sampled token's log-prob only (None: no rollout_log_probs).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tiny_hf import actor_rollout_ref_config, build_tiny_qwen2
 
@@ -58,3 +59,15 @@ def test_sampling_params_train_greedy_and_validation(hf_dir):
     assert (val.n, val.temperature, val.top_k) == (2, 0.3, 0)  # val top_k -1 -> vLLM's 0 (off)
     ignore = _worker(hf_dir, **{"rollout.ignore_eos": True}).sampling_params({})
     assert ignore.ignore_eos and ignore.stop_token_ids == []
+
+
+def test_engine_seed_is_rollout_seed_plus_replica(hf_dir, monkeypatch):
+    assert _worker(hf_dir, **{"rollout.seed": 7})._engine_kwargs()["seed"] == 7  # no world: one replica
+    with pytest.raises(RolloutConfigError, match="engine_kwargs.vllm.seed is not accepted: set actor_rollout_ref.rollout.seed"):
+        _worker(hf_dir, **{"rollout.engine_kwargs.vllm": {"seed": 3}})._engine_kwargs()
+    # rank 3 of a 4-rank world at rollout TP=2 is in replica 1 (ranks 2, 3 share its seed)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 4)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda: 3)
+    kw = _worker(hf_dir, **{"rollout.seed": 7, "rollout.tensor_model_parallel_size": 2})._engine_kwargs()
+    assert kw["seed"] == 8 and kw["distributed_executor_backend"] == "external_launcher"

@@ -156,6 +156,6 @@ def test_critic_step_tp2_matches_tp1(runs):
 
 def test_offload_roundtrip(runs):
     off = runs("tp1")[0]["offload"]
-    assert off["freed"] and off["still_freed"]
+    assert off["freed"] and off["grads_freed"] and off["still_freed"]  # param_offload: params and grads
     assert off["params_equal"] and off["opt_equal"]
     assert torch.equal(off["before"], off["during"])

@@ -1,21 +1,22 @@
 """Workers read the shipped yaml's keys (verl names) without starting a model."""
 
-from pathlib import Path
-
 import pytest
+import torch
 from omegaconf import OmegaConf
 
+from megarl.config import load_config, resolve_config
+from megarl.protocol import DataProto
 from megarl.workers.actor import ActorWorker
 from megarl.workers.critic import CriticWorker
 
-YAML = Path(__file__).resolve().parents[2] / "configs" / "megatron" / "ppo_megatron_trainer.yaml"
+
+def _cfg(*overrides: str):
+    return resolve_config(load_config(list(overrides)))
 
 
-@pytest.fixture()
+@pytest.fixture(scope="module")
 def cfg():
-    cfg = OmegaConf.load(YAML)
-    OmegaConf.resolve(cfg)
-    return cfg
+    return _cfg()
 
 
 def test_actor_ref_critic_from_yaml(cfg):
@@ -26,10 +27,35 @@ def test_actor_ref_critic_from_yaml(cfg):
     assert ref.log_prob_spec.micro_batch_size == cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu
     assert not ref.engine.trainable and actor.engine.trainable
     critic = CriticWorker(cfg.critic, device="cpu")
-    assert critic.engine.value_head and critic.engine.trainable and critic.rollout_n == 1
-    n = cfg.actor_rollout_ref.rollout.n
-    assert n > 1  # the check below must see a value other than the default 1
-    assert CriticWorker(cfg.critic, device="cpu", rollout_n=n).rollout_n == n
+    assert critic.engine.value_head and critic.engine.trainable
+    # the value forward uses the training micro-batch size (verl: no forward_micro_batch_size_per_gpu)
+    assert critic.forward_spec.micro_batch_size == cfg.critic.ppo_micro_batch_size_per_gpu
+
+
+def _update_batch(rows: int = 4, response_len: int = 3) -> DataProto:
+    ones = torch.ones(rows, response_len)
+    return DataProto.from_dict({
+        "input_ids": torch.ones(rows, 5, dtype=torch.long), "attention_mask": torch.ones(rows, 5, dtype=torch.long),
+        "position_ids": torch.arange(5).repeat(rows, 1), "responses": torch.ones(rows, response_len, dtype=torch.long),
+        "response_mask": ones, "values": ones, "returns": ones, "old_log_probs": ones, "advantages": ones,
+    })
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_mini_batch_unit_is_rollout_n(monkeypatch, n):
+    """actor: actor_rollout_ref.rollout.n; critic: critic.rollout_n, which the yaml ties to it."""
+    import megarl.workers.actor as actor_module
+    import megarl.workers.critic as critic_module
+
+    cfg = _cfg(f"actor_rollout_ref.rollout.n={n}", "actor_rollout_ref.actor.use_kl_loss=false")
+    assert cfg.critic.rollout_n == n
+    seen = {}
+    for module, name in ((actor_module, "actor"), (critic_module, "critic")):
+        monkeypatch.setattr(module, "run_ppo_update", lambda *a, _name=name, **kw: seen.update({_name: kw}) or {})
+    ActorWorker(cfg.actor_rollout_ref, "actor", device="cpu").update_policy(_update_batch())
+    CriticWorker(cfg.critic, device="cpu").update_critic(_update_batch())
+    assert seen["actor"]["rollout_n"] == n and seen["critic"]["rollout_n"] == n
+    assert seen["critic"]["seed"] == cfg.actor_rollout_ref.actor.data_loader_seed  # critic.data_loader_seed follows
 
 
 def test_bad_role_and_optim_keys(cfg):
@@ -37,24 +63,26 @@ def test_bad_role_and_optim_keys(cfg):
         ActorWorker(cfg.actor_rollout_ref, "critic")
     from megarl.workers.megatron.optim import build_scheduler
 
-    optim = OmegaConf.to_container(cfg.actor_rollout_ref.actor.optim)
-    optim.update(lr_decay_style="cosine", total_training_steps=-1)
+    optim = cfg.actor_rollout_ref.actor.optim.copy()
+    optim.lr_decay_style, optim.total_training_steps = "cosine", -1
     with pytest.raises(ValueError, match="actor_rollout_ref.actor.optim.lr_decay_style='cosine' needs"):
         build_scheduler(None, optim, prefix="actor_rollout_ref.actor.optim")
-    optim.update(lr_decay_style="wsd")
+    optim.lr_decay_style = "wsd"
     with pytest.raises(ValueError, match="lr_decay_style='wsd' is not supported"):
+        build_scheduler(None, optim, prefix="actor_rollout_ref.actor.optim")
+    optim.lr_decay_style, optim.min_lr = "constant", 2 * optim.lr
+    with pytest.raises(ValueError, match=r"actor_rollout_ref.actor.optim.min_lr=.* must be in \[0, lr="):
         build_scheduler(None, optim, prefix="actor_rollout_ref.actor.optim")
 
 
 def test_lr_schedule_warmup_then_linear_decay():
-    """Hand-derived: warmup 2 steps to lr=1, then linear decay to min_lr_ratio*lr at step 6."""
-    import torch
-
+    """Hand-derived: warmup 2 steps to lr=1, then linear decay to min_lr=0.2 at step 6."""
     from megarl.workers.megatron.optim import build_scheduler
 
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    optim = {"lr": 1.0, "lr_warmup_steps": 2, "lr_decay_style": "linear", "min_lr_ratio": 0.2,
-             "weight_decay": 0.0, "total_training_steps": 6}
+    optim = OmegaConf.create({"lr": 1.0, "lr_warmup_steps": 2, "lr_warmup_steps_ratio": 0.0,
+                              "lr_decay_style": "linear", "min_lr": 0.2, "weight_decay": 0.0,
+                              "total_training_steps": 6})
     scheduler = build_scheduler(optimizer, optim, prefix="critic.optim")
     lrs = []
     for _ in range(7):

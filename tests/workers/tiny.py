@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 import transformers
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 PROMPT_LEN, RESPONSE_LEN, VOCAB = 6, 5, 97  # 97: not divisible by TP=2 (vocab padding)
 
@@ -51,32 +51,83 @@ def rollout_batch(batch_size: int = 8, seed: int = 1) -> dict[str, torch.Tensor]
 
 
 def megatron_node(**sizes) -> dict:
+    """`megatron` keys a test sets; the rest come from the project yaml."""
     return {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "seed": 42, **sizes}
 
 
-def actor_rollout_ref_config(model_path: str, megatron: dict, **actor_overrides):
-    """A small `actor_rollout_ref` DictConfig with verl key names."""
-    actor = {
-        "ppo_mini_batch_size": 8, "ppo_micro_batch_size_per_gpu": 8, "use_dynamic_bsz": False,
-        "ppo_max_token_len_per_gpu": 64, "ppo_epochs": 1, "shuffle": False, "data_loader_seed": 1,
-        "clip_ratio": 0.2, "clip_ratio_c": 3.0, "policy_loss": {"loss_mode": "vanilla"},
-        "loss_agg_mode": "token-mean", "entropy_coeff": 0.01, "use_kl_loss": True, "kl_loss_coef": 0.1,
-        "kl_loss_type": "low_var_kl",
-        # SGD (momentum 0.9): a step proportional to the gradient, unlike Adam's first step.
-        "optim": {"optimizer": "sgd", "lr": 0.5, "lr_warmup_steps": -1, "lr_warmup_steps_ratio": 0.0,
-                  "lr_decay_style": "constant", "min_lr_ratio": 0.0, "weight_decay": 0.01,
-                  "betas": [0.9, 0.999], "clip_grad": 1.0, "total_training_steps": -1},
-        "checkpoint": {"save_contents": ["model", "optimizer", "extra"], "load_contents": ["model", "optimizer", "extra"]},
-        "megatron": megatron,
+def project_config(model_path: str, settings: dict, megatron: dict, megatron_sections: tuple[str, ...]) -> DictConfig:
+    """The project yaml (megarl.config.load_config: production defaults) with `settings`
+    ({dotted key: value}; dict values merge into their node) applied, then resolved.
+
+    `megatron` goes to the actor's megatron node (the ref / critic sizes follow it by
+    interpolation) and to the keys each `<section>.megatron` holds itself (e.g. ref.param_offload).
+    """
+    from megarl.config import load_config, resolve_config
+
+    cfg = load_config()  # struct mode: a key the yaml lacks raises
+    layout = {f"actor_rollout_ref.actor.megatron.{k}": v for k, v in megatron.items()}
+    for section in megatron_sections:
+        node = OmegaConf.select(cfg, f"{section}.megatron")
+        layout.update({f"{section}.megatron.{k}": v for k, v in megatron.items() if k in node})
+    for key, value in {"actor_rollout_ref.model.path": model_path, **layout, **settings}.items():
+        OmegaConf.update(cfg, key, value, merge=True)
+    return resolve_config(cfg)
+
+
+# What the actor tests depend on; every other key keeps the yaml's value.
+_ACTOR = {
+    "ppo_mini_batch_size": 8, "ppo_micro_batch_size_per_gpu": 8, "use_dynamic_bsz": False,
+    "ppo_max_token_len_per_gpu": 64, "ppo_epochs": 1, "shuffle": False, "data_loader_seed": 1,
+    "clip_ratio": 0.2, "clip_ratio_low": None, "clip_ratio_high": None, "clip_ratio_c": 3.0,
+    "policy_loss": {"loss_mode": "vanilla"}, "loss_agg_mode": "token-mean", "loss_scale_factor": None,
+    "entropy_coeff": 0.01, "use_kl_loss": True, "kl_loss_coef": 0.1, "kl_loss_type": "low_var_kl",
+    "calculate_sum_pi_squared": False,
+    # SGD (momentum 0.9): a step proportional to the gradient, unlike Adam's first step.
+    "optim": {"optimizer": "sgd", "lr": 0.5, "lr_warmup_steps": -1, "lr_warmup_steps_ratio": 0.0,
+              "lr_decay_style": "constant", "min_lr": 0.0, "weight_decay": 0.01,
+              "betas": [0.9, 0.999], "clip_grad": 1.0, "total_training_steps": -1},
+    "checkpoint": {"save_contents": ["model", "optimizer", "extra"], "load_contents": ["model", "optimizer", "extra"]},
+}
+
+
+def _common_settings() -> dict:
+    return {
+        "actor_rollout_ref.model.override_config": {}, "actor_rollout_ref.model.use_remove_padding": False,
+        "actor_rollout_ref.model.enable_gradient_checkpointing": False,
+        "actor_rollout_ref.rollout.n": 1, "actor_rollout_ref.rollout.temperature": 0.7,
     }
-    actor.update(actor_overrides)
-    return OmegaConf.create({
-        "model": {"path": model_path, "override_config": {}, "use_remove_padding": False},
-        "actor": actor,
-        "ref": {"log_prob_micro_batch_size_per_gpu": 4, "megatron": megatron},
-        "rollout": {"n": 1, "temperature": 0.7, "log_prob_micro_batch_size_per_gpu": 3,
-                    "log_prob_use_dynamic_bsz": False, "log_prob_max_token_len_per_gpu": 64},
-    })
+
+
+def actor_rollout_ref_config(model_path: str, megatron: dict, **actor_overrides) -> DictConfig:
+    """The `actor_rollout_ref` node of the project yaml, sized for the tiny model."""
+    settings = {
+        **_common_settings(),
+        **{f"actor_rollout_ref.actor.{k}": v for k, v in {**_ACTOR, **actor_overrides}.items()},
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 3,
+        "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": False,
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": 64,
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 4,
+        "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": False,
+    }
+    return project_config(model_path, settings, megatron, ("actor_rollout_ref.ref",)).actor_rollout_ref
+
+
+def critic_config(model_path: str, megatron: dict, **overrides) -> DictConfig:
+    """The `critic` node of the project yaml, sized for the tiny model (rollout.n = 1)."""
+    critic = {
+        "model": {"override_config": {}, "use_remove_padding": False, "enable_gradient_checkpointing": False},
+        "optim": {"optimizer": "sgd", "lr": 0.5, "lr_warmup_steps": -1, "lr_decay_style": "constant", "min_lr": 0.0,
+                  "weight_decay": 0.01, "betas": [0.9, 0.999], "clip_grad": 1.0, "total_training_steps": -1},
+        "ppo_mini_batch_size": 8, "ppo_micro_batch_size_per_gpu": 4, "use_dynamic_bsz": False,
+        "ppo_max_token_len_per_gpu": 64, "forward_max_token_len_per_gpu": 64, "ppo_epochs": 1, "shuffle": False,
+        "cliprange_value": 0.5, "loss_agg_mode": "token-mean", "loss_scale_factor": None,
+        **overrides,
+    }
+    settings = {
+        **_common_settings(),
+        **{f"critic.{k}": v for k, v in critic.items()},
+    }
+    return project_config(model_path, settings, megatron, ("critic",)).critic
 
 
 def _hf_response_log_softmax(model_path: str, batch: dict, temperature: float) -> torch.Tensor:
@@ -101,21 +152,6 @@ def hf_response_log_probs(model_path: str, batch: dict, temperature: float) -> t
     entropy = -(logp_all.exp() * logp_all).sum(-1)
     mask = batch["response_mask"].double()
     return (logp * mask).float(), (entropy * mask).float()
-
-
-def critic_config(model_path: str, megatron: dict, **overrides):
-    """A small `critic` DictConfig with verl key names."""
-    cfg = {
-        "model": {"path": model_path, "override_config": {}},
-        "megatron": megatron,
-        "optim": {"optimizer": "sgd", "lr": 0.5, "lr_warmup_steps": -1, "lr_decay_style": "constant",
-                  "weight_decay": 0.01, "betas": [0.9, 0.999], "clip_grad": 1.0, "total_training_steps": -1},
-        "ppo_mini_batch_size": 8, "ppo_micro_batch_size_per_gpu": 4, "use_dynamic_bsz": False,
-        "ppo_max_token_len_per_gpu": 64, "ppo_epochs": 1, "shuffle": False, "cliprange_value": 0.5,
-        "loss_agg_mode": "token-mean",
-    }
-    cfg.update(overrides)
-    return OmegaConf.create(cfg)
 
 
 def hf_values(model_path: str, batch: dict, head: torch.Tensor) -> torch.Tensor:

@@ -127,7 +127,7 @@ def offload_roundtrip(model_path: str, batch: dict) -> dict:
     """Offload everything, check storages are freed, onload, check exact restoration."""
     from megarl.workers.actor import ActorWorker
 
-    megatron = megatron_node(param_offload=True, grad_offload=True, optimizer_offload=True)
+    megatron = megatron_node(param_offload=True, optimizer_offload=True)  # param_offload: params and grads
     actor = ActorWorker(actor_rollout_ref_config(model_path, megatron), "actor", device="cpu")
     actor.init_model()
     data = _data(batch)
@@ -138,6 +138,8 @@ def offload_roundtrip(model_path: str, batch: dict) -> dict:
     before = actor.compute_log_prob(data).batch["old_log_probs"]
     actor.offload()
     freed = all(p.untyped_storage().nbytes() == 0 for c in actor.engine.chunks for p in c.parameters())
+    grad_buffers = [b.grad_data for c in actor.engine.chunks for b in c.buffers]  # DDP's contiguous grad buffers
+    grads_freed = bool(grad_buffers) and all(g.untyped_storage().nbytes() == 0 for g in grad_buffers)
     # Methods onload around their work and re-offload afterwards.
     during = actor.compute_log_prob(data).batch["old_log_probs"]
     still_freed = all(p.untyped_storage().nbytes() == 0 for c in actor.engine.chunks for p in c.parameters())
@@ -146,7 +148,7 @@ def offload_roundtrip(model_path: str, batch: dict) -> dict:
     opt_after = [v.clone() for s in actor.engine.optimizer.optimizer.state.values() for v in s.values()
                  if isinstance(v, torch.Tensor)]
     return {
-        "freed": freed, "still_freed": still_freed, "before": before, "during": during,
+        "freed": freed, "grads_freed": grads_freed, "still_freed": still_freed, "before": before, "during": during,
         "params_equal": all(torch.equal(a, b) for a, b in zip(params, params_after)),
         "opt_equal": len(opt_state) > 0 and all(torch.equal(a, b) for a, b in zip(opt_state, opt_after)),
     }

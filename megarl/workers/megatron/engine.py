@@ -43,31 +43,50 @@ def default_device() -> str:
 
 
 class MicroBatchSpec:
-    """How to cut rows into micro-batches: fixed count or token budget (`use_dynamic_bsz`)."""
+    """How to cut rows into micro-batches: fixed count or token budget (`use_dynamic_bsz`).
 
-    def __init__(self, micro_batch_size: int | None, use_dynamic_bsz: bool, max_token_len: int | None, prefix: str):
+    `micro_batch_key` / `max_token_len_key`: the dotted config keys of the two sizes, named
+    in error messages (e.g. "critic.ppo_micro_batch_size_per_gpu").
+    """
+
+    def __init__(
+        self, micro_batch_size: int | None, use_dynamic_bsz: bool, max_token_len: int | None,
+        *, micro_batch_key: str, max_token_len_key: str,
+    ) -> None:
         self.micro_batch_size = micro_batch_size
         self.use_dynamic_bsz = bool(use_dynamic_bsz)
         self.max_token_len = max_token_len
-        self.prefix = prefix  # e.g. "actor_rollout_ref.actor.ppo_" for error messages
+        self.micro_batch_key = micro_batch_key
+        self.max_token_len_key = max_token_len_key
+
+    @classmethod
+    def for_ppo(cls, node: Any, path: str) -> "MicroBatchSpec":
+        """The training micro-batches of a PPO role node (`actor_rollout_ref.actor`, `critic`):
+        ppo_micro_batch_size_per_gpu, use_dynamic_bsz, ppo_max_token_len_per_gpu."""
+        return cls(
+            node.ppo_micro_batch_size_per_gpu, node.use_dynamic_bsz, node.ppo_max_token_len_per_gpu,
+            micro_batch_key=f"{path}.ppo_micro_batch_size_per_gpu",
+            max_token_len_key=f"{path}.ppo_max_token_len_per_gpu",
+        )
 
     def partitions(self, attention_mask: torch.Tensor, min_num: int = 1) -> list[list[int]]:
         if self.use_dynamic_bsz:
             if self.max_token_len is None:
-                raise ValueError(f"{self.prefix}max_token_len_per_gpu is required with use_dynamic_bsz")
+                raise ValueError(f"{self.max_token_len_key} is required with use_dynamic_bsz")
             return partition_by_token_budget(
                 attention_mask.sum(-1).tolist(), int(self.max_token_len),
-                min_num_micro_batches=min_num, key=f"{self.prefix}max_token_len_per_gpu",
+                min_num_micro_batches=min_num, key=self.max_token_len_key,
             )
-        return fixed_size_partitions(attention_mask.shape[0], self.micro_batch_size, f"{self.prefix}micro_batch_size_per_gpu")
+        return fixed_size_partitions(attention_mask.shape[0], self.micro_batch_size, self.micro_batch_key)
 
 
 class MegatronEngine:
     """One Megatron model on this rank (see module docstring).
 
     Args:
-        megatron_cfg: verl `megatron` node (parallel sizes, seed, dtype, offload flags,
-            use_distributed_optimizer, use_dist_checkpointing, override_transformer_config).
+        megatron_cfg: verl `megatron` node (parallel sizes, seed, dtype, sequence_parallel,
+            use_dist_checkpointing, dist_checkpointing_path, override_transformer_config; trained
+            models also use_distributed_optimizer). Read by attribute.
         model_path: HF model directory (config.json + safetensors).
         override_config: HF config fields to override (`model.override_config`).
         value_head: critic model (`[b, s, 1]` outputs).
@@ -79,19 +98,19 @@ class MegatronEngine:
 
     def __init__(
         self,
-        megatron_cfg: Mapping[str, Any],
+        megatron_cfg: Any,
         model_path: str,
         *,
         override_config: Mapping[str, Any] | None = None,
         value_head: bool = False,
-        optim_cfg: Mapping[str, Any] | None = None,
+        optim_cfg: Any | None = None,
         remove_padding: bool = False,
         gradient_checkpointing: bool = False,
         trust_remote_code: bool = False,
         prefix: str,
         device: str | None = None,
     ) -> None:
-        self.megatron_cfg = dict(megatron_cfg or {})
+        self.megatron_cfg = megatron_cfg
         self.model_path = model_path
         self.override_config = dict(override_config or {})
         self.value_head = value_head
@@ -109,7 +128,7 @@ class MegatronEngine:
     # ------------------------------------------------------------------ setup
     @property
     def dtype(self) -> torch.dtype:
-        name = self.megatron_cfg.get("dtype", "auto") or "auto"
+        name = self.megatron_cfg.dtype
         if name == "auto":
             return torch.float32 if self.device == "cpu" else torch.bfloat16
         if name not in _DTYPES:
@@ -123,7 +142,7 @@ class MegatronEngine:
     def init_model(self) -> None:
         import transformers
 
-        if int(self.megatron_cfg.get("context_parallel_size", 1) or 1) > 1:
+        if self.megatron_cfg.context_parallel_size > 1:
             raise NotImplementedError(
                 f"{self.prefix}.megatron.context_parallel_size > 1 is not supported by the megarl workers yet"
             )
@@ -134,18 +153,18 @@ class MegatronEngine:
         for key, value in self.override_config.items():
             setattr(hf_config, key, value)
         self.hf_config = hf_config
-        build_cfg = dict(self.megatron_cfg)
+        overrides = dict(self.megatron_cfg.override_transformer_config)
         if self.gradient_checkpointing:
-            overrides = dict(build_cfg.get("override_transformer_config") or {})
             overrides.setdefault("recompute_granularity", "full")
             overrides.setdefault("recompute_method", "uniform")
             overrides.setdefault("recompute_num_layers", 1)
-            build_cfg["override_transformer_config"] = overrides
+        # build_model reads these two (parallel sizes come from parallel_state)
+        build_cfg = {"sequence_parallel": self.megatron_cfg.sequence_parallel, "override_transformer_config": overrides}
         chunks = build_model(hf_config, build_cfg, value_head=self.value_head, device=self.device, dtype=self.dtype)
-        if self.megatron_cfg.get("use_dist_checkpointing"):
+        if self.megatron_cfg.use_dist_checkpointing:
             from megarl.workers.megatron.checkpoint import load_model_only
 
-            path = self.megatron_cfg.get("dist_checkpointing_path")
+            path = self.megatron_cfg.dist_checkpointing_path
             if not path:
                 raise ValueError(f"{self.prefix}.megatron.use_dist_checkpointing needs dist_checkpointing_path")
             load_model_only(chunks, path)
@@ -155,7 +174,7 @@ class MegatronEngine:
         if self.dtype != torch.float32:
             chunks = [Float16Module(config, chunk) for chunk in chunks]
         if self.trainable:
-            use_dist_opt = bool(self.megatron_cfg.get("use_distributed_optimizer", False))
+            use_dist_opt = bool(self.megatron_cfg.use_distributed_optimizer)
             if use_dist_opt and self.device == "cpu":
                 logger.warning(
                     "%s.megatron.use_distributed_optimizer is ignored on CPU (megatron-core's "
@@ -196,7 +215,7 @@ class MegatronEngine:
                 f"least pipeline_model_parallel_size={min_num} micro-batches per step, got {len(parts)}"
             )
         tp = parallel_state.get_tensor_model_parallel_world_size()
-        sequence_parallel = bool(self.megatron_cfg.get("sequence_parallel")) and tp > 1
+        sequence_parallel = bool(self.megatron_cfg.sequence_parallel) and tp > 1
         pad_multiple = tp if sequence_parallel else 1
         if sequence_parallel and not self.remove_padding and attention_mask.shape[1] % tp != 0:
             raise ValueError(

@@ -25,7 +25,15 @@ from megatron.core.packed_seq_params import PackedSeqParams
 
 from megarl.models import attention_mask_for_megatron
 
-__all__ = ["MicroBatchInputs", "build_inputs", "next_token_labels", "to_response"]
+__all__ = ["MicroBatchInputs", "build_inputs", "next_token_labels", "to_response", "response_mask_of"]
+
+
+def response_mask_of(data: Any) -> torch.Tensor:
+    """`response_mask` `[B, R]` of a DataProto, or the response part of attention_mask when absent."""
+    if "response_mask" in data.batch.keys():
+        return data.batch["response_mask"]
+    response_length = data.batch["responses"].shape[1]
+    return data.batch["attention_mask"][:, -response_length:]
 
 
 @dataclass

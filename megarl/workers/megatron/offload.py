@@ -25,12 +25,15 @@ def _optimizers(optimizer) -> list:
 
 
 class Offloader:
-    """Offload/onload of the configured state (`megatron.param_offload`, `grad_offload`,
-    `optimizer_offload`); a no-op when none is set."""
+    """Offload/onload of the configured state; a no-op when none is set.
 
-    def __init__(self, engine, *, params: bool, grads: bool, optimizer: bool) -> None:
+    `params`: parameters AND gradient buffers (verl's `megatron.param_offload`);
+    `optimizer`: optimizer state (`megatron.optimizer_offload`).
+    """
+
+    def __init__(self, engine, *, params: bool, optimizer: bool) -> None:
         self.engine = engine
-        self.params, self.grads, self.optimizer = params, grads, optimizer
+        self.params, self.optimizer = params, optimizer
         self._stash: list[tuple[torch.UntypedStorage, torch.UntypedStorage]] = []
         self._host_buffers: list[torch.UntypedStorage] = []  # reused across offloads (pinning is slow)
 
@@ -66,7 +69,6 @@ class Offloader:
         selected: list[Iterable[torch.Tensor]] = []
         if self.params:
             selected.append(self._param_tensors())
-        if self.grads:
             selected.append(self._grad_tensors())
         seen: set[int] = set()
         out = []

@@ -1,9 +1,10 @@
 """Megatron optimizer + learning-rate schedule from a verl `optim` node.
 
-Keys read (`actor_rollout_ref.actor.optim` / `critic.optim`): optimizer (adam|sgd), lr,
-lr_warmup_steps (-1 = lr_warmup_steps_ratio * total_training_steps), lr_warmup_steps_ratio,
-lr_decay_style (constant|linear|cosine), min_lr_ratio, weight_decay, betas, clip_grad,
-total_training_steps (set by the trainer; -1 = unknown, only `constant` decay allowed).
+Keys read, by attribute (`actor_rollout_ref.actor.optim` / `critic.optim`): optimizer
+(adam|sgd), lr, lr_warmup_steps (-1 = lr_warmup_steps_ratio * total_training_steps),
+lr_warmup_steps_ratio, lr_decay_style (constant|linear|cosine), min_lr (absolute floor of the
+decay), weight_decay, betas, clip_grad, total_training_steps (set by the trainer; -1 = unknown,
+only `constant` decay allowed).
 `megatron.use_distributed_optimizer` shards optimizer state over DP (GPU only, see below).
 A non-finite gradient is never applied (`guard_nonfinite_grads`); the workers decide
 whether that stops the run (`trainer.nan_policy`, megarl.utils.nonfinite).
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -73,15 +74,9 @@ def apply_cpu_optimizer_compat() -> None:
     _CPU_APPLIED = True
 
 
-def _get(cfg: Mapping[str, Any], key: str, default: Any, prefix: str) -> Any:
-    """cfg[key], or `default` when missing or null (`prefix` kept for symmetry of call sites)."""
-    value = cfg.get(key, default) if cfg is not None else default
-    return default if value is None else value
-
-
 def build_optimizer(
     chunks: Sequence[torch.nn.Module],
-    optim_cfg: Mapping[str, Any],
+    optim_cfg: Any,
     *,
     use_distributed_optimizer: bool,
     dtype: torch.dtype,
@@ -95,13 +90,13 @@ def build_optimizer(
         use_distributed_optimizer: ignored with a warning on CPU, where megatron-core
             0.16.1's distributed optimizer rejects non-CUDA tensors.
     """
-    name = _get(optim_cfg, "optimizer", "adam", prefix)
+    name = optim_cfg.optimizer
     if name not in _OPTIMIZERS:
         raise ValueError(f"{prefix}.optimizer={name!r} is not supported; choose one of {_OPTIMIZERS}")
-    if optim_cfg.get("lr") is None:
+    if optim_cfg.lr is None:
         raise ValueError(f"{prefix}.lr is required")
-    lr = float(optim_cfg["lr"])
-    betas = list(_get(optim_cfg, "betas", [0.9, 0.999], prefix))
+    lr = float(optim_cfg.lr)
+    betas = list(optim_cfg.betas)
     if len(betas) != 2:
         raise ValueError(f"{prefix}.betas must be [beta1, beta2], got {betas}")
     if device == "cpu":
@@ -109,11 +104,11 @@ def build_optimizer(
     config = OptimizerConfig(
         optimizer=name,
         lr=lr,
-        min_lr=lr * float(_get(optim_cfg, "min_lr_ratio", 0.0, prefix)),
-        weight_decay=float(_get(optim_cfg, "weight_decay", 0.01, prefix)),
+        min_lr=float(optim_cfg.min_lr),
+        weight_decay=float(optim_cfg.weight_decay),
         adam_beta1=float(betas[0]),
         adam_beta2=float(betas[1]),
-        clip_grad=float(_get(optim_cfg, "clip_grad", 1.0, prefix)),
+        clip_grad=float(optim_cfg.clip_grad),
         bf16=dtype == torch.bfloat16,
         fp16=dtype == torch.float16,
         params_dtype=dtype,
@@ -176,20 +171,20 @@ def _init_sgd_state(torch_optimizer: torch.optim.Optimizer, config=None) -> None
                 state["momentum_buffer"] = torch.zeros_like(param.data)
 
 
-def build_scheduler(optimizer, optim_cfg: Mapping[str, Any], *, prefix: str) -> OptimizerParamScheduler:
-    """Linear warmup from 0 to `lr`, then `lr_decay_style` down to `lr * min_lr_ratio`.
+def build_scheduler(optimizer, optim_cfg: Any, *, prefix: str) -> OptimizerParamScheduler:
+    """Linear warmup from 0 to `lr`, then `lr_decay_style` down to `min_lr`.
 
     One scheduler step per training step (`MegatronEngine.step_scheduler`, once per
     update_policy / update_critic call), as verl counts `total_training_steps`.
     """
-    lr = float(optim_cfg.get("lr"))
-    total = int(_get(optim_cfg, "total_training_steps", -1, prefix))
-    style = _get(optim_cfg, "lr_decay_style", "constant", prefix)
+    lr = float(optim_cfg.lr)
+    total = int(optim_cfg.total_training_steps)
+    style = optim_cfg.lr_decay_style
     if style not in _DECAY_STYLES:
         raise ValueError(f"{prefix}.lr_decay_style={style!r} is not supported; choose one of {_DECAY_STYLES}")
-    warmup = int(_get(optim_cfg, "lr_warmup_steps", -1, prefix))
+    warmup = int(optim_cfg.lr_warmup_steps)
     if warmup < 0:
-        ratio = float(_get(optim_cfg, "lr_warmup_steps_ratio", 0.0, prefix))
+        ratio = float(optim_cfg.lr_warmup_steps_ratio)
         if ratio > 0 and total <= 0:
             raise ValueError(
                 f"{prefix}.lr_warmup_steps_ratio={ratio} needs {prefix}.total_training_steps > 0 "
@@ -199,12 +194,15 @@ def build_scheduler(optimizer, optim_cfg: Mapping[str, Any], *, prefix: str) -> 
     if style != "constant" and total <= 0:
         raise ValueError(f"{prefix}.lr_decay_style={style!r} needs {prefix}.total_training_steps > 0")
     decay_steps = max(total, warmup + 1, 1)
-    weight_decay = float(_get(optim_cfg, "weight_decay", 0.01, prefix))
+    weight_decay = float(optim_cfg.weight_decay)
+    min_lr = float(optim_cfg.min_lr)
+    if not 0.0 <= min_lr <= lr:
+        raise ValueError(f"{prefix}.min_lr={min_lr} must be in [0, lr={lr}] (an absolute lr floor, as verl)")
     return OptimizerParamScheduler(
         optimizer,
         init_lr=0.0,
         max_lr=lr,
-        min_lr=lr * float(_get(optim_cfg, "min_lr_ratio", 0.0, prefix)),
+        min_lr=min_lr,
         lr_warmup_steps=warmup,
         lr_decay_steps=decay_steps,
         lr_decay_style=style,

@@ -1,19 +1,103 @@
-"""Mini-batch iteration and metric bookkeeping shared by the actor and critic updates."""
+"""The PPO update loop shared by the actor and critic: ppo_epochs x mini-batches (one
+optimizer step each) x micro-batches (gradient accumulation), with its metric bookkeeping."""
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 
 from megarl.algorithms import GlobalDenominator
+from megarl.protocol import DataProto
 from megarl.utils.nonfinite import DEFAULT_NAN_POLICY, check_update
+from megarl.workers.megatron.inputs import response_mask_of
+from megarl.workers.megatron.schedule import MicroBatch, broadcast_from_last_stage
+
+if TYPE_CHECKING:
+    from megarl.workers.megatron.engine import MegatronEngine, MicroBatchSpec
 
 __all__ = ["mini_batch_rows", "iterate_mini_batches", "global_denominator", "reduce_micro_stats", "mean_metrics",
-           "NonFiniteCheck"]
+           "NonFiniteCheck", "update_inputs", "run_ppo_update", "LossFn"]
+
+# (model output of one micro-batch, the micro-batch) -> (its share of the mini-batch loss, stats)
+LossFn = Callable[[torch.Tensor, MicroBatch], tuple[torch.Tensor, dict]]
+
+
+def update_inputs(
+    data: DataProto, required: Sequence[str], optional: Sequence[str] = (), *, method: str,
+    hints: Mapping[str, str] | None = None,
+) -> dict[str, torch.Tensor]:
+    """The loss inputs of an update: `response_mask` `[B, R]` (else the response part of
+    attention_mask), every `required` key (KeyError naming `method`, the key and its hint when
+    missing) and the `optional` keys present."""
+    batch = data.batch
+    tensors = {"response_mask": response_mask_of(data)}
+    for key in required:
+        if key not in batch.keys():
+            hint = (hints or {}).get(key, "")
+            raise KeyError(f"{method}: the batch lacks {key!r}{f' ({hint})' if hint else ''}")
+        tensors[key] = batch[key]
+    tensors.update({key: batch[key] for key in optional if key in batch.keys()})
+    return tensors
+
+
+def run_ppo_update(
+    engine: MegatronEngine,
+    data: DataProto,
+    loss_tensors: dict[str, torch.Tensor],
+    make_loss_fn: Callable[[GlobalDenominator], LossFn],
+    spec: MicroBatchSpec,
+    *,
+    mini_batch_size: int,
+    rollout_n: int,
+    ppo_epochs: int,
+    shuffle: bool,
+    seed: int,
+    prefix: str,
+    phase: str,
+    metric_prefix: str,
+    share_keys: Sequence[str],
+    fp32_output: bool = True,
+) -> dict[str, float]:
+    """One PPO update of `engine`: ppo_epochs x mini-batches x micro-batches.
+
+    Args:
+        data: this DP rank's rows; input_ids/attention_mask/position_ids `[B, P+R]` are read,
+            meta_info gives nan_policy / global_step (NonFiniteCheck).
+        loss_tensors: per-row loss inputs `{key: [B, ...]}`, `response_mask` `[B, R]` among them
+            (see `update_inputs`); they reach the loss as `mb.tensors`.
+        make_loss_fn: mini-batch denominator (valid tokens / sequences of the whole mini-batch
+            over all micro-batches and DP ranks) -> per-micro-batch loss function.
+        mini_batch_size: prompts per optimizer step (`ppo_mini_batch_size`), x `rollout_n` responses.
+        shuffle, seed: reshuffle rows per epoch (`shuffle`, `data_loader_seed`).
+        prefix: dotted config path of the role (messages); phase: trainer phase (NaN errors);
+        metric_prefix: "actor" | "critic" (`<metric_prefix>/grad_norm`, `/lr`, ...).
+        share_keys: stats that are shares of the global-denominator loss (summed, not averaged).
+        fp32_output: upcast the model output to fp32 before the loss.
+
+    Returns metrics averaged over the mini-batch steps kept (a non-finite step is dropped under
+    nan_policy=skip), the same on every rank. Advances the lr schedule once.
+    """
+    model_tensors = {k: data.batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
+    work = DataProto.from_dict({**model_tensors, **loss_tensors})
+    rows = mini_batch_rows(mini_batch_size, rollout_n, len(work), prefix)
+    nan_check = NonFiniteCheck(data.meta_info, prefix, phase, int(ppo_epochs) * (len(work) // rows))
+    steps = []
+    for index in iterate_mini_batches(len(work), rows, ppo_epochs, shuffle, seed):
+        mini = work[index]
+        denominator = global_denominator(mini.batch["response_mask"])
+        micro, _ = engine.micro_batches(mini, spec, tuple(loss_tensors))
+        micro_stats, grad_norm, lr = engine.train_step(micro, make_loss_fn(denominator), fp32_output=fp32_output)
+        step = reduce_micro_stats(micro_stats, share_keys)
+        step.update({f"{metric_prefix}/grad_norm": grad_norm, f"{metric_prefix}/lr": lr})
+        if not nan_check.drop(step, engine.optimizer):
+            steps.append(step)
+    engine.step_scheduler()
+    return broadcast_from_last_stage({**mean_metrics(steps), **nan_check.metrics(metric_prefix)})
 
 
 def mini_batch_rows(ppo_mini_batch_size: int, rollout_n: int, num_rows: int, prefix: str) -> int:

@@ -1,0 +1,95 @@
+"""What the actor, reference and critic workers share: one MegatronEngine built from a role's
+config nodes, its offloading, dist checkpoints and HF export.
+
+Config is read by attribute (DictConfig or typed config objects with the yaml's names):
+`model.{path, override_config, use_remove_padding, enable_gradient_checkpointing,
+trust_remote_code}`, `megatron.{param_offload, optimizer_offload}` (plus what MegatronEngine
+reads), `checkpoint.{save_contents, load_contents}`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from megarl.workers.megatron.checkpoint import load_checkpoint, save_checkpoint
+from megarl.workers.megatron.engine import MegatronEngine
+from megarl.workers.megatron.offload import Offloader
+
+__all__ = ["MegatronWorker"]
+
+
+class MegatronWorker:
+    """One Megatron model of a role and its plumbing (see module docstring).
+
+    Args:
+        model_cfg: the role's `model` node.
+        megatron_cfg: the role's `megatron` node.
+        optim_cfg: the `optim` node; None = forward only (reference).
+        checkpoint_cfg: the `checkpoint` node (save_checkpoint / load_checkpoint).
+        value_head: critic model (`[b, s, 1]` outputs).
+        prefix: dotted config path of the role, for messages (e.g. "critic").
+        device: "cpu" | "cuda"; default cuda when available.
+    """
+
+    def __init__(
+        self, model_cfg: Any, megatron_cfg: Any, optim_cfg: Any | None, checkpoint_cfg: Any, *,
+        value_head: bool, prefix: str, device: str | None,
+    ) -> None:
+        self.engine = MegatronEngine(
+            megatron_cfg,
+            model_cfg.path,
+            override_config=model_cfg.override_config,
+            value_head=value_head,
+            optim_cfg=optim_cfg,
+            remove_padding=model_cfg.use_remove_padding,
+            # recompute only saves activations kept for a backward pass
+            gradient_checkpointing=bool(model_cfg.enable_gradient_checkpointing) and optim_cfg is not None,
+            trust_remote_code=model_cfg.trust_remote_code,
+            prefix=prefix,
+            device=device,
+        )
+        self.megatron_cfg = megatron_cfg
+        self.checkpoint_cfg = checkpoint_cfg
+        self.offloader: Offloader | None = None
+
+    def init_model(self) -> None:
+        """Process groups, model chunks with HF (or dist-checkpoint) weights, optimizer."""
+        self.engine.init_model()
+        self.offloader = Offloader(
+            self.engine,
+            params=bool(self.megatron_cfg.param_offload),
+            # a forward-only model has no optimizer (and its megatron node no such key)
+            optimizer=self.engine.trainable and bool(self.megatron_cfg.optimizer_offload),
+        )
+
+    def save_checkpoint(self, path: str, global_step: int = 0) -> None:
+        """Megatron dist checkpoint of `checkpoint.save_contents` (model, optimizer, lr
+        scheduler + RNG, HF export; see checkpoint.py)."""
+        with self._onloaded():
+            save_checkpoint(self.engine, path, contents=list(self.checkpoint_cfg.save_contents), global_step=global_step)
+
+    def load_checkpoint(self, path: str) -> dict[str, Any]:
+        """Restore `checkpoint.load_contents` of what `save_checkpoint` wrote (any TP/PP layout);
+        returns its metadata."""
+        with self._onloaded():
+            return load_checkpoint(self.engine, path, contents=list(self.checkpoint_cfg.load_contents))
+
+    def export_hf_weights(self):
+        """Iterator of (hf_name, full tensor); collective over the model-parallel group."""
+        return self.engine.export_hf_weights()
+
+    def offload(self) -> None:
+        """Move the configured state (megatron.param_offload: params and grads;
+        optimizer_offload) to host memory; no-op before init_model."""
+        if self.offloader is not None:
+            self.offloader.offload()
+
+    def onload(self) -> None:
+        """Bring offloaded state back to the training device."""
+        if self.offloader is not None:
+            self.offloader.onload()
+
+    def _onloaded(self):
+        """Context: the state on device for the block, re-offloaded after it if it was offloaded."""
+        return self.offloader.onloaded() if self.offloader is not None else contextlib.nullcontext()
