@@ -61,6 +61,8 @@ RULES: tuple[CompatRule, ...] = tuple(
              "data.image_key", "data.video_key", "data.audio_key", "data.image_patch_size",
              "data.return_multi_modal_inputs", "data.mm_processor_kwargs")
     + _rules("ignore", _MBRIDGE, "*.megatron.use_mbridge", "*.megatron.vanilla_mbridge")
+    + _rules("ignore", "as in verl's Megatron backend, activation recompute is megatron.override_transformer_config."
+             "recompute_granularity / recompute_method / recompute_num_layers", "*.model.enable_gradient_checkpointing")
     + _rules("ignore", "vLLM engine switch with no effect on what megarl computes",
              "actor_rollout_ref.rollout.disable_log_stats", "actor_rollout_ref.rollout.layered_summon",
              "actor_rollout_ref.rollout.multi_stage_wake_up", "actor_rollout_ref.rollout.skip_tokenizer_init",

@@ -22,7 +22,6 @@ class ModelConfig(Section):
     tokenizer_path: str | None = spec(path=True)
     trust_remote_code: bool = spec()
     override_config: dict[str, Any] = spec()
-    enable_gradient_checkpointing: bool = spec()
     use_remove_padding: bool = spec()
 
 

@@ -6,7 +6,7 @@ computed on the last pipeline stage and broadcast over the pipeline group, so ev
 returns the same DataProto / metrics (TP ranks agree by construction).
 
 Config: the `actor_rollout_ref` subtree (verl names): model.{path, override_config,
-use_remove_padding, enable_gradient_checkpointing, trust_remote_code}; actor.* (PPO and
+use_remove_padding, trust_remote_code}; actor.* (PPO and
 optim keys, `actor.megatron`, `actor.calculate_sum_pi_squared`); ref.{log_prob_*,
 megatron}; rollout.{n, temperature, log_prob_*} (the actor's old-log-prob pass uses the
 rollout's log_prob_* keys, as verl). Read by attribute: every key must be present.
@@ -190,7 +190,7 @@ class ActorWorker(MegatronWorker):
             # bf16 logits straight to the fused log-prob, as in compute_log_prob
             return run_ppo_update(
                 self.engine, data, tensors, make_loss_fn, self.train_spec,
-                mini_batch_size=actor.ppo_mini_batch_size, rollout_n=self.config.rollout.n,
+                mini_batch_size=actor.ppo_mini_batch_size, rollout_n=self.config.actor.rollout_n,
                 ppo_epochs=actor.ppo_epochs, shuffle=actor.shuffle, seed=actor.data_loader_seed,
                 prefix="actor_rollout_ref.actor", phase="update_actor", metric_prefix="actor",
                 share_keys=_SHARE_KEYS, fp32_output=False,

@@ -2,7 +2,7 @@
 
 One `CriticWorker` per rank (SPMD), same data contract as the actor (DP slices in, every
 rank returns the same results). Config: the `critic` node (verl names), read by attribute:
-model.{path, override_config, use_remove_padding, enable_gradient_checkpointing,
+model.{path, override_config, use_remove_padding,
 trust_remote_code}, megatron.*, optim.*, ppo_mini_batch_size (prompts; x rollout_n responses),
 rollout_n (= actor_rollout_ref.rollout.n), ppo_micro_batch_size_per_gpu (training and value
 forward), use_dynamic_bsz, ppo_max_token_len_per_gpu (training) / forward_max_token_len_per_gpu

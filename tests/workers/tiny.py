@@ -64,7 +64,10 @@ def project_config(model_path: str, settings: dict, megatron: dict, megatron_sec
     """
     from megarl.config import load_config, resolve_config
 
-    cfg = load_config()  # struct mode: a key the yaml lacks raises
+    from cpu_config import CPU_SMALL
+
+    # A real run's config (no demo profile: the model path is given); struct mode: a key the yaml lacks raises.
+    cfg = load_config([*CPU_SMALL, f"actor_rollout_ref.model.path={model_path}"])
     layout = {f"actor_rollout_ref.actor.megatron.{k}": v for k, v in megatron.items()}
     for section in megatron_sections:
         node = OmegaConf.select(cfg, f"{section}.megatron")
@@ -93,7 +96,6 @@ _ACTOR = {
 def _common_settings() -> dict:
     return {
         "actor_rollout_ref.model.override_config": {}, "actor_rollout_ref.model.use_remove_padding": False,
-        "actor_rollout_ref.model.enable_gradient_checkpointing": False,
         "actor_rollout_ref.rollout.n": 1, "actor_rollout_ref.rollout.temperature": 0.7,
     }
 
@@ -115,7 +117,7 @@ def actor_rollout_ref_config(model_path: str, megatron: dict, **actor_overrides)
 def critic_config(model_path: str, megatron: dict, **overrides) -> DictConfig:
     """The `critic` node of the project yaml, sized for the tiny model (rollout.n = 1)."""
     critic = {
-        "model": {"override_config": {}, "use_remove_padding": False, "enable_gradient_checkpointing": False},
+        "model": {"override_config": {}, "use_remove_padding": False},
         "optim": {"optimizer": "sgd", "lr": 0.5, "lr_warmup_steps": -1, "lr_decay_style": "constant", "min_lr": 0.0,
                   "weight_decay": 0.01, "betas": [0.9, 0.999], "clip_grad": 1.0, "total_training_steps": -1},
         "ppo_mini_batch_size": 8, "ppo_micro_batch_size_per_gpu": 4, "use_dynamic_bsz": False,

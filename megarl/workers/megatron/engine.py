@@ -92,7 +92,6 @@ class MegatronEngine:
         value_head: critic model (`[b, s, 1]` outputs).
         optim_cfg: verl `optim` node; None = inference only (reference model).
         remove_padding: `model.use_remove_padding` (thd packing).
-        gradient_checkpointing: `model.enable_gradient_checkpointing` (full recompute).
         prefix: dotted config path of this role, for messages (e.g. "critic").
     """
 
@@ -105,7 +104,6 @@ class MegatronEngine:
         value_head: bool = False,
         optim_cfg: Any | None = None,
         remove_padding: bool = False,
-        gradient_checkpointing: bool = False,
         trust_remote_code: bool = False,
         prefix: str,
         device: str | None = None,
@@ -116,7 +114,6 @@ class MegatronEngine:
         self.value_head = value_head
         self.optim_cfg = optim_cfg
         self.remove_padding = bool(remove_padding)
-        self.gradient_checkpointing = bool(gradient_checkpointing)
         self.trust_remote_code = trust_remote_code
         self.prefix = prefix
         self.device = device or default_device()
@@ -153,11 +150,8 @@ class MegatronEngine:
         for key, value in self.override_config.items():
             setattr(hf_config, key, value)
         self.hf_config = hf_config
+        # Activation recompute is override_transformer_config.recompute_* (verl's Megatron backend).
         overrides = dict(self.megatron_cfg.override_transformer_config)
-        if self.gradient_checkpointing:
-            overrides.setdefault("recompute_granularity", "full")
-            overrides.setdefault("recompute_method", "uniform")
-            overrides.setdefault("recompute_num_layers", 1)
         # build_model reads these two (parallel sizes come from parallel_state)
         build_cfg = {"sequence_parallel": self.megatron_cfg.sequence_parallel, "override_transformer_config": overrides}
         chunks = build_model(hf_config, build_cfg, value_head=self.value_head, device=self.device, dtype=self.dtype)

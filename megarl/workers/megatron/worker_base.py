@@ -2,7 +2,7 @@
 config nodes, its offloading, dist checkpoints and HF export.
 
 Config is read by attribute (DictConfig or typed config objects with the yaml's names):
-`model.{path, override_config, use_remove_padding, enable_gradient_checkpointing,
+`model.{path, override_config, use_remove_padding,
 trust_remote_code}`, `megatron.{param_offload, optimizer_offload}` (plus what MegatronEngine
 reads), `checkpoint.{save_contents, load_contents}`.
 """
@@ -43,8 +43,6 @@ class MegatronWorker:
             value_head=value_head,
             optim_cfg=optim_cfg,
             remove_padding=model_cfg.use_remove_padding,
-            # recompute only saves activations kept for a backward pass
-            gradient_checkpointing=bool(model_cfg.enable_gradient_checkpointing) and optim_cfg is not None,
             trust_remote_code=model_cfg.trust_remote_code,
             prefix=prefix,
             device=device,
