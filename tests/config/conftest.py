@@ -10,19 +10,8 @@ from typing import Any
 import pytest
 from omegaconf import DictConfig, OmegaConf
 
+from config_testing import write_model
 from megarl.config import load_config
-
-TINY_HF = {
-    "model_type": "qwen2",
-    "architectures": ["Qwen2ForCausalLM"],
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "num_hidden_layers": 4,
-    "max_position_embeddings": 128,
-    "vocab_size": 256,
-}
 
 
 @pytest.fixture(scope="session")
@@ -30,13 +19,6 @@ def default_cfg() -> DictConfig:
     from cpu_config import CPU_SMALL
 
     return load_config([*CPU_SMALL, "actor_rollout_ref.model.path=/placeholder/model"])
-
-
-def write_model(model_dir: Path, **fields: Any) -> Path:
-    model_dir.mkdir(parents=True, exist_ok=True)
-    (model_dir / "config.json").write_text(json.dumps({**TINY_HF, **fields}))
-    (model_dir / "model.safetensors").touch()  # only its presence is checked before workers start
-    return model_dir
 
 
 @pytest.fixture

@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from config_testing import no_issues
-from conftest import write_model
+from config_testing import no_issues, write_model
 from megarl.config import load_config
 from megarl.config.profile import DEMO_PROFILE
 
