@@ -34,6 +34,8 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from megarl.parallel.layout import ParallelLayout
+
 logger = logging.getLogger(__name__)
 
 # vLLM's V1 engine core must run in this process: reload_weights gets a lazy
@@ -175,17 +177,17 @@ class RolloutWorker:
             seed=0,
         )
         if torch.distributed.is_available() and torch.distributed.is_initialized():
-            world = torch.distributed.get_world_size()
-            if world % tp:
+            replicas = ParallelLayout(world_size=torch.distributed.get_world_size(), tp=tp)
+            if replicas.problems():
                 raise RolloutConfigError(
                     f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} must divide "
-                    f"the world size {world}"
+                    f"the world size {replicas.world_size}"
                 )
             if tp > 1:
                 kwargs["distributed_executor_backend"] = "external_launcher"
             # Replicas of one world must not draw identical samples (an explicit
             # engine_kwargs.vllm.seed below overrides this, identical on every replica).
-            kwargs["seed"] = torch.distributed.get_rank() // tp
+            kwargs["seed"] = replicas.coordinates(torch.distributed.get_rank()).dp
         extra = _get(rc, "engine_kwargs.vllm", {}) or {}
         extra = OmegaConf.to_container(extra, resolve=True) if isinstance(extra, DictConfig) else dict(extra)
         kwargs.update({k: v for k, v in extra.items() if v is not None})
