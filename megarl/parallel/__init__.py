@@ -13,7 +13,7 @@ import random
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from megarl.parallel.layout import ParallelLayout
+from megarl.parallel.layout import MEGATRON_ORDER, ParallelLayout
 
 if TYPE_CHECKING:
     import torch
@@ -67,19 +67,11 @@ def init_distributed(megatron_cfg: Mapping[str, Any], device: str | torch.device
     layout.validate()
 
     if parallel_state.model_parallel_is_initialized():
-        current = ParallelLayout(
-            world_size=dist.get_world_size(),
-            tp=parallel_state.get_tensor_model_parallel_world_size(),
-            pp=parallel_state.get_pipeline_model_parallel_world_size(),
-            vpp=parallel_state.get_virtual_pipeline_model_parallel_world_size(),
-            cp=parallel_state.get_context_parallel_world_size(),
-            ep=parallel_state.get_expert_model_parallel_world_size(),
-            etp=parallel_state.get_expert_tensor_parallel_world_size(),
-        )
+        current = ParallelLayout.from_parallel_state()
         if current != layout:
             raise ValueError(f"model parallel already initialised as {current}, asked for {layout}")
     else:
-        parallel_state.initialize_model_parallel(**layout.megatron_kwargs())
+        parallel_state.initialize_model_parallel(**layout.megatron_sizes(), order=MEGATRON_ORDER)
     set_seed(int(megatron_cfg.get("seed", 42)) if megatron_cfg is not None else 42, device_type)
     return layout
 

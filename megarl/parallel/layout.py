@@ -118,6 +118,22 @@ class ParallelLayout:
             sizes = {size: getattr(megatron_cfg, key) for size, key in MEGATRON_KEYS.items()}
         return cls(world_size=world_size, **sizes)
 
+    @classmethod
+    def from_parallel_state(cls) -> ParallelLayout:
+        """The layout megatron's parallel_state was initialised with (torch.distributed's world)."""
+        import torch.distributed as dist
+        from megatron.core import parallel_state as ps
+
+        return cls(
+            world_size=dist.get_world_size(),
+            tp=ps.get_tensor_model_parallel_world_size(),
+            pp=ps.get_pipeline_model_parallel_world_size(),
+            vpp=ps.get_virtual_pipeline_model_parallel_world_size(),
+            cp=ps.get_context_parallel_world_size(),
+            ep=ps.get_expert_model_parallel_world_size(),
+            etp=ps.get_expert_tensor_parallel_world_size(),
+        )
+
     # ------------------------------------------------------------------ sizes
     @property
     def model_parallel_size(self) -> int:
@@ -139,7 +155,7 @@ class ParallelLayout:
         """Every rule the sizes break (empty list = the layout fits the world).
 
         Rules (megatron-core's ``initialize_model_parallel``): tp x pp x cp divides the
-        world; etp x ep x pp divides the world; vpp is only set with pp > 1.
+        world; then etp x ep x pp divides the world; vpp is only set with pp > 1.
         ``world_name`` says in the messages where the world size comes from.
         """
         found = []
@@ -149,8 +165,8 @@ class ParallelLayout:
                 f"tp={self.tp} x pp={pp} x cp={self.cp} = {self.model_parallel_size} "
                 f"does not divide {world_name} = {world}"
             )))
-        if world % pp == 0 and (world // pp) % (self.ep * self.etp):
-            # (pp not dividing the world is the rule above)
+        elif (world // pp) % (self.ep * self.etp):
+            # Checked once the dense rule holds: with etp = tp (the default) its fix is the same.
             found.append(LayoutProblem("ep", (
                 f"ep={self.ep} x expert tp={self.etp} = {self.ep * self.etp} does not divide "
                 f"world / pp = {world // pp} ranks per pipeline stage"
@@ -170,17 +186,10 @@ class ParallelLayout:
                 + "; ".join(f"{p.message} (megatron.{MEGATRON_KEYS[p.size]})" for p in found)
             )
 
-    def megatron_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of megatron's ``parallel_state.initialize_model_parallel``."""
-        return {
-            "tensor_model_parallel_size": self.tp,
-            "pipeline_model_parallel_size": self.pp,
-            "virtual_pipeline_model_parallel_size": self.vpp,
-            "context_parallel_size": self.cp,
-            "expert_model_parallel_size": self.ep,
-            "expert_tensor_parallel_size": self.etp,
-            "order": MEGATRON_ORDER,
-        }
+    def megatron_sizes(self) -> dict[str, int | None]:
+        """The sizes under their megatron names (:data:`MEGATRON_KEYS`): keyword arguments of
+        TransformerConfig and, with ``order=MEGATRON_ORDER``, of ``initialize_model_parallel``."""
+        return {key: getattr(self, size) for size, key in MEGATRON_KEYS.items()}
 
     # ------------------------------------------------------------------ ranks
     def coordinates(self, rank: int) -> RankCoordinates:

@@ -190,10 +190,7 @@ class WorkerGroup:
     def call_dp(self, method: str, data: DataProto, pad: bool = True) -> Any:
         """Megatron DP dispatch (``layout``): chunk ``d`` to every rank of DP group ``d``; returns
         the concatenated DataProto of the output ranks (or their dict results, DP-ordered list)."""
-        layout = self._need(self.layout, "layout")
-        chunk_of_rank, collect = chunk_index(layout)
-        inputs, pad_size = scatter(data, layout.dp, chunk_of_rank, pad=pad)
-        outputs = self._get([h.call.remote(method, x) for h, x in zip(self.hosts, inputs)], method)
+        inputs, outputs, collect, pad_size = self._call_chunks(method, data, self.layout, "layout", pad)
         if isinstance(outputs[0], DataProto):
             return gather(outputs, collect, pad_size)
         return [outputs[r] for r in collect]
@@ -201,17 +198,21 @@ class WorkerGroup:
     def call_rollout(self, method: str, prompts: DataProto) -> DataProto:
         """Rollout-replica dispatch (``rollout_layout``): chunk ``r`` to every rank of replica
         ``r``; the replica heads' outputs."""
-        layout = self._need(self.rollout_layout, "rollout_layout")
-        chunk_of_rank, collect = chunk_index(layout)
-        inputs, pad_size = scatter(prompts, layout.dp, chunk_of_rank, pad=True)
-        outputs = self._get([h.call.remote(method, x) for h, x in zip(self.hosts, inputs)], method)
+        inputs, outputs, collect, pad_size = self._call_chunks(method, prompts, self.rollout_layout, "rollout_layout", True)
         rows_per_prompt = len(outputs[collect[0]]) // max(1, len(inputs[collect[0]]))
         return gather(outputs, collect, pad_size * rows_per_prompt)
 
-    def _need(self, layout: ParallelLayout | None, name: str) -> ParallelLayout:
+    def _call_chunks(
+        self, method: str, data: DataProto, layout: ParallelLayout | None, name: str, pad: bool
+    ) -> tuple[list[DataProto], list[Any], list[int], int]:
+        """``method`` on every rank with chunk ``layout.coordinates(rank).dp`` of ``data``:
+        (per-rank inputs, per-rank outputs, collecting ranks in chunk order, padded rows)."""
         if layout is None:
             raise ValueError(f"worker group {self.name} was built without a {name}; pass it to WorkerGroup")
-        return layout
+        chunk_of_rank, collect = chunk_index(layout)
+        inputs, pad_size = scatter(data, layout.dp, chunk_of_rank, pad=pad)
+        outputs = self._get([h.call.remote(method, x) for h, x in zip(self.hosts, inputs)], method)
+        return inputs, outputs, collect, pad_size
 
     def shutdown(self) -> None:
         for host in self.hosts:

@@ -78,8 +78,9 @@ def test_problems_name_the_size_to_change():
     for vpp in (1, 2):
         (problem,) = ParallelLayout(world_size=1, vpp=vpp).problems()
         assert problem.size == "vpp" and "pipeline_model_parallel_size > 1" in problem.message
-    # Every broken rule at once (tp 3 does not divide 4; etp 3 x ep 1 neither; vpp without pp).
-    assert [p.size for p in ParallelLayout(world_size=4, tp=3, vpp=2).problems()] == ["tp", "ep", "vpp"]
+    # Independent rules at once; the expert rule waits for the dense one (etp = tp 3 fails both).
+    assert [p.size for p in ParallelLayout(world_size=4, tp=3, vpp=2).problems()] == ["tp", "vpp"]
+    assert [p.size for p in ParallelLayout(world_size=4, tp=2, ep=4, vpp=2).problems()] == ["ep", "vpp"]
     assert "does not divide ranks = 2" in ParallelLayout(world_size=2, tp=4).problems(world_name="ranks")[0].message
 
 
@@ -122,11 +123,9 @@ def test_from_megatron_transformer_config():
     assert ParallelLayout.from_megatron_config(config, 8) == ParallelLayout(8, tp=2, pp=2, ep=2, etp=1)
 
 
-def test_megatron_kwargs_pin_the_rank_order():
-    kwargs = ParallelLayout(world_size=8, tp=2, pp=2, vpp=2, ep=2).megatron_kwargs()
-    assert kwargs == {
+def test_megatron_sizes_use_megatron_names():
+    assert ParallelLayout(world_size=8, tp=2, pp=2, vpp=2, ep=2).megatron_sizes() == {
         "tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2, "virtual_pipeline_model_parallel_size": 2,
         "context_parallel_size": 1, "expert_model_parallel_size": 2, "expert_tensor_parallel_size": 2,
-        "order": MEGATRON_ORDER,
     }
     assert MEGATRON_ORDER == "tp-cp-ep-dp-pp"  # the numbering coordinates() implements
