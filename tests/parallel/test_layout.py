@@ -129,3 +129,31 @@ def test_megatron_sizes_use_megatron_names():
         "context_parallel_size": 1, "expert_model_parallel_size": 2, "expert_tensor_parallel_size": 2,
     }
     assert MEGATRON_ORDER == "tp-cp-ep-dp-pp"  # the numbering coordinates() implements
+
+
+LAYOUTS = [
+    dict(world_size=16, tp=2, pp=4),
+    dict(world_size=16, tp=2, pp=2, cp=2),
+    dict(world_size=24, tp=2, pp=3, cp=2, ep=2, etp=1),
+    dict(world_size=16, tp=4, pp=2, ep=4, etp=1),
+    dict(world_size=32, tp=2, pp=2, cp=2, ep=4, etp=2),
+]
+
+
+@pytest.mark.parametrize("sizes", LAYOUTS, ids=lambda s: "-".join(f"{k}{v}" for k, v in s.items()))
+def test_coordinates_match_megatron_rank_generator(sizes):
+    """megatron's RankGenerator (what initialize_model_parallel builds its groups from): along
+    each group the layout's index for that axis counts 0, 1, ... and the other indices stay."""
+    from megatron.core.parallel_state import RankGenerator
+
+    layout = ParallelLayout(**sizes)
+    dense = RankGenerator(tp=layout.tp, ep=1, dp=layout.dp, pp=layout.pp, cp=layout.cp, order=MEGATRON_ORDER)
+    expert = RankGenerator(tp=layout.etp, ep=layout.ep, dp=layout.expert_dp, pp=layout.pp, cp=1, order=MEGATRON_ORDER)
+    coords = [layout.coordinates(rank) for rank in range(layout.world_size)]
+    axes = {"tp": (dense, "tp"), "cp": (dense, "cp"), "dp": (dense, "dp"), "pp": (dense, "pp"),
+            "etp": (expert, "tp"), "ep": (expert, "ep"), "expert_dp": (expert, "dp")}
+    for field, (generator, token) in axes.items():
+        siblings = [f for f, (g, _) in axes.items() if g is generator and f != field]
+        for group in generator.get_ranks(token):
+            assert [getattr(coords[r], field) for r in group] == list(range(len(group))), (field, group)
+            assert len({tuple(getattr(coords[r], f) for f in siblings) for r in group}) == 1, (field, group)
