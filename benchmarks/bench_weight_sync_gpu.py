@@ -122,19 +122,18 @@ def main() -> None:
 
     from megarl.models import build_model, export_hf_weights
     from megarl.parallel import init_distributed
-    from megarl.weight_sync import MegatronLayout, build_plan, stream_broadcast, stream_in_process
+    from megarl.weight_sync import build_plan, stream_broadcast, stream_in_process
     from megarl.weight_sync.tp_gather import export_hf_weights_bucketed
 
     from _weight_sync_v1 import export_hf_weights_bucketed_v1
 
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
-    init_distributed({"tensor_model_parallel_size": 2, "seed": 7}, device_type)
+    layout = init_distributed({"tensor_model_parallel_size": 2, "seed": 7}, device_type)
     device = torch.device("cuda", torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
     dtype = torch.bfloat16
     shape = QWEN2_TINY if args.tiny else {"1.5b": QWEN25_1P5B, "7b": QWEN25_7B}[args.shape]
     hf = hf_config(shape)
     chunks = build_model(hf, {"tensor_model_parallel_size": 2}, device=device, dtype=dtype)
-    tconf = chunks[0].config
     world_group = dist.group.WORLD
     rank = dist.get_rank()
 
@@ -198,7 +197,6 @@ def main() -> None:
     # The plan from the export's own (name, shape, dtype) order: the same buckets
     # plan_for_model makes from a checkpoint directory, without needing one on disk.
     param_meta = [(name, tuple(t.shape), t.dtype) for name, t in reference.items()]
-    layout = MegatronLayout.from_transformer_config(tconf)
     plans = {
         mb: build_plan(param_meta, layout=layout, rollout_tp=1, bucket_size_bytes=mb * 2**20)
         for mb in args.bucket_mb

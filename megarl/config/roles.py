@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from omegaconf import DictConfig
 
 from megarl.config.view import View
+from megarl.parallel.layout import MEGATRON_KEYS, ParallelLayout
 
 
 @dataclass(frozen=True)
@@ -54,12 +55,7 @@ def active_roles(v: View) -> list[Role]:
     return roles
 
 
-def data_parallel_size(v: View, role: Role) -> int | None:
-    """world / (tp * pp * cp), or None when that does not divide (reported by the layout rule)."""
-    mp = (
-        v.get(f"{role.megatron}.tensor_model_parallel_size")
-        * v.get(f"{role.megatron}.pipeline_model_parallel_size")
-        * v.get(f"{role.megatron}.context_parallel_size")
-    )
-    world = v.world_size()
-    return world // mp if world % mp == 0 else None
+def role_layout(v: View, role: Role) -> ParallelLayout:
+    """The role's megatron layout over the world of trainer.nnodes x trainer.n_gpus_per_node ranks."""
+    sizes = {size: v.get(f"{role.megatron}.{key}") for size, key in MEGATRON_KEYS.items()}
+    return ParallelLayout(world_size=v.world_size(), **sizes)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from megarl.config.errors import Issue
-from megarl.config.roles import ACTOR, CRITIC, Role, critic_enabled, data_parallel_size, ref_enabled
+from megarl.config.roles import ACTOR, CRITIC, Role, critic_enabled, ref_enabled, role_layout
 from megarl.config.view import View
 
 
@@ -32,9 +32,10 @@ def _ppo_batches(v: View, section: str, role: Role) -> Iterator[Issue]:
             f"must divide data.train_batch_size={train} (both count prompts; each step makes train/mini optimizer updates)",
             f"pick a divisor of {train}, e.g. {mini_key}={_largest_divisor_at_most(train, mini)}",
         )
-    dp = data_parallel_size(v, role)
-    if dp is None:
-        return  # layout rule reports it
+    parallel = role_layout(v, role)
+    if parallel.problems():
+        return  # the layout rule reports them
+    dp = parallel.dp
     mini_responses = mini * n
     if mini_responses % dp != 0:
         yield Issue(

@@ -1,5 +1,5 @@
-"""Parallel-layout rules: TP x PP x CP (and EP x ETP) against the world size, and the
-kernels some layouts need."""
+"""Parallel-layout rules: each role's megatron layout and the rollout's vLLM TP against the
+world size (the arithmetic is megarl.parallel.layout's), and the kernels some layouts need."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import os
 from collections.abc import Iterator
 
 from megarl.config.errors import Issue
-from megarl.config.roles import Role, active_roles
+from megarl.config.roles import Role, active_roles, role_layout
 from megarl.config.view import View
+from megarl.parallel.layout import MEGATRON_KEYS, ParallelLayout
 
 
 def has_module(name: str) -> bool:
@@ -17,38 +18,21 @@ def has_module(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
-def _world_text(v: View) -> str:
-    return f"world size = trainer.nnodes x trainer.n_gpus_per_node = {v.world_size()}"
+_WORLD_NAME = "the world size = trainer.nnodes x trainer.n_gpus_per_node"
 
 
 def layout(v: View, role: Role) -> Iterator[Issue]:
+    """The role's megatron layout against the world: one issue per rule it breaks."""
     m = role.megatron
-    tp = v.get(f"{m}.tensor_model_parallel_size")
-    pp = v.get(f"{m}.pipeline_model_parallel_size")
-    cp = v.get(f"{m}.context_parallel_size")
-    world = v.world_size()
-    if world % (tp * pp * cp) != 0:
-        yield Issue(
-            f"{m}.tensor_model_parallel_size", tp,
-            f"tp={tp} x pp={pp} x cp={cp} = {tp * pp * cp} does not divide the {_world_text(v)}",
-            f"choose {m}.tensor/pipeline/context_parallel_size whose product divides {world}",
-        )
-        return
-    ep = v.get(f"{m}.expert_model_parallel_size")
-    etp = v.get(f"{m}.expert_tensor_parallel_size") or tp
-    if (world // pp) % (ep * etp) != 0:
-        yield Issue(
-            f"{m}.expert_model_parallel_size", ep,
-            f"ep={ep} x expert tp={etp} = {ep * etp} does not divide world / pp = {world // pp} ranks per pipeline stage",
-            f"choose {m}.expert_model_parallel_size and expert_tensor_parallel_size whose product divides {world // pp}",
-        )
-    vpp = v.get(f"{m}.virtual_pipeline_model_parallel_size")
-    if vpp is not None and vpp > 1 and pp == 1:
-        yield Issue(
-            f"{m}.virtual_pipeline_model_parallel_size", vpp,
-            "the interleaved (virtual) pipeline needs pipeline_model_parallel_size > 1",
-            f"set {m}.virtual_pipeline_model_parallel_size=null or raise {m}.pipeline_model_parallel_size",
-        )
+    parallel = role_layout(v, role)
+    fixes = {
+        "tp": f"choose {m}.tensor/pipeline/context_parallel_size whose product divides {parallel.world_size}",
+        "ep": f"choose {m}.expert_model_parallel_size and expert_tensor_parallel_size whose product divides {parallel.world_size // parallel.pp}",
+        "vpp": f"set {m}.virtual_pipeline_model_parallel_size=null or raise {m}.pipeline_model_parallel_size",
+    }
+    for problem in parallel.problems(world_name=_WORLD_NAME):
+        key = f"{m}.{MEGATRON_KEYS[problem.size]}"
+        yield Issue(key, v.get(key), problem.message, fixes[problem.size])
 
 
 def kernels(v: View, role: Role) -> Iterator[Issue]:
@@ -108,8 +92,8 @@ def dist_checkpoint(v: View, role: Role) -> Iterator[Issue]:
 def rollout_layout(v: View) -> Iterator[Issue]:
     key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
     tp = v.get(key)
-    if v.world_size() % tp != 0:
-        yield Issue(key, tp, f"vLLM TP must divide the {_world_text(v)}", f"choose {key} dividing {v.world_size()}")
+    if ParallelLayout(world_size=v.world_size(), tp=tp).problems():  # its replicas do not tile the world
+        yield Issue(key, tp, f"vLLM TP must divide {_WORLD_NAME} = {v.world_size()}", f"choose {key} dividing {v.world_size()}")
 
 
 ROLE_RULES = (layout, kernels, interleaved_shapes, dist_checkpoint)

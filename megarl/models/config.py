@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from megatron.core import parallel_state
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from megarl.parallel.layout import ParallelLayout
+
 __all__ = ["SUPPORTED_MODEL_TYPES", "hf_to_transformer_config", "gpt_model_kwargs", "padded_vocab_size"]
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe")
@@ -139,12 +141,7 @@ def hf_to_transformer_config(
         gradient_accumulation_fusion=False,
         persist_layer_norm=False,
         use_cpu_initialization=on_cpu,
-        tensor_model_parallel_size=parallel_state.get_tensor_model_parallel_world_size(),
-        pipeline_model_parallel_size=parallel_state.get_pipeline_model_parallel_world_size(),
-        virtual_pipeline_model_parallel_size=parallel_state.get_virtual_pipeline_model_parallel_world_size(),
-        context_parallel_size=parallel_state.get_context_parallel_world_size(),
-        expert_model_parallel_size=parallel_state.get_expert_model_parallel_world_size(),
-        expert_tensor_parallel_size=parallel_state.get_expert_tensor_parallel_world_size(),
+        **ParallelLayout.from_parallel_state().megatron_sizes(),
         sequence_parallel=bool(megatron_cfg.get("sequence_parallel", False)),
     )
     if model_type == "qwen3_moe":

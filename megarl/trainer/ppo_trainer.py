@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from megarl.algorithms import apply_kl_penalty, compute_advantage, compute_rollout_correction, get_kl_controller
 from megarl.algorithms import filter_groups, filter_metric_values
 from megarl.config.roles import need_critic, need_reference
+from megarl.parallel.layout import ParallelLayout
 from megarl.protocol import DataProto
 from megarl.reward import build_reward_manager
 from megarl.trainer import checkpointing as ckpt
@@ -161,12 +162,17 @@ class RayPPOTrainer:
         share_cpu, share_gpu = cpus_per_slot / groups, (1.0 / groups if use_gpu else 0.0)
         env = _worker_env(self.device)
         role = "actor_rollout_ref" if self.use_reference else "actor_rollout"
-        self.actor = WorkerGroup("actor_rollout_ref", ACTOR_CLS, (cfg.actor_rollout_ref,),
+        world = self.pool.world_size
+        arr = cfg.actor_rollout_ref
+        self.actor = WorkerGroup("actor_rollout_ref", ACTOR_CLS, (arr,),
                                  {"role": role, "device": self.device}, self.pool.placements,
-                                 share_cpu, share_gpu, env)
+                                 share_cpu, share_gpu, env,
+                                 layout=ParallelLayout.from_megatron_config(arr.actor.megatron, world),
+                                 rollout_layout=ParallelLayout(world_size=world, tp=arr.rollout.tensor_model_parallel_size))
         if self.use_critic:
             self.critic = WorkerGroup("critic", CRITIC_CLS, (cfg.critic,), {"device": self.device},
-                                      self.pool.placements, share_cpu, share_gpu, env)
+                                      self.pool.placements, share_cpu, share_gpu, env,
+                                      layout=ParallelLayout.from_megatron_config(cfg.critic.megatron, world))
         # Critic first: its world must exist before vLLM grabs memory on GPUs.
         if self.critic is not None:
             self.critic.call_all("init_model")
@@ -273,7 +279,7 @@ class RayPPOTrainer:
         batch.non_tensor_batch.update({f"reward_extra/{k}": np.array(v, dtype=object) for k, v in extra.items()})
 
     def _balance(self, batch: DataProto) -> None:
-        dp_size = self.actor.coords()[0].dp_size
+        dp_size = self.actor.layout.dp
         if len(batch) % dp_size:
             return
         lengths = batch.batch["attention_mask"].sum(-1).tolist()

@@ -20,8 +20,9 @@ from typing import Any, Sequence
 
 import ray
 
+from megarl.parallel.layout import ParallelLayout
 from megarl.protocol import DataProto
-from megarl.trainer.dispatch import RankCoords, dp_chunk_index, gather, rollout_chunk_index, scatter
+from megarl.trainer.dispatch import chunk_index, gather, scatter
 
 DEFAULT_CALL_TIMEOUT_S = 3 * 3600.0  # one phase of one step; a hang beyond this is a bug
 
@@ -79,26 +80,6 @@ class WorkerHost:
                 f"{traceback.format_exc()}"
             ) from error
 
-    def coords(self) -> RankCoords:
-        """DP/TP/PP/CP coordinates from megatron's parallel_state (+ rollout replica when the
-        worker has ``dispatch_info``)."""
-        import torch.distributed as dist
-        from megatron.core import parallel_state as ps
-
-        info = self.worker.dispatch_info() if hasattr(self.worker, "dispatch_info") else {}
-        return RankCoords(
-            rank=dist.get_rank(),
-            dp_rank=ps.get_data_parallel_rank(),
-            dp_size=ps.get_data_parallel_world_size(),
-            tp_rank=ps.get_tensor_model_parallel_rank(),
-            pp_rank=ps.get_pipeline_model_parallel_rank(),
-            pp_size=ps.get_pipeline_model_parallel_world_size(),
-            cp_rank=ps.get_context_parallel_rank(),
-            replica=info.get("rollout_replica"),
-            replicas=info.get("rollout_replicas"),
-            replica_head=bool(info.get("collect_rollout", False)),
-        )
-
 
 class WorkerGroup:
     """``world_size`` ranks of one worker class, placed on ``bundles`` (placement group, index).
@@ -110,6 +91,8 @@ class WorkerGroup:
         placements: per rank, ``(placement_group, bundle_index)``.
         num_cpus, num_gpus: Ray resources per rank (fractions allowed, to share bundles).
         env: extra environment for every rank (OMP_NUM_THREADS, VLLM_CPU_KVCACHE_SPACE, ...).
+        layout: the Megatron layout of the group's model (for :meth:`call_dp`).
+        rollout_layout: the vLLM replicas' layout (for :meth:`call_rollout`).
     """
 
     def __init__(
@@ -123,11 +106,18 @@ class WorkerGroup:
         num_gpus: float,
         env: dict[str, str] | None = None,
         call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
+        layout: ParallelLayout | None = None,
+        rollout_layout: ParallelLayout | None = None,
     ) -> None:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self.name = name
         self.world_size = len(placements)
+        for given in (layout, rollout_layout):
+            if given is not None and given.world_size != self.world_size:
+                raise ValueError(f"{name}: layout {given} is not over the group's {self.world_size} ranks")
+        self.layout = layout
+        self.rollout_layout = rollout_layout
         self.call_timeout_s = call_timeout_s
         remote = ray.remote(WorkerHost)
         runtime_env = {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}} if num_gpus > 0 else None
@@ -156,7 +146,6 @@ class WorkerGroup:
         self.pids: list[int] = self._get([h.pid.remote() for h in self.hosts], "pid")
         print(f"[megarl] worker group {name}: rank pids {self.pids}", flush=True)
         self._get([h.build.remote(cls_path, tuple(args), dict(kwargs)) for h in self.hosts], "__init__")
-        self._coords: list[RankCoords] | None = None
 
     # ------------------------------------------------------------------ calls
     def _get(self, refs: list[Any], method: str, timeout: float | None = None) -> list[Any]:
@@ -198,28 +187,32 @@ class WorkerGroup:
         """``call_all`` with its own time limit (e.g. a bounded graceful shutdown)."""
         return self._get([h.call.remote(method, *args, **kwargs) for h in self.hosts], method, timeout=timeout_s)
 
-    def coords(self) -> list[RankCoords]:
-        if self._coords is None:
-            self._coords = self._get([h.coords.remote() for h in self.hosts], "coords")
-        return self._coords
-
     def call_dp(self, method: str, data: DataProto, pad: bool = True) -> Any:
-        """Megatron DP dispatch: chunk ``d`` to every rank of DP group ``d``; returns the
-        concatenated DataProto of the output ranks (or their dict results, DP-ordered list)."""
-        dp_size, chunk_of_rank, collect = dp_chunk_index(self.coords())
-        inputs, pad_size = scatter(data, dp_size, chunk_of_rank, pad=pad)
-        outputs = self._get([h.call.remote(method, x) for h, x in zip(self.hosts, inputs)], method)
+        """Megatron DP dispatch (``layout``): chunk ``d`` to every rank of DP group ``d``; returns
+        the concatenated DataProto of the output ranks (or their dict results, DP-ordered list)."""
+        inputs, outputs, collect, pad_size = self._call_chunks(method, data, self.layout, "layout", pad)
         if isinstance(outputs[0], DataProto):
             return gather(outputs, collect, pad_size)
         return [outputs[r] for r in collect]
 
     def call_rollout(self, method: str, prompts: DataProto) -> DataProto:
-        """Rollout-replica dispatch: chunk ``r`` to every rank of replica ``r``; replica heads' outputs."""
-        replicas, chunk_of_rank, collect = rollout_chunk_index(self.coords())
-        inputs, pad_size = scatter(prompts, replicas, chunk_of_rank, pad=True)
-        outputs = self._get([h.call.remote(method, x) for h, x in zip(self.hosts, inputs)], method)
+        """Rollout-replica dispatch (``rollout_layout``): chunk ``r`` to every rank of replica
+        ``r``; the replica heads' outputs."""
+        inputs, outputs, collect, pad_size = self._call_chunks(method, prompts, self.rollout_layout, "rollout_layout", True)
         rows_per_prompt = len(outputs[collect[0]]) // max(1, len(inputs[collect[0]]))
         return gather(outputs, collect, pad_size * rows_per_prompt)
+
+    def _call_chunks(
+        self, method: str, data: DataProto, layout: ParallelLayout | None, name: str, pad: bool
+    ) -> tuple[list[DataProto], list[Any], list[int], int]:
+        """``method`` on every rank with chunk ``layout.coordinates(rank).dp`` of ``data``:
+        (per-rank inputs, per-rank outputs, collecting ranks in chunk order, padded rows)."""
+        if layout is None:
+            raise ValueError(f"worker group {self.name} was built without a {name}; pass it to WorkerGroup")
+        chunk_of_rank, collect = chunk_index(layout)
+        inputs, pad_size = scatter(data, layout.dp, chunk_of_rank, pad=pad)
+        outputs = self._get([h.call.remote(method, x) for h, x in zip(self.hosts, inputs)], method)
+        return inputs, outputs, collect, pad_size
 
     def shutdown(self) -> None:
         for host in self.hosts:

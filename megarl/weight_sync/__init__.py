@@ -7,11 +7,10 @@ log-prob gap).
 
 from megarl.weight_sync.integrity import WeightSyncIntegrityError
 from megarl.weight_sync.metrics import log_prob_gap
-from megarl.weight_sync.plan import MegatronLayout, ReshardPlan, build_plan, plan_for_model
+from megarl.weight_sync.plan import ReshardPlan, build_plan, plan_for_model
 from megarl.weight_sync.transport import SyncStats, stream_broadcast, stream_in_process
 
 __all__ = [
-    "MegatronLayout",
     "ReshardPlan",
     "SyncStats",
     "WeightSyncIntegrityError",

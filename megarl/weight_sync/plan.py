@@ -30,28 +30,9 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from megarl.parallel.layout import ParallelLayout
+
 ALIGN_BYTES = 16
-
-
-@dataclass(frozen=True)
-class MegatronLayout:
-    """Megatron parallel sizes of the source model."""
-
-    tp: int = 1
-    pp: int = 1
-    vpp: int | None = None
-    ep: int = 1
-    etp: int | None = None
-
-    @classmethod
-    def from_transformer_config(cls, config: Any) -> "MegatronLayout":
-        return cls(
-            tp=config.tensor_model_parallel_size,
-            pp=config.pipeline_model_parallel_size,
-            vpp=config.virtual_pipeline_model_parallel_size,
-            ep=config.expert_model_parallel_size,
-            etp=config.expert_tensor_parallel_size,
-        )
 
 
 @dataclass(frozen=True)
@@ -85,7 +66,7 @@ class BucketPlan:
 
 @dataclass(frozen=True)
 class ReshardPlan:
-    layout: MegatronLayout
+    layout: ParallelLayout
     rollout_tp: int
     bucket_size_bytes: int
     buckets: tuple[BucketPlan, ...]
@@ -130,7 +111,7 @@ def _align(n: int) -> int:
 def build_plan(
     param_meta: Sequence[tuple[str, Sequence[int], torch.dtype]],
     *,
-    layout: MegatronLayout = MegatronLayout(),
+    layout: ParallelLayout = ParallelLayout(world_size=1),
     rollout_tp: int = 1,
     bucket_size_bytes: int,
     sources: Mapping[str, tuple[Any, int]] | None = None,
@@ -200,6 +181,7 @@ def plan_for_model(
     transformer_config,
     hf_dir: str,
     *,
+    world_size: int,
     rollout_tp: int,
     bucket_size_bytes: int,
     dtype: torch.dtype,
@@ -208,7 +190,8 @@ def plan_for_model(
 
     Tensor order and sources come from ``megarl.models.converters.build_plan`` (the
     export order), shapes from the checkpoint headers in ``hf_dir``; ``dtype`` is the
-    rollout engine's dtype (exported tensors are cast to it on the sender).
+    rollout engine's dtype (exported tensors are cast to it on the sender);
+    ``world_size``: ranks of the model's Megatron world.
 
     Raises:
         ValueError: the placement plan names an HF tensor the HF model does not have.
@@ -230,7 +213,7 @@ def plan_for_model(
             sources[name] = (source, fused_index)
     return build_plan(
         meta,
-        layout=MegatronLayout.from_transformer_config(transformer_config),
+        layout=ParallelLayout.from_megatron_config(transformer_config, world_size),
         rollout_tp=rollout_tp,
         bucket_size_bytes=bucket_size_bytes,
         sources=sources,

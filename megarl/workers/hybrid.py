@@ -6,10 +6,10 @@ calls every method on every rank.
 Dispatch the trainer must use (W = world size, t = ``rollout.tensor_model_parallel_size``):
 
 * ``generate_sequences``: split across the W / t rollout replicas. Replica ``r`` is
-  ranks ``r*t .. r*t+t-1``; every rank of a replica gets the SAME chunk ``r`` of the
-  prompt batch (pad the batch to a multiple of W / t, ``DataProto.pad_to_divisor``);
-  collect the output of the first rank of each replica (``dispatch_info()["collect_rollout"]``)
-  and concatenate in replica order. With t = 1 every rank is a replica.
+  ranks ``r*t .. r*t+t-1`` (the DP groups of ``ParallelLayout(W, tp=t)``); every rank of
+  a replica gets the SAME chunk ``r`` of the prompt batch (pad the batch to a multiple of
+  W / t, ``DataProto.pad_to_divisor``); collect the output of the first rank of each
+  replica and concatenate in replica order. With t = 1 every rank is a replica.
   The weight sync inside it is collective over the whole world: every rank must call
   ``generate_sequences`` once per step, even with an empty-looking share (give it a
   padded chunk).
@@ -94,25 +94,11 @@ class ActorRolloutRefWorker:
             engine.hf_config,
             engine.unwrapped_chunks()[0].config,
             self.config.model.path,
+            world_size=torch.distributed.get_world_size(),
             rollout_tp=int(self.config.rollout.tensor_model_parallel_size),
             bucket_size_bytes=self.bucket_size_bytes,
             dtype=dtype,
         )
-
-    def dispatch_info(self) -> dict[str, Any]:
-        """Where this rank sits for dispatch: rollout replica and Megatron DP coordinates."""
-        from megatron.core import parallel_state as ps
-
-        rank = torch.distributed.get_rank()
-        tp = int(self.config.rollout.tensor_model_parallel_size)
-        return {
-            "rollout_replica": rank // tp,
-            "rollout_replicas": torch.distributed.get_world_size() // tp,
-            "collect_rollout": rank % tp == 0,
-            "dp_rank": ps.get_data_parallel_rank(),
-            "dp_size": ps.get_data_parallel_world_size(),
-            "collect_train": ps.get_tensor_model_parallel_rank() == 0 and ps.is_pipeline_last_stage(),
-        }
 
     # ------------------------------------------------------------------ rollout
     def sync_weights(self) -> dict[str, float]:

@@ -34,6 +34,8 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from megarl.parallel.layout import ParallelLayout
+
 logger = logging.getLogger(__name__)
 
 # vLLM's V1 engine core must run in this process: reload_weights gets a lazy
@@ -170,15 +172,15 @@ class RolloutWorker:
         )
         replica = 0
         if torch.distributed.is_available() and torch.distributed.is_initialized():
-            world = torch.distributed.get_world_size()
-            if world % tp:
+            replicas = ParallelLayout(world_size=torch.distributed.get_world_size(), tp=tp)
+            if replicas.problems():
                 raise RolloutConfigError(
                     f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} must divide "
-                    f"the world size {world}"
+                    f"the world size {replicas.world_size}"
                 )
             if tp > 1:
                 kwargs["distributed_executor_backend"] = "external_launcher"
-            replica = torch.distributed.get_rank() // tp
+            replica = replicas.coordinates(torch.distributed.get_rank()).dp
         # rollout.seed is the engine seed: vLLM seeds the process RNG with it once the engine
         # is up (set_random_seed after warm-up) and samples every token from that stream, so
         # the same config and call sequence give the same samples, each step draws new ones

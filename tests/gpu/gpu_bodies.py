@@ -65,10 +65,10 @@ def weight_sync_bitwise(model_path: str, bucket_bytes: int, device: str = "cuda"
 
     from megarl.models import build_model, export_hf_weights, load_hf_weights
     from megarl.parallel import init_distributed
-    from megarl.weight_sync import MegatronLayout, build_plan, stream_broadcast, stream_in_process
+    from megarl.weight_sync import build_plan, stream_broadcast, stream_in_process
     from megarl.weight_sync.tp_gather import export_hf_weights_bucketed
 
-    init_distributed({"tensor_model_parallel_size": 2}, device)
+    layout = init_distributed({"tensor_model_parallel_size": 2}, device)
     hf_config = transformers.AutoConfig.from_pretrained(model_path)
     chunks = build_model(hf_config, {"tensor_model_parallel_size": 2}, device=device, dtype=torch.bfloat16)
     load_hf_weights(chunks, model_path)
@@ -85,7 +85,7 @@ def weight_sync_bitwise(model_path: str, bucket_bytes: int, device: str = "cuda"
     bucketed_small = to_cpu(export_hf_weights_bucketed(chunks, hf_config, bucket_size_bytes=small))
     meta = [(n, tuple(t.shape), t.dtype) for n, t in per_tensor.items()]
     plan = build_plan(
-        meta, layout=MegatronLayout.from_transformer_config(chunks[0].config), rollout_tp=1,
+        meta, layout=layout, rollout_tp=1,
         bucket_size_bytes=bucket_bytes,
     )
     in_process = to_cpu(stream_in_process(export_hf_weights(chunks, hf_config), plan, integrity_check=True))

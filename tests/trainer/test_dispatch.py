@@ -1,23 +1,13 @@
-"""Dispatch/collect split math against hand-made layouts, and batch balancing."""
+"""Dispatch/collect split math against hand-derived rank layouts, and batch balancing."""
 
 import numpy as np
 import pytest
 import torch
 
+from megarl.parallel.layout import ParallelLayout
 from megarl.protocol import DataProto
 from megarl.trainer.balance import balance_order, balanced_partitions
-from megarl.trainer.dispatch import RankCoords, dp_chunk_index, gather, rollout_chunk_index, scatter
-
-
-def _megatron_layout(tp, pp, dp):
-    """Megatron's default rank order (tp fastest, then dp, then pp) for cp=1."""
-    coords = []
-    for rank in range(tp * pp * dp):
-        tp_rank = rank % tp
-        dp_rank = (rank // tp) % dp
-        pp_rank = rank // (tp * dp)
-        coords.append(RankCoords(rank, dp_rank, dp, tp_rank=tp_rank, pp_rank=pp_rank, pp_size=pp))
-    return coords
+from megarl.trainer.dispatch import chunk_index, gather, scatter
 
 
 def _rows(n):
@@ -25,13 +15,14 @@ def _rows(n):
 
 
 def test_tp2_pp2_dp2_split_and_collect():
-    coords = _megatron_layout(tp=2, pp=2, dp=2)
-    dp_size, chunk, collect = dp_chunk_index(coords)
-    assert dp_size == 2
-    # ranks 0,1 (dp0, stage 0), 2,3 (dp1, stage 0), 4,5 (dp0, stage 1), 6,7 (dp1, stage 1)
+    layout = ParallelLayout(world_size=8, tp=2, pp=2)
+    chunk, collect = chunk_index(layout)
+    assert layout.dp == 2
+    # Megatron's order (tp fastest, then dp, then pp): ranks 0,1 (dp0, stage 0), 2,3 (dp1, stage 0),
+    # 4,5 (dp0, stage 1), 6,7 (dp1, stage 1).
     assert chunk == [0, 0, 1, 1, 0, 0, 1, 1]
     assert collect == [4, 6]  # TP rank 0 of the last stage of each DP group
-    inputs, pad = scatter(_rows(6), dp_size, chunk, pad=True)
+    inputs, pad = scatter(_rows(6), layout.dp, chunk, pad=True)
     assert pad == 0
     assert [x.batch["x"][:, 0].tolist() for x in inputs] == [[0, 1, 2], [0, 1, 2], [3, 4, 5], [3, 4, 5]] * 2
     # Each rank "computes" 10*x; gather reads ranks 4 and 6 only.
@@ -41,32 +32,27 @@ def test_tp2_pp2_dp2_split_and_collect():
 
 
 def test_cp_rank_nonzero_does_not_collect():
-    coords = [RankCoords(0, 0, 1, cp_rank=0), RankCoords(1, 0, 1, cp_rank=1)]
-    assert dp_chunk_index(coords) == (1, [0, 0], [0])
+    assert chunk_index(ParallelLayout(world_size=2, cp=2)) == ([0, 0], [0])
 
 
 def test_padding_for_inference_and_refusal_for_training():
-    coords = _megatron_layout(tp=1, pp=1, dp=4)
-    dp_size, chunk, collect = dp_chunk_index(coords)
-    inputs, pad = scatter(_rows(6), dp_size, chunk, pad=True)
+    chunk, collect = chunk_index(ParallelLayout(world_size=4))
+    inputs, pad = scatter(_rows(6), 4, chunk, pad=True)
     assert pad == 2 and [len(x) for x in inputs] == [2, 2, 2, 2]
     out = gather(inputs, collect, pad)
     assert out.batch["x"][:, 0].tolist() == [0, 1, 2, 3, 4, 5]
     with pytest.raises(ValueError, match="does not split evenly over 4"):
-        scatter(_rows(6), dp_size, chunk, pad=False)
+        scatter(_rows(6), 4, chunk, pad=False)
 
 
 def test_rollout_replicas_tp2_of_world4():
-    coords = [RankCoords(r, r, 4, replica=r // 2, replicas=2, replica_head=r % 2 == 0) for r in range(4)]
-    replicas, chunk, collect = rollout_chunk_index(coords)
-    assert (replicas, chunk, collect) == (2, [0, 0, 1, 1], [0, 2])
+    # vLLM TP 2 on 4 ranks: replicas {0, 1} and {2, 3}, headed by ranks 0 and 2.
+    assert chunk_index(ParallelLayout(world_size=4, tp=2)) == ([0, 0, 1, 1], [0, 2])
 
 
-def test_inconsistent_layouts_are_reported():
-    with pytest.raises(ValueError, match="disagree on dp_size"):
-        dp_chunk_index([RankCoords(0, 0, 1), RankCoords(1, 0, 2)])
-    with pytest.raises(ValueError, match="no rank holding the output"):
-        dp_chunk_index([RankCoords(0, 0, 1, tp_rank=1)])
+def test_a_layout_that_does_not_fit_is_refused():
+    with pytest.raises(ValueError, match="does not divide"):
+        chunk_index(ParallelLayout(world_size=4, tp=3))
 
 
 def test_balanced_partitions_equal_counts_and_tokens():

@@ -43,7 +43,8 @@ def sync_through_transport(megatron_cfg: dict, hf_dir: str, scale: float, shift:
     chunks = build_model(hf_config, megatron_cfg, device="cpu")
     load_hf_weights(chunks, hf_dir)
     perturb_(chunks, scale, shift)
-    plan = plan_for_model(hf_config, unwrap_chunk(chunks[0]).config, hf_dir, rollout_tp=1,
+    plan = plan_for_model(hf_config, unwrap_chunk(chunks[0]).config, hf_dir,
+                          world_size=torch.distributed.get_world_size(), rollout_tp=1,
                           bucket_size_bytes=bucket_size_bytes, dtype=torch.float32)
     stats = SyncStats()
     export = export_hf_weights(chunks, hf_config)
@@ -77,10 +78,11 @@ def hybrid_generate_and_score(hf_dir: str, overrides: dict, prompt_rows: list[li
 
     Every rank gets the same prompts (with rollout TP = world they form one replica;
     with TP = 1 every rank is its own replica). Returns per rank: sampled batch,
-    actor log-probs, ref log-probs, greedy responses, sync metrics, dispatch info.
+    actor log-probs, ref log-probs, greedy responses, sync metrics, the rank's rollout replica.
     """
     from tiny_hf import actor_rollout_ref_config
 
+    from megarl.parallel.layout import ParallelLayout
     from megarl.protocol import DataProto
     from megarl.workers.hybrid import ActorRolloutRefWorker
 
@@ -104,9 +106,12 @@ def hybrid_generate_and_score(hf_dir: str, overrides: dict, prompt_rows: list[li
     # The trainer's job: collect the replicas' outputs (first rank of each replica),
     # concatenate in replica order and re-dispatch by Megatron DP rank (DP = 1 here:
     # every rank gets everything; TP ranks must see identical inputs).
-    info = worker.dispatch_info()
-    parts = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(parts, (info["collect_rollout"], local))
+    world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
+    replicas = ParallelLayout(world_size=world, tp=int(cfg.rollout.tensor_model_parallel_size))
+    where = replicas.coordinates(rank)
+    info = {"rollout_replica": where.dp, "rollout_replicas": replicas.dp}
+    parts = [None] * world
+    torch.distributed.all_gather_object(parts, (where.tp == 0, local))
     sampled = DataProto.concat([part for collect, part in parts if collect])
     scored = worker.compute_log_prob(sampled)
     ref = worker.compute_ref_log_prob(sampled)
