@@ -37,10 +37,20 @@ def spec(
 
 
 # ---------------------------------------------------------------- which keys a run reads
-# With MEGARL_CONFIG_READS=<file>, every process appends each typed key it reads (once) to
-# <file>.<pid>; tests/trainer/test_e2e_cpu.py checks that a run reads every key it should.
+# With MEGARL_CONFIG_READS=<file> (or after `record_reads_to`), every process appends each typed key
+# it reads (once) to <file>.<pid>; tests/trainer/test_e2e_cpu.py checks that runs read every key.
 _READS_FILE = os.environ.get("MEGARL_CONFIG_READS")
 _SEEN: set[str] = set()
+
+
+def record_reads_to(path: str | None) -> None:
+    """Record reads of typed keys in this process and (through the environment) in workers it starts."""
+    global _READS_FILE
+    _READS_FILE = path
+    if path is None:
+        os.environ.pop("MEGARL_CONFIG_READS", None)
+    else:
+        os.environ["MEGARL_CONFIG_READS"] = path
 
 
 def _record(key: str) -> None:
@@ -54,12 +64,10 @@ class Section:
     """Base of the schema dataclasses; `megarl.config.typed.to_typed` sets `_megarl_key` (the
     section's dotted prefix) on each instance so reads can be recorded."""
 
-    if _READS_FILE:
-
-        def __getattribute__(self, name: str) -> Any:
-            value = object.__getattribute__(self, name)
-            if not name.startswith("_") and not isinstance(value, Section) and not callable(value):
-                prefix = object.__getattribute__(self, "__dict__").get("_megarl_key")
-                if prefix is not None:
-                    _record(prefix + name)
-            return value
+    def __getattribute__(self, name: str) -> Any:
+        value = object.__getattribute__(self, name)
+        if _READS_FILE is not None and not name.startswith("_") and not isinstance(value, Section) and not callable(value):
+            prefix = object.__getattribute__(self, "__dict__").get("_megarl_key")
+            if prefix is not None:
+                _record(prefix + name)
+        return value

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from megarl.parallel.layout import MEGATRON_ORDER, ParallelLayout
@@ -30,7 +29,7 @@ def _device_type(device: str | torch.device) -> str:
     return device_type
 
 
-def init_distributed(megatron_cfg: Mapping[str, Any], device: str | torch.device) -> ParallelLayout:
+def init_distributed(megatron_cfg: Any, device: str | torch.device, *, seed: int) -> ParallelLayout:
     """Initialise torch.distributed and megatron's model-parallel groups (idempotent).
 
     Reads ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` (and ``LOCAL_RANK`` on
@@ -38,7 +37,7 @@ def init_distributed(megatron_cfg: Mapping[str, Any], device: str | torch.device
     :mod:`megarl.parallel.cpu_compat` is installed first. The layout is
     :meth:`ParallelLayout.from_megatron_config` of ``megatron_cfg`` over the world (verl's
     ``*.megatron`` parallel-size keys; the data-parallel size is what remains). Also seeds
-    torch/python RNGs from ``megatron.seed`` (default 42), see :func:`set_seed`.
+    torch/python RNGs from ``seed`` (the role's ``megatron.seed``), see :func:`set_seed`.
 
     Returns:
         The layout the groups were built from.
@@ -72,7 +71,7 @@ def init_distributed(megatron_cfg: Mapping[str, Any], device: str | torch.device
             raise ValueError(f"model parallel already initialised as {current}, asked for {layout}")
     else:
         parallel_state.initialize_model_parallel(**layout.megatron_sizes(), order=MEGATRON_ORDER)
-    set_seed(int(megatron_cfg.get("seed", 42)) if megatron_cfg is not None else 42, device_type)
+    set_seed(seed, device_type)
     return layout
 
 

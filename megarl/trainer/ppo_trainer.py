@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from megarl.algorithms import apply_kl_penalty, compute_advantage, compute_rollout_correction, get_kl_controller
 from megarl.algorithms import filter_groups, filter_metric_values
 from megarl.config.roles import need_critic, need_reference
+from megarl.config.typed import typed_config
 from megarl.parallel.layout import ParallelLayout
 from megarl.protocol import DataProto
 from megarl.reward import build_reward_manager
@@ -163,14 +164,15 @@ class RayPPOTrainer:
         env = _worker_env(self.device)
         role = "actor_rollout_ref" if self.use_reference else "actor_rollout"
         world = self.pool.world_size
-        arr = cfg.actor_rollout_ref
+        typed = typed_config(cfg)  # workers get typed sections: attribute reads of the yaml's keys only
+        arr = typed.actor_rollout_ref
         self.actor = WorkerGroup("actor_rollout_ref", ACTOR_CLS, (arr,),
                                  {"role": role, "device": self.device}, self.pool.placements,
                                  share_cpu, share_gpu, env,
                                  layout=ParallelLayout.from_megatron_config(arr.actor.megatron, world),
                                  rollout_layout=ParallelLayout(world_size=world, tp=arr.rollout.tensor_model_parallel_size))
         if self.use_critic:
-            self.critic = WorkerGroup("critic", CRITIC_CLS, (cfg.critic,), {"device": self.device},
+            self.critic = WorkerGroup("critic", CRITIC_CLS, (typed.critic,), {"device": self.device},
                                       self.pool.placements, share_cpu, share_gpu, env,
                                       layout=ParallelLayout.from_megatron_config(cfg.critic.megatron, world))
         # Critic first: its world must exist before vLLM grabs memory on GPUs.

@@ -68,7 +68,7 @@ def weight_sync_bitwise(model_path: str, bucket_bytes: int, device: str = "cuda"
     from megarl.weight_sync import build_plan, stream_broadcast, stream_in_process
     from megarl.weight_sync.tp_gather import export_hf_weights_bucketed
 
-    layout = init_distributed({"tensor_model_parallel_size": 2}, device)
+    layout = init_distributed({"tensor_model_parallel_size": 2}, device, seed=42)
     hf_config = transformers.AutoConfig.from_pretrained(model_path)
     chunks = build_model(hf_config, {"tensor_model_parallel_size": 2}, device=device, dtype=torch.bfloat16)
     load_hf_weights(chunks, model_path)

@@ -82,7 +82,7 @@ def convert_and_forward(megatron_cfg: dict, cases: list[dict], device: str = "cp
     from megarl.models import build_model, export_hf_weights, load_hf_weights
     from megarl.parallel import init_distributed
 
-    init_distributed(megatron_cfg, device)
+    init_distributed(megatron_cfg, device, seed=42)
     if device == "cuda":  # exact fp32 matmuls for the comparison with HF on CPU
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
@@ -148,7 +148,7 @@ def critic_save_and_config(megatron_cfg: dict, critic_dir: str, actor_dir: str, 
     from megarl.models.config import hf_to_transformer_config
     from megarl.parallel import init_distributed
 
-    init_distributed(megatron_cfg, "cpu")
+    init_distributed(megatron_cfg, "cpu", seed=42)
     hf_config = transformers.AutoConfig.from_pretrained(critic_dir)
     critic = build_model(hf_config, megatron_cfg, value_head=True, device="cpu")
     load_hf_weights(critic, critic_dir)

@@ -38,7 +38,7 @@ def sync_through_transport(megatron_cfg: dict, hf_dir: str, scale: float, shift:
     from megarl.parallel import init_distributed
     from megarl.weight_sync import SyncStats, plan_for_model, stream_broadcast, stream_in_process
 
-    init_distributed(megatron_cfg, "cpu")
+    init_distributed(megatron_cfg, "cpu", seed=42)
     hf_config = transformers.AutoConfig.from_pretrained(hf_dir)
     chunks = build_model(hf_config, megatron_cfg, device="cpu")
     load_hf_weights(chunks, hf_dir)

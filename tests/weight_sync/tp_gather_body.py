@@ -15,7 +15,7 @@ def bucketed_equals_per_tensor(hf_dir: str, bucket_sizes: list[int]) -> dict:
     from megarl.weight_sync.tp_gather import export_hf_weights_bucketed
 
     cfg = {"tensor_model_parallel_size": 2}
-    init_distributed(cfg, "cpu")
+    init_distributed(cfg, "cpu", seed=42)
     hf_config = transformers.AutoConfig.from_pretrained(hf_dir)
     chunks = build_model(hf_config, cfg, device="cpu")
     load_hf_weights(chunks, hf_dir)

@@ -30,7 +30,7 @@ def _body(tp: int, temperature: float):
     from megarl.workers.megatron.vocab_parallel import vocab_parallel_token_stats
     from megatron.core import parallel_state
 
-    init_distributed({"tensor_model_parallel_size": tp}, "cpu")
+    init_distributed({"tensor_model_parallel_size": tp}, "cpu", seed=42)
     logits, target, weights = _inputs()
     rank = parallel_state.get_tensor_model_parallel_rank()
     shard = logits.chunk(tp, dim=-1)[rank].clone().requires_grad_(True)

@@ -158,7 +158,7 @@ def tp1_suite(model_path: str, batch: dict) -> dict:
     """Everything that runs at TP=1 in one process (one spawn, one megatron import)."""
     from megarl.parallel import init_distributed
 
-    init_distributed(megatron_node(), "cpu")
+    init_distributed(megatron_node(), "cpu", seed=42)
     return {
         "main": actor_and_critic(model_path, batch, megatron_node()),
         "split": split_variants(model_path, batch),

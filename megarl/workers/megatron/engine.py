@@ -143,7 +143,7 @@ class MegatronEngine:
             raise NotImplementedError(
                 f"{self.prefix}.megatron.context_parallel_size > 1 is not supported by the megarl workers yet"
             )
-        init_distributed(self.megatron_cfg, self.device)
+        init_distributed(self.megatron_cfg, self.device, seed=self.megatron_cfg.seed)
         if not os.path.isdir(self.model_path):
             raise FileNotFoundError(f"{self.prefix} model path {self.model_path!r} is not a directory")
         hf_config = transformers.AutoConfig.from_pretrained(self.model_path, trust_remote_code=self.trust_remote_code)
