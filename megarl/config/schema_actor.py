@@ -27,6 +27,13 @@ class ModelConfig:
 
 
 @dataclass
+class PolicyModelConfig(ModelConfig):
+    """`actor_rollout_ref.model`: the critic's keys plus the chat template prompts are rendered with."""
+
+    custom_chat_template: str | None = spec()
+
+
+@dataclass
 class PolicyLossConfig:
     loss_mode: str = spec(choices=names.policy_losses)
     clip_cov_ratio: float = spec(gt=0, le=1)
@@ -138,7 +145,7 @@ class RolloutConfig:
 @dataclass
 class ActorRolloutRefConfig:
     hybrid_engine: Literal[True] = spec(note="megarl colocates actor, reference and rollout (hybrid engine) only")
-    model: ModelConfig = spec()
+    model: PolicyModelConfig = spec()
     actor: ActorConfig = spec()
     ref: RefConfig = spec()
     rollout: RolloutConfig = spec()
