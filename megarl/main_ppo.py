@@ -103,7 +103,25 @@ def main(cfg: DictConfig) -> None:
         _fail(error)
 
 
+def verl_config_path(argv: list[str]) -> list[str]:
+    """`argv` with verl's `--config-path=config` (verl's own verl/trainer/config, which its
+    Megatron scripts pass next to `--config-name=ppo_megatron_trainer.yaml`) pointing at megarl's
+    config dir instead; Hydra would look for megarl/config/ and find no config there."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] == "--config-path=config":
+            out.append(f"--config-path={CONFIG_DIR}")
+        elif argv[i] in ("--config-path", "-cp") and i + 1 < len(argv) and argv[i + 1] == "config":
+            out += [argv[i], CONFIG_DIR]
+            i += 1
+        else:
+            out.append(argv[i])
+        i += 1
+    return out
+
+
 def cli() -> None:
+    sys.argv[1:] = verl_config_path(sys.argv[1:])
     issues = check_override_keys(sys.argv[1:])
     if issues:
         _fail(ConfigError(issues))

@@ -112,7 +112,9 @@ RULES: tuple[CompatRule, ...] = tuple(
     + _rules("refuse", "multi-token prediction is not implemented in megarl", "*.model.mtp.*")
     + _rules("refuse", "not implemented in megarl's model loading",
              "*.model.hf_config_path", "*.model.external_lib", "*.model.enable_activation_offload",
-             "*.model.tiled_mlp.*", "*.model.custom_chat_template")
+             "*.model.tiled_mlp.*")
+    + _rules("refuse", "the critic scores the prompts the actor's chat template rendered; set actor_rollout_ref.model.custom_chat_template",
+             "critic.model.custom_chat_template")
     + _rules("refuse", "quantization-aware training is not implemented in megarl", "*.qat.*")
     + _rules("refuse", "MoE router replay is not implemented in megarl", "*.megatron.router_replay.*")
     + _rules("refuse", "context parallelism features are not implemented in megarl yet",
@@ -130,8 +132,7 @@ RULES: tuple[CompatRule, ...] = tuple(
              "actor_rollout_ref.actor.freeze_vision_tower", "actor_rollout_ref.actor.use_prefix_grouper",
              "actor_rollout_ref.actor.calculate_entropy")
     + _rules("refuse", "not implemented in megarl's data loader",
-             "data.train_max_samples", "data.val_max_samples", "data.gen_batch_size", "data.validation_shuffle",
-             "data.trust_remote_code", "data.apply_chat_template_kwargs")
+             "data.gen_batch_size")
     + _rules("refuse", "not implemented in megarl's trainer",
              "trainer.val_only", "trainer.v1.*", "algorithm.use_pf_ppo", "algorithm.pf_ppo.*",
              "algorithm.filter_groups.max_inflight_gen_batches")

@@ -3,6 +3,9 @@
 verl keeps `custom_reward_function.{path,name}`, `reward_model.{reward_manager,enable}` (and
 more, see compat.py) at null; a non-null value is moved to its `reward.*` place before the run,
 so pre-0.9 command lines keep working. Setting both places to different values is an error.
+Added mappings move too: `+custom_reward_function.reward_kwargs.*` and (verl's DAPO scripts)
+`+reward_model.reward_kwargs.*`, merged into `reward.custom_reward_function.reward_kwargs` /
+`reward.reward_kwargs` (verl assigns the whole mapping; at megarl's empty default that is the same).
 """
 
 from __future__ import annotations
@@ -42,11 +45,13 @@ def migrate_legacy_reward_keys(cfg: DictConfig, user_keys: set[str] | None = Non
             continue
         OmegaConf.update(cfg, new, value, merge=False)
         OmegaConf.update(cfg, old, None, merge=False)
-    legacy_fn = cfg.get("custom_reward_function")
-    if legacy_fn is not None and "reward_kwargs" in legacy_fn:  # `+custom_reward_function.reward_kwargs.x=1`
-        merged = {**OmegaConf.to_container(cfg.reward.custom_reward_function.reward_kwargs, resolve=False),
-                  **OmegaConf.to_container(legacy_fn.reward_kwargs, resolve=False)}
-        OmegaConf.update(cfg, "reward.custom_reward_function.reward_kwargs", merged, merge=False)
-        with open_dict(cfg):
-            del cfg.custom_reward_function["reward_kwargs"]
+    for section, target in (("custom_reward_function", "reward.custom_reward_function.reward_kwargs"),
+                            ("reward_model", "reward.reward_kwargs")):
+        legacy = cfg.get(section)
+        if legacy is not None and "reward_kwargs" in legacy:  # e.g. `+reward_model.reward_kwargs.max_resp_len=8192`
+            merged = {**OmegaConf.to_container(OmegaConf.select(cfg, target), resolve=False),
+                      **OmegaConf.to_container(legacy.reward_kwargs, resolve=False)}
+            OmegaConf.update(cfg, target, merged, merge=False)
+            with open_dict(cfg):
+                del legacy["reward_kwargs"]
     return issues

@@ -7,7 +7,6 @@ worker or a placement timeout.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from omegaconf import DictConfig
@@ -17,12 +16,12 @@ from megarl.config.preflight_cluster import local_cluster_issues
 from megarl.config.preflight_data import data_issues
 from megarl.config.view import value_at
 
-_TOKENIZER_KEYS = ("data.tokenizer", "actor_rollout_ref.model.tokenizer_path", "actor_rollout_ref.model.path")
-
 
 def preflight(cfg: DictConfig) -> Any:
     """Raise `ConfigError` listing every data / tokenizer / reward-function problem of the
     resolved, validated `cfg`; returns the tokenizer it loaded."""
+    from megarl.data.tokenizer import tokenizer_key
+
     issues: list[Issue] = list(local_cluster_issues(cfg))
     tokenizer, issue = load_tokenizer(cfg)
     if issue is not None:
@@ -36,23 +35,18 @@ def preflight(cfg: DictConfig) -> Any:
     return tokenizer
 
 
-def tokenizer_key(cfg: DictConfig) -> str:
-    """The key naming the tokenizer dir the trainer uses (data.tokenizer, else
-    model.tokenizer_path, else model.path)."""
-    return next(k for k in _TOKENIZER_KEYS if value_at(cfg, k) or k == _TOKENIZER_KEYS[-1])
-
-
 def load_tokenizer(cfg: DictConfig) -> tuple[Any, Issue | None]:
-    """The tokenizer the trainer uses; it must have a chat template unless a custom dataset
-    class (data.custom_cls) does its own tokenizing (megarl's RLDataset renders chats)."""
-    key = tokenizer_key(cfg)
-    path = os.path.expanduser(str(value_at(cfg, key)))
-    fix = f"point {key} at a local HF dir with tokenizer files (tokenizer.json / tokenizer_config.json and a chat template)"
-    try:
-        from transformers import AutoTokenizer
+    """The tokenizer the trainer uses (`megarl.data.tokenizer`); it must have a chat template
+    (its own or model.custom_chat_template) unless a custom dataset class (data.custom_cls) does
+    its own tokenizing (megarl's RLDataset renders chats)."""
+    from megarl.data.tokenizer import load_data_tokenizer, tokenizer_dir, tokenizer_key
 
-        trust = bool(value_at(cfg, "actor_rollout_ref.model.trust_remote_code"))
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust)
+    key = tokenizer_key(cfg)
+    path = tokenizer_dir(cfg)
+    fix = (f"point {key} at a local HF dir with tokenizer files (tokenizer.json / tokenizer_config.json and a chat "
+           "template, or set actor_rollout_ref.model.custom_chat_template)")
+    try:
+        tokenizer = load_data_tokenizer(cfg)
     except Exception as exc:  # transformers raises OSError / ValueError / KeyError ... for a bad dir
         first = (str(exc).strip().splitlines() or [""])[0][:300]
         return None, Issue(key, value_at(cfg, key), f"cannot load a tokenizer from {path}: {type(exc).__name__}: {first}", fix)

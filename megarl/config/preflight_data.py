@@ -16,8 +16,10 @@ MAX_LISTED_ROWS = 3
 
 def data_issues(cfg: DictConfig, tokenizer: Any, split: str, tokenizer_key: str = "data.tokenizer") -> list[Issue]:
     """Build `split`'s dataloader as the trainer will; check every prompt's length.
-    tokenizer_key: the key the tokenizer came from (named in tokenizer problems)."""
+    tokenizer_key: the key the tokenizer came from (named in tokenizer problems, and in chat
+    template problems unless actor_rollout_ref.model.custom_chat_template is set)."""
     from megarl.data import DataError, RLDataset, create_dataloader
+    from megarl.data.dataset import CHAT_TEMPLATE_KEY
 
     files_key = f"data.{split}_files"
     try:
@@ -28,7 +30,8 @@ def data_issues(cfg: DictConfig, tokenizer: Any, split: str, tokenizer_key: str 
         issues = _overlong(cfg, dataset, files_key)
         return issues + (_data_sources(cfg, dataset, files_key) if not issues else [])
     except DataError as exc:
-        key = tokenizer_key if exc.key == "data.tokenizer" else exc.key or files_key
+        key = {"data.tokenizer": tokenizer_key, CHAT_TEMPLATE_KEY: CHAT_TEMPLATE_KEY if value_at(cfg, CHAT_TEMPLATE_KEY) is not None
+               else tokenizer_key}.get(exc.key, exc.key or files_key)
         value = value_at(cfg, key)
         where = exc.where
         if exc.file is not None and value == exc.file:  # the value shown already names the file

@@ -65,17 +65,47 @@ def megatron_shape(v: View, role: Role, hf: dict[str, Any]) -> Iterator[Issue]:
         yield Issue(f"{m}.tensor_model_parallel_size", tp, f"does not divide num_key_value_heads={kv} {where} (Megatron splits KV groups over TP)", f"choose a TP size that divides {kv}")
     pp = v.get(f"{m}.pipeline_model_parallel_size")
     vpp = v.get(f"{m}.virtual_pipeline_model_parallel_size") or 1
-    if layers and layers % (pp * vpp):
+    split = {k: val for k, val in (v.get(f"{m}.override_transformer_config") or {}).items() if k in PIPELINE_SPLIT_FIELDS}
+    if layers and split:
+        problem = uneven_pipeline_problem(layers, pp, v.get(f"{m}.virtual_pipeline_model_parallel_size"), split)
+        if problem:
+            yield Issue(f"{m}.override_transformer_config", split, f"{problem} {where}",
+                        f"give a pipeline split of the {layers} layers over pp={pp} (x vpp={vpp}) stages that Megatron accepts")
+    elif layers and layers % (pp * vpp):
         yield Issue(
             f"{m}.pipeline_model_parallel_size", pp,
             f"pp={pp} x vpp={vpp} does not divide num_hidden_layers={layers} {where}",
-            f"choose pipeline_model_parallel_size x virtual_pipeline_model_parallel_size dividing {layers}",
+            f"choose pipeline_model_parallel_size x virtual_pipeline_model_parallel_size dividing {layers}, "
+            f"or split unevenly with {m}.override_transformer_config.num_layers_in_first_pipeline_stage / "
+            "num_layers_in_last_pipeline_stage / pipeline_model_parallel_layout",
         )
     ep = v.get(f"{m}.expert_model_parallel_size")
     if ep > 1 and not experts:
         yield Issue(f"{m}.expert_model_parallel_size", ep, f"the model has no MoE experts {where}", f"set {m}.expert_model_parallel_size=1")
     elif experts and experts % ep:
         yield Issue(f"{m}.expert_model_parallel_size", ep, f"does not divide the {experts} experts {where}", f"choose an EP size that divides {experts}")
+
+
+# TransformerConfig fields that split the layers over pipeline stages other than evenly.
+PIPELINE_SPLIT_FIELDS = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
+                         "pipeline_model_parallel_layout", "account_for_embedding_in_pipeline_split",
+                         "account_for_loss_in_pipeline_split")
+
+
+def uneven_pipeline_problem(layers: int, pp: int, vpp: int | None, split: dict[str, Any]) -> str | None:
+    """Megatron-Core's own verdict (TransformerConfig's checks) on an uneven pipeline split of
+    `layers` over `pp` x `vpp` stages; None when it accepts it or Megatron is not importable here."""
+    try:
+        import torch
+        from megatron.core.transformer.transformer_config import TransformerConfig
+    except Exception:  # megatron not importable here: the worker checks
+        return None
+    try:
+        TransformerConfig(num_layers=layers, hidden_size=8, num_attention_heads=1, pipeline_model_parallel_size=pp,
+                          virtual_pipeline_model_parallel_size=vpp, pipeline_dtype=torch.float32, **split)
+    except (ValueError, AssertionError, TypeError) as exc:
+        return f"Megatron-Core refuses this pipeline split: {exc}"
+    return None
 
 
 REQUIRED_FIELDS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")

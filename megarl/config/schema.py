@@ -4,6 +4,7 @@ megarl accepts without implementing are in compat.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from megarl.config.schema_actor import ActorRolloutRefConfig
 from megarl.config.schema_algorithm import AlgorithmConfig
@@ -18,6 +19,7 @@ from megarl.config.spec import Section, spec
 class MegaRLConfig(Section):
     """Root of `configs/megatron/ppo_megatron_trainer.yaml`."""
 
+    model_engine: Literal["megatron"] = spec(note="megarl trains with Megatron-Core only (verl's dp / torchtitan / veomni engines are not available)")
     data: DataConfig = spec()
     actor_rollout_ref: ActorRolloutRefConfig = spec()
     critic: CriticConfig = spec()

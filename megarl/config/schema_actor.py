@@ -26,6 +26,13 @@ class ModelConfig(Section):
 
 
 @dataclass
+class PolicyModelConfig(ModelConfig):
+    """`actor_rollout_ref.model`: the critic's keys plus the chat template prompts are rendered with."""
+
+    custom_chat_template: str | None = spec()
+
+
+@dataclass
 class PolicyLossConfig(Section):
     loss_mode: str = spec(choices=names.policy_losses)
     clip_cov_ratio: float = spec(gt=0, le=1)
@@ -137,7 +144,7 @@ class RolloutConfig(Section):
 @dataclass
 class ActorRolloutRefConfig(Section):
     hybrid_engine: Literal[True] = spec(note="megarl colocates actor, reference and rollout (hybrid engine) only")
-    model: ModelConfig = spec()
+    model: PolicyModelConfig = spec()
     actor: ActorConfig = spec()
     ref: RefConfig = spec()
     rollout: RolloutConfig = spec()

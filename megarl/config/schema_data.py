@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from megarl.config.names import TRUNCATIONS
 from megarl.config.spec import Section, spec
@@ -29,6 +30,8 @@ class DataConfig(Section):
     tokenizer: str | None = spec(path=True)
     train_files: str | list[str] = spec(path=True)
     val_files: str | list[str] = spec(path=True)
+    train_max_samples: int = spec(ge=-1)
+    val_max_samples: int = spec(ge=-1)
     prompt_key: str = spec()
     reward_fn_key: str = spec()
     max_prompt_length: int = spec(ge=1)
@@ -39,7 +42,10 @@ class DataConfig(Section):
     return_full_prompt: bool = spec()
     shuffle: bool = spec()
     seed: int | None = spec(ge=0)
+    validation_shuffle: bool = spec()
     filter_overlong_prompts: bool = spec()
     truncation: str = spec(choices=TRUNCATIONS)
+    trust_remote_code: bool = spec()
+    apply_chat_template_kwargs: dict[str, Any] = spec()
     custom_cls: ClassRef = spec()
     sampler: SamplerRef = spec()

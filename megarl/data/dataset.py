@@ -11,8 +11,13 @@ a dict of
   position in the dataset), ``raw_prompt`` (the chat, when ``data.return_raw_chat``) and
   ``full_prompts`` (the templated text, when ``data.return_full_prompt``).
 
-Data config keys read: prompt_key, max_prompt_length, truncation, filter_overlong_prompts,
-return_raw_chat, return_full_prompt, reward_fn_key.
+Data config keys read (by attribute: a DictConfig of the ``data`` section): prompt_key,
+max_prompt_length, truncation, filter_overlong_prompts, return_raw_chat, return_full_prompt,
+reward_fn_key, apply_chat_template_kwargs, shuffle and seed (for ``max_samples``).
+
+The chat template is the tokenizer's (``megarl.data.tokenizer`` puts
+``actor_rollout_ref.model.custom_chat_template`` there); the rollout generates from these
+token ids, so the same template renders the prompts for training and generation.
 """
 
 from __future__ import annotations
@@ -24,8 +29,12 @@ import torch
 from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerBase
 
+from omegaconf import OmegaConf
+
 from megarl.data.errors import DataError
 from megarl.data.parquet_io import read_parquet_rows
+from megarl.data.sampler import data_seed
+from megarl.data.subset import kept_rows
 from megarl.data.truncation import TRUNCATION_MODES, PromptTooLong, truncate_prompt
 
 logger = logging.getLogger(__name__)
@@ -35,10 +44,16 @@ TOO_LONG_FIX = (
     "or data.filter_overlong_prompts=true (drops such rows)"
 )
 
+# The key holding the template override; the preflight names the tokenizer's key instead when
+# it is not set.
+CHAT_TEMPLATE_KEY = "actor_rollout_ref.model.custom_chat_template"
 
-def _cfg(config: Mapping[str, Any], key: str, default: Any) -> Any:
-    value = config.get(key, default)
-    return default if value is None and default is not None else value
+# apply_chat_template arguments megarl sets itself (the prompt is rendered to text, generation
+# prompt added, then tokenized): data.apply_chat_template_kwargs may not change them.
+RESERVED_CHAT_TEMPLATE_KWARGS = (
+    "conversation", "add_generation_prompt", "continue_final_message", "tokenize", "return_dict",
+    "return_tensors", "return_assistant_tokens_mask", "padding", "truncation", "max_length", "tokenizer_kwargs",
+)
 
 
 def left_pad(token_ids: Sequence[int], length: int, pad_token_id: int) -> dict[str, torch.Tensor]:
@@ -62,18 +77,24 @@ class RLDataset(Dataset):
         self,
         data_files: Sequence[str],
         tokenizer: PreTrainedTokenizerBase,
-        config: Mapping[str, Any],
+        config: Any,
         files_key: str = "data.train_files",
+        max_samples: int = -1,
     ):
-        """files_key: the config key listing ``data_files`` (named in errors)."""
+        """config: the ``data`` section (attribute access); files_key: the config key listing
+        ``data_files`` (named in errors); max_samples: ``data.{train,val}_max_samples`` of that
+        split (see ``megarl.data.subset.kept_rows``; -1 = every row), applied before the
+        overlong-prompt filter as verl does."""
         self.tokenizer = tokenizer
-        self.prompt_key: str = _cfg(config, "prompt_key", "prompt")
-        self.max_prompt_length: int = int(_cfg(config, "max_prompt_length", 512))
-        self.truncation: str = _cfg(config, "truncation", "error")
-        self.return_raw_chat: bool = bool(_cfg(config, "return_raw_chat", False))
-        self.return_full_prompt: bool = bool(_cfg(config, "return_full_prompt", False))
-        self.reward_fn_key: str = _cfg(config, "reward_fn_key", "data_source")
-        filter_overlong: bool = bool(_cfg(config, "filter_overlong_prompts", False))
+        self.prompt_key: str = config.prompt_key
+        self.max_prompt_length: int = int(config.max_prompt_length)
+        self.truncation: str = config.truncation
+        self.return_raw_chat: bool = bool(config.return_raw_chat)
+        self.return_full_prompt: bool = bool(config.return_full_prompt)
+        self.reward_fn_key: str = config.reward_fn_key
+        kwargs = config.apply_chat_template_kwargs
+        self.chat_template_kwargs: dict[str, Any] = dict(OmegaConf.to_container(kwargs) if OmegaConf.is_config(kwargs) else kwargs)
+        filter_overlong: bool = bool(config.filter_overlong_prompts)
 
         if self.truncation not in TRUNCATION_MODES:
             raise DataError(f"data.truncation={self.truncation!r} is not a truncation mode", key="data.truncation",
@@ -81,6 +102,10 @@ class RLDataset(Dataset):
         if self.max_prompt_length <= 0:
             raise DataError(f"data.max_prompt_length must be positive, got {self.max_prompt_length}",
                             key="data.max_prompt_length", fix="set data.max_prompt_length >= 1")
+        reserved = sorted(set(self.chat_template_kwargs) & set(RESERVED_CHAT_TEMPLATE_KWARGS))
+        if reserved:
+            raise DataError(f"data.apply_chat_template_kwargs sets {reserved}, which megarl sets itself when it renders a prompt",
+                            key="data.apply_chat_template_kwargs", fix=f"remove {', '.join(reserved)} from data.apply_chat_template_kwargs")
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if self.pad_token_id is None:
             raise DataError("the tokenizer has neither a pad nor an eos token; cannot left-pad prompts", key="data.tokenizer",
@@ -97,6 +122,13 @@ class RLDataset(Dataset):
                 self._check_row(row, path, row_index)
                 self.rows.append(row)
                 self.origins.append((path, row_index))
+
+        kept = kept_rows(len(self.rows), max_samples, bool(config.shuffle), data_seed(config))
+        if kept is not None:
+            logger.info("%s: using %d of %d rows (%s)", files_key.replace("_files", "_max_samples"), len(kept),
+                        len(self.rows), f"random, seed {data_seed(config)}" if config.shuffle else "the first ones")
+            self.rows = [self.rows[i] for i in kept]
+            self.origins = [self.origins[i] for i in kept]
 
         if filter_overlong:
             kept = [i for i in range(len(self.rows)) if len(self.prompt_token_ids(i)) <= self.max_prompt_length]
@@ -143,16 +175,19 @@ class RLDataset(Dataset):
         return len(self.rows)
 
     def chat_text(self, index: int) -> str:
-        """Row ``index``'s chat rendered by the tokenizer's chat template, generation prompt added."""
+        """Row ``index``'s chat rendered by the tokenizer's chat template, generation prompt added,
+        ``data.apply_chat_template_kwargs`` passed to the template as variables."""
         try:
             return self.tokenizer.apply_chat_template(
-                self.rows[index][self.prompt_key], add_generation_prompt=True, tokenize=False
+                self.rows[index][self.prompt_key], add_generation_prompt=True, tokenize=False, **self.chat_template_kwargs
             )
         except Exception as exc:  # template errors are data errors: say which row
             path, row_index = self.origins[index]
             raise DataError(
-                f"chat template failed: {exc}", file=path, row=row_index, column=self.prompt_key, key="data.tokenizer",
-                fix="fix the row's messages or use a tokenizer whose chat template accepts them",
+                f"chat template failed: {type(exc).__name__}: {exc}", file=path, row=row_index, column=self.prompt_key,
+                key=CHAT_TEMPLATE_KEY,
+                fix="fix the row's messages, or use a chat template that accepts them (the tokenizer's, "
+                    f"{CHAT_TEMPLATE_KEY}, and the variables in data.apply_chat_template_kwargs)",
             ) from None
 
     def prompt_token_ids(self, index: int) -> list[int]:

@@ -9,6 +9,12 @@ import torch
 from megarl.protocol import DataProto
 
 
+def data_seed(data_cfg: Any) -> int:
+    """``data.seed`` of the data config; null = 1. Always a fixed seed: the preflight and the
+    trainer build the loaders separately and must pick the same rows in the same order."""
+    return 1 if data_cfg.seed is None else int(data_cfg.seed)
+
+
 class ResumableSampler:
     """Dataset indices, epoch after epoch, with a state that says where it stands.
 

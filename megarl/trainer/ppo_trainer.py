@@ -105,16 +105,12 @@ class RayPPOTrainer:
     ``fit()`` trains. ``close()`` releases the workers."""
 
     def __init__(self, cfg: DictConfig) -> None:
-        from transformers import AutoTokenizer
-
         from megarl.data import create_dataloader
+        from megarl.data.tokenizer import load_data_tokenizer
 
         self.cfg = cfg
         arr = cfg.actor_rollout_ref
-        tokenizer_dir = cfg.data.get("tokenizer") or arr.model.get("tokenizer_path") or arr.model.path
-        self.tokenizer = AutoTokenizer.from_pretrained(
-            os.path.expanduser(tokenizer_dir), trust_remote_code=bool(arr.model.get("trust_remote_code", False))
-        )
+        self.tokenizer = load_data_tokenizer(cfg)  # the preflight loaded the same one (custom chat template included)
         self.train_loader = create_dataloader(cfg.data, self.tokenizer, "train")
         self.val_loader = create_dataloader(cfg.data, self.tokenizer, "val") if cfg.data.get("val_files") else None
         steps_per_epoch = len(self.train_loader)

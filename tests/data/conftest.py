@@ -1,14 +1,35 @@
-"""Fixtures for the data tests: the demo tokenizer and a parquet writer."""
+"""Fixtures for the data tests: the demo tokenizer, a parquet writer and the data config."""
 
 from __future__ import annotations
 
+import copy
+import functools
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from omegaconf import DictConfig, OmegaConf
 
 from megarl.data.demo_tokenizer import build_demo_tokenizer
+
+
+@functools.cache
+def _yaml_data_section() -> DictConfig:
+    from cpu_config import CPU_SMALL
+    from megarl.config import load_config, resolve_config
+
+    return resolve_config(load_config([*CPU_SMALL, "actor_rollout_ref.model.path=/placeholder/model"])).data
+
+
+def data_config(**overrides: Any) -> DictConfig:
+    """The yaml's resolved `data` section (composed as a run would) with `overrides` set
+    (`key=value`; nested sections as dicts, e.g. custom_cls={"path": ..., "name": ...})."""
+    cfg = copy.deepcopy(_yaml_data_section())
+    for key, value in overrides.items():
+        OmegaConf.update(cfg, key, value, merge=False)
+    return cfg
 
 
 @pytest.fixture(scope="session")

@@ -4,14 +4,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import chat, row
+from conftest import chat, data_config, row
 from megarl.data import DataError, RLDataset, create_dataloader
 
 CFG = {"prompt_key": "prompt", "max_prompt_length": 16, "truncation": "error", "reward_fn_key": "data_source"}
 
 
 def load(path, tokenizer, **overrides):
-    return RLDataset([str(path)], tokenizer, {**CFG, **overrides})
+    return RLDataset([str(path)], tokenizer, data_config(**{**CFG, **overrides}))
 
 
 def test_missing_file(tokenizer, tmp_path):
@@ -81,4 +81,4 @@ def test_bad_truncation_value(tokenizer, write_rows):
 
 def test_unset_files_key(tokenizer):
     with pytest.raises(DataError, match="data.val_files is not set"):
-        create_dataloader({**CFG, "val_files": None}, tokenizer, "val")
+        create_dataloader(data_config(**{**CFG, "val_files": None}), tokenizer, "val")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from conftest import row
+from conftest import data_config, row
 from megarl.data import DataError, create_dataloader
 
 SAMPLERS = '''
@@ -36,12 +36,11 @@ NOT_A_SAMPLER = 3
 @pytest.fixture
 def cfg(write_rows, tmp_path):
     (tmp_path / "samplers.py").write_text(SAMPLERS)
-    return {
-        "train_files": write_rows([row(str(i % 10), i) for i in range(7)], "train.parquet"),
-        "prompt_key": "prompt", "max_prompt_length": 8, "truncation": "error", "reward_fn_key": "data_source",
-        "train_batch_size": 2, "shuffle": True, "seed": 7,
-        "sampler": {"class_path": str(tmp_path / "samplers.py"), "class_name": "Reversed"},
-    }
+    return data_config(
+        train_files=write_rows([row(str(i % 10), i) for i in range(7)], "train.parquet"),
+        max_prompt_length=8, truncation="error", train_batch_size=2, shuffle=True, seed=7,
+        sampler={"class_path": str(tmp_path / "samplers.py"), "class_name": "Reversed"},
+    )
 
 
 def order(loader) -> list[int]:
@@ -76,6 +75,6 @@ def test_custom_sampler_resumes_mid_epoch(cfg, tokenizer):
 )
 def test_bad_sampler_names_the_key(cfg, tokenizer, name, message):
     with pytest.raises(DataError, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")) as info:
-        loader = create_dataloader({**cfg, "sampler": {**cfg["sampler"], "class_name": name}}, tokenizer, "train")
+        loader = create_dataloader(data_config(**{**cfg, "sampler": {**cfg["sampler"], "class_name": name}}), tokenizer, "train")
         order(loader)
     assert info.value.key == "data.sampler.class_name"

@@ -1,8 +1,9 @@
 """create_dataloader: batching, seeded shuffle, resume mid-epoch, val, custom_cls."""
 
 import pytest
+from omegaconf import OmegaConf
 
-from conftest import row
+from conftest import data_config, row
 from megarl.data import DataError, create_dataloader
 from megarl.protocol import DataProto
 
@@ -11,19 +12,13 @@ from megarl.protocol import DataProto
 def cfg(write_rows):
     train = write_rows([row(str(i % 10), i) for i in range(10)], "train.parquet")
     val = write_rows([row(str(i), i) for i in range(5)], "val.parquet")
-    return {
-        "train_files": train,
-        "val_files": [val],
-        "prompt_key": "prompt",
-        "max_prompt_length": 8,
-        "truncation": "error",
-        "reward_fn_key": "data_source",
-        "train_batch_size": 3,
-        "val_batch_size": None,
-        "shuffle": True,
-        "seed": 7,
-        "custom_cls": {"path": None, "name": None},
-    }
+    return data_config(train_files=train, val_files=[val], max_prompt_length=8, truncation="error",
+                       train_batch_size=3, val_batch_size=None, shuffle=True, seed=7)
+
+
+def changed(cfg, **values):
+    """A copy of `cfg` with `values` set."""
+    return data_config(**{**OmegaConf.to_container(cfg), **values})
 
 
 def indices(batch: DataProto) -> list[int]:
@@ -44,12 +39,12 @@ def test_train_batches_shuffle_and_drop_last(cfg, tokenizer):
     assert epoch0 != epoch1  # a new permutation each epoch
     again = create_dataloader(cfg, tokenizer, "train")
     assert [indices(b) for b in again] == epoch0  # same seed, same order
-    other = create_dataloader({**cfg, "seed": 8}, tokenizer, "train")
+    other = create_dataloader(changed(cfg, seed=8), tokenizer, "train")
     assert [indices(b) for b in other] != epoch0
 
 
 def test_no_shuffle_keeps_file_order(cfg, tokenizer):
-    loader = create_dataloader({**cfg, "shuffle": False}, tokenizer, "train")
+    loader = create_dataloader(changed(cfg, shuffle=False), tokenizer, "train")
     assert [indices(b) for b in loader] == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
 
 
@@ -77,15 +72,15 @@ def test_val_is_one_batch_in_order_when_val_batch_size_is_null(cfg, tokenizer):
     loader = create_dataloader(cfg, tokenizer, "val")
     batches = list(loader)
     assert len(batches) == 1 and indices(batches[0]) == [0, 1, 2, 3, 4]
-    loader = create_dataloader({**cfg, "val_batch_size": 2}, tokenizer, "val")
+    loader = create_dataloader(changed(cfg, val_batch_size=2), tokenizer, "val")
     assert [indices(b) for b in loader] == [[0, 1], [2, 3], [4]]  # last short batch kept
 
 
 def test_batch_size_errors(cfg, tokenizer):
     with pytest.raises(DataError, match="data.train_batch_size=11 exceeds the 10 training prompts"):
-        create_dataloader({**cfg, "train_batch_size": 11}, tokenizer, "train")
+        create_dataloader(changed(cfg, train_batch_size=11), tokenizer, "train")
     with pytest.raises(DataError, match="data.train_batch_size must be a positive int"):
-        create_dataloader({**cfg, "train_batch_size": 0}, tokenizer, "train")
+        create_dataloader(changed(cfg, train_batch_size=0), tokenizer, "train")
     with pytest.raises(ValueError, match="split must be one of"):
         create_dataloader(cfg, tokenizer, "test")
 
@@ -107,7 +102,7 @@ NOT_A_DATASET = 3
 def test_custom_cls_is_loaded_from_file(cfg, tokenizer, tmp_path):
     path = tmp_path / "my_data.py"
     path.write_text(CUSTOM)
-    loader = create_dataloader({**cfg, "custom_cls": {"path": str(path), "name": "TaggedDataset"}}, tokenizer, "val")
+    loader = create_dataloader(changed(cfg, custom_cls={"path": str(path), "name": "TaggedDataset"}), tokenizer, "val")
     assert list(next(iter(loader)).non_tensor_batch["tag"]) == ["custom"] * 5
 
 
@@ -126,11 +121,5 @@ def test_custom_cls_errors_name_the_key(cfg, tokenizer, tmp_path, custom, messag
     path.write_text(CUSTOM)
     custom = {k: (v.format(file=path) if isinstance(v, str) else v) for k, v in custom.items()}
     with pytest.raises(DataError, match=message.replace("(", r"\(").replace(".", r"\.")):
-        create_dataloader({**cfg, "custom_cls": custom}, tokenizer, "val")
+        create_dataloader(changed(cfg, custom_cls=custom), tokenizer, "val")
 
-
-def test_accepts_an_omegaconf_config(cfg, tokenizer):
-    from omegaconf import OmegaConf
-
-    loader = create_dataloader(OmegaConf.create({**cfg, "val_files": cfg["val_files"]}), tokenizer, "val")
-    assert indices(next(iter(loader))) == [0, 1, 2, 3, 4]

@@ -9,7 +9,7 @@ import logging
 import pytest
 import torch
 
-from conftest import chat, row
+from conftest import chat, data_config, row
 from megarl.data import DataError, RLDataset, collate_fn
 
 DIGITS = "0123456789"
@@ -30,7 +30,7 @@ def config(**overrides):
         "reward_fn_key": "data_source",
     }
     cfg.update(overrides)
-    return cfg
+    return data_config(**cfg)
 
 
 def test_item_is_left_padded_with_positions(tokenizer, write_rows):
