@@ -90,7 +90,8 @@ def test_trust_remote_code_is_off_by_default():
     cfg = OmegaConf.load(CONFIG)
     assert cfg.actor_rollout_ref.model.trust_remote_code is False
     assert OmegaConf.to_container(cfg, resolve=True)["critic"]["model"]["trust_remote_code"] is False
-    assert cfg.reward_model.model.trust_remote_code is False
+    assert cfg.data.trust_remote_code is False
+    assert cfg.reward_model.model.trust_remote_code is None  # verl's legacy key: null = not set (no reward model)
 
 
 def test_every_from_pretrained_in_megarl_is_explicit_about_remote_code():

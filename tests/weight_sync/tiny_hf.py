@@ -62,19 +62,23 @@ def actor_rollout_ref_config(hf_dir: str | Path, prompt_length: int = 8, respons
     ``overrides`` are dotted keys relative to ``actor_rollout_ref`` (e.g.
     ``{"rollout.n": 2}``).
     """
+    import sys
+
     from omegaconf import OmegaConf
 
-    cfg = OmegaConf.load(CONFIG_YAML)
-    cfg.data.max_prompt_length = prompt_length
-    cfg.data.max_response_length = response_length
-    cfg.actor_rollout_ref.model.path = str(hf_dir)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: cpu_config
+    from cpu_config import CPU_SMALL
+
+    from megarl.config import load_config, resolve_config
+
+    cfg = load_config([*CPU_SMALL, f"actor_rollout_ref.model.path={hf_dir}", f"data.max_prompt_length={prompt_length}",
+                       f"data.max_response_length={response_length}"])
     small = {
         "rollout.gpu_memory_utilization": 0.05,  # CPU: only a free-memory check
         "rollout.max_num_seqs": 16,
         "rollout.max_num_batched_tokens": 256,
-        "rollout.dtype": "float32",
     }
     for key, value in {**small, **overrides}.items():
-        OmegaConf.update(cfg.actor_rollout_ref, key, value, force_add=True)
-    OmegaConf.resolve(cfg)
+        OmegaConf.update(cfg.actor_rollout_ref, key, value)
+    cfg = resolve_config(cfg)
     return cfg.actor_rollout_ref
