@@ -78,7 +78,7 @@ def actor_rollout_ref_config(hf_dir: str | Path, prompt_length: int = 8, respons
         "rollout.max_num_seqs": 16,
         "rollout.max_num_batched_tokens": 256,
     }
-    for key, value in {**small, **overrides}.items():
-        OmegaConf.update(cfg.actor_rollout_ref, key, value)
+    for key, value in {**small, **overrides}.items():  # free-form engine kwargs may add keys
+        OmegaConf.update(cfg.actor_rollout_ref, key, value, force_add=key.startswith("rollout.engine_kwargs."))
     cfg = resolve_config(cfg)
     return cfg.actor_rollout_ref
