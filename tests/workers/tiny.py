@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import transformers
 from omegaconf import OmegaConf
@@ -50,6 +52,15 @@ def rollout_batch(batch_size: int = 8, seed: int = 1) -> dict[str, torch.Tensor]
     }
 
 
+def optim_node(**values) -> dict:
+    """The yaml's `critic.optim` (every verl optimizer key at its default) with `values` set."""
+    yaml = Path(__file__).resolve().parents[2] / "configs" / "megatron" / "ppo_megatron_trainer.yaml"
+    node = OmegaConf.to_container(OmegaConf.load(yaml).critic.optim)
+    unknown = set(values) - set(node)
+    assert not unknown, f"not optim keys: {unknown}"
+    return {**node, **values}
+
+
 def megatron_node(**sizes) -> dict:
     return {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "seed": 42, **sizes}
 
@@ -63,9 +74,7 @@ def actor_rollout_ref_config(model_path: str, megatron: dict, **actor_overrides)
         "loss_agg_mode": "token-mean", "entropy_coeff": 0.01, "use_kl_loss": True, "kl_loss_coef": 0.1,
         "kl_loss_type": "low_var_kl",
         # SGD (momentum 0.9): a step proportional to the gradient, unlike Adam's first step.
-        "optim": {"optimizer": "sgd", "lr": 0.5, "lr_warmup_steps": -1, "lr_warmup_steps_ratio": 0.0,
-                  "lr_decay_style": "constant", "min_lr_ratio": 0.0, "weight_decay": 0.01,
-                  "betas": [0.9, 0.999], "clip_grad": 1.0, "total_training_steps": -1},
+        "optim": optim_node(optimizer="sgd", lr=0.5),
         "checkpoint": {"save_contents": ["model", "optimizer", "extra"], "load_contents": ["model", "optimizer", "extra"]},
         "megatron": megatron,
     }
@@ -108,8 +117,7 @@ def critic_config(model_path: str, megatron: dict, **overrides):
     cfg = {
         "model": {"path": model_path, "override_config": {}},
         "megatron": megatron,
-        "optim": {"optimizer": "sgd", "lr": 0.5, "lr_warmup_steps": -1, "lr_decay_style": "constant",
-                  "weight_decay": 0.01, "betas": [0.9, 0.999], "clip_grad": 1.0, "total_training_steps": -1},
+        "optim": optim_node(optimizer="sgd", lr=0.5),
         "ppo_mini_batch_size": 8, "ppo_micro_batch_size_per_gpu": 4, "use_dynamic_bsz": False,
         "ppo_max_token_len_per_gpu": 64, "ppo_epochs": 1, "shuffle": False, "cliprange_value": 0.5,
         "loss_agg_mode": "token-mean",
