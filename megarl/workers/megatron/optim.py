@@ -269,6 +269,11 @@ class ConfigOptimizerParamScheduler(OptimizerParamScheduler):
         self._built_lr_bounds = [(g["max_lr"], g["min_lr"]) for g in optimizer.param_groups]
 
     def load_state_dict(self, state_dict: dict) -> None:
+        if self.use_checkpoint_opt_param_scheduler and state_dict["lr_decay_style"] == "WSD" and self.wsd_decay_steps is None:
+            raise ValueError(  # megatron does not checkpoint the WSD phase length
+                "the checkpoint's lr schedule is WSD and use_checkpoint_opt_param_scheduler=true keeps it, but "
+                "optim.lr_wsd_decay_steps is null: set it (and lr_wsd_decay_style) as in the saved run"
+            )
         super().load_state_dict(state_dict)
         for group, (max_lr, min_lr) in zip(self.optimizer.param_groups, self._built_lr_bounds):
             if not self.use_checkpoint_opt_param_scheduler:
