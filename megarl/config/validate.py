@@ -6,7 +6,9 @@ from collections.abc import Callable, Iterable, Iterator
 
 from omegaconf import DictConfig
 
-from megarl.config import rules_algo, rules_batch, rules_engines, rules_compat, rules_model, rules_parallel, rules_trainer
+from megarl.config import (
+    rules_algo, rules_batch, rules_compat, rules_engines, rules_model, rules_optim, rules_parallel, rules_trainer,
+)
 from megarl.config.errors import ConfigError, Issue
 from megarl.config.schema import MegaRLConfig
 from megarl.config.view import Skip, View
@@ -17,6 +19,7 @@ RULES: tuple[Rule, ...] = (
     *rules_batch.RULES,
     *rules_parallel.RULES,
     *rules_algo.RULES,
+    *rules_optim.RULES,
     *rules_trainer.RULES,
     *rules_compat.RULES,
     *rules_engines.RULES,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from tiny import actor_rollout_ref_config, critic_config, megatron_node
+from tiny import actor_rollout_ref_config, critic_config, megatron_node, optim_node
 
 
 def _data(batch: dict, rows=slice(None), **meta):
@@ -64,9 +64,8 @@ def nonfinite_updates(model_path: str, batch: dict) -> dict:
     out["weight_error"] = _error(lambda: poisoned_weight.update_policy(_data(batch, global_step=9)))
     del poisoned_weight
 
-    critic = CriticWorker(critic_config(model_path, megatron_node(), optim={
-        "optimizer": "sgd", "lr": 0.5, "lr_warmup_steps": -1, "lr_decay_style": "constant", "weight_decay": 0.0,
-        "betas": [0.9, 0.999], "clip_grad": 0.0, "total_training_steps": -1}), device="cpu")
+    critic = CriticWorker(critic_config(model_path, megatron_node(), optim=optim_node(
+        optimizer="sgd", lr=0.5, weight_decay=0.0, clip_grad=0.0)), device="cpu")
     critic.init_model()
     out["critic_metrics"] = critic.update_critic(_data(batch, global_step=6))
     bad = {**batch, "returns": batch["returns"].clone()}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import transformers
 from omegaconf import DictConfig, OmegaConf
@@ -48,6 +50,15 @@ def rollout_batch(batch_size: int = 8, seed: int = 1) -> dict[str, torch.Tensor]
         "values": torch.randn(batch_size, RESPONSE_LEN, generator=gen) * response_mask,
         "returns": torch.randn(batch_size, RESPONSE_LEN, generator=gen) * response_mask,
     }
+
+
+def optim_node(**values) -> dict:
+    """The yaml's `critic.optim` (every verl optimizer key at its default) with `values` set."""
+    yaml = Path(__file__).resolve().parents[2] / "configs" / "megatron" / "ppo_megatron_trainer.yaml"
+    node = OmegaConf.to_container(OmegaConf.load(yaml).critic.optim)
+    unknown = set(values) - set(node)
+    assert not unknown, f"not optim keys: {unknown}"
+    return {**node, **values}
 
 
 def megatron_node(**sizes) -> dict:

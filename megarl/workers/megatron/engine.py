@@ -27,7 +27,7 @@ from megarl.models import build_model, export_hf_weights, load_hf_weights, unwra
 from megarl.parallel import init_distributed
 from megarl.parallel.dynamic_batch import fixed_size_partitions, partition_by_token_budget, restore_order
 from megarl.workers.megatron.inputs import build_inputs
-from megarl.workers.megatron.optim import build_optimizer, build_scheduler
+from megarl.workers.megatron.optim import build_optimizer, build_scheduler, grad_reduce_in_fp32
 from megarl.workers.megatron.schedule import MicroBatch, broadcast_from_last_stage, run_schedule
 
 __all__ = ["MegatronEngine", "MicroBatchSpec", "default_device"]
@@ -176,7 +176,8 @@ class MegatronEngine:
                 )
                 use_dist_opt = False
             ddp_config = DistributedDataParallelConfig(
-                grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=use_dist_opt
+                grad_reduce_in_fp32=grad_reduce_in_fp32(self.optim_cfg), overlap_grad_reduce=False,
+                use_distributed_optimizer=use_dist_opt,
             )
             chunks = [
                 DistributedDataParallel(config=config, ddp_config=ddp_config, module=chunk, disable_bucketing=i > 0)
