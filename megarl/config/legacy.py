@@ -55,3 +55,40 @@ def migrate_legacy_reward_keys(cfg: DictConfig, user_keys: set[str] | None = Non
             with open_dict(cfg):
                 del legacy["reward_kwargs"]
     return issues
+
+
+# verl applies `optim.override_optimizer_config` last, over its own keys: a field that has a typed
+# optim key is moved there (so the one key holds the value the optimizer and the rules see).
+OPTIMIZER_OVERRIDE_MOVES: dict[str, str] = {
+    "optimizer": "optimizer", "lr": "lr", "min_lr": "min_lr", "weight_decay": "weight_decay", "clip_grad": "clip_grad",
+    "use_precision_aware_optimizer": "use_precision_aware_optimizer", "main_grads_dtype": "main_grads_dtype",
+    "exp_avg_dtype": "exp_avg_dtype", "exp_avg_sq_dtype": "exp_avg_sq_dtype",
+}
+
+
+def move_optimizer_overrides(cfg: DictConfig, user_keys: set[str]) -> list[Issue]:
+    """Move `override_optimizer_config` fields that have a typed optim key (and adam_beta1/2 into
+    optim.betas) to that key, in place, for the actor and critic; conflicts are issues."""
+    issues = []
+    for section in ("actor_rollout_ref.actor.optim", "critic.optim"):
+        optim = OmegaConf.select(cfg, section)
+        if optim is None or not optim.get("override_optimizer_config"):
+            continue
+        overrides = optim.override_optimizer_config
+        for field in [f for f in list(overrides) if f in OPTIMIZER_OVERRIDE_MOVES or f in ("adam_beta1", "adam_beta2")]:
+            value = overrides[field]
+            if field in ("adam_beta1", "adam_beta2"):
+                target, index = f"{section}.betas", int(field[-1]) - 1
+                betas = list(optim.betas)
+                betas[index] = value
+                new = betas
+            else:
+                target, new = f"{section}.{OPTIMIZER_OVERRIDE_MOVES[field]}", value
+            if target in user_keys and OmegaConf.select(cfg, target) != new:
+                issues.append(Issue(f"{section}.override_optimizer_config.{field}", value,
+                                    f"conflicts with {target}={OmegaConf.select(cfg, target)}", f"set only {target}"))
+                continue
+            OmegaConf.update(cfg, target, new, merge=False)
+            with open_dict(overrides):
+                del overrides[field]
+    return issues

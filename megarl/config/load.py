@@ -18,14 +18,14 @@ CONFIG_NAME = "ppo_megatron_trainer"
 
 def finish_compose(cfg: DictConfig, overrides: Sequence[str]) -> dict[str, object]:
     """After Hydra composed `cfg` from `overrides`: move legacy reward keys to `reward.*` (verl's
-    migration) and, when no model is given, apply the demo profile to the keys the user did not
+    migration) and optimizer overrides that have a typed key to it (verl applies them last); when no model is given, apply the demo profile to the keys the user did not
     set. Mutates `cfg`; returns the demo-profile values applied (empty for a real run)."""
     from megarl.config.errors import ConfigError
-    from megarl.config.legacy import migrate_legacy_reward_keys
+    from megarl.config.legacy import migrate_legacy_reward_keys, move_optimizer_overrides
     from megarl.config.profile import apply_demo_profile, override_keys
 
     user_keys = override_keys(overrides)
-    issues = migrate_legacy_reward_keys(cfg, user_keys)
+    issues = migrate_legacy_reward_keys(cfg, user_keys) + move_optimizer_overrides(cfg, user_keys)
     if issues:
         raise ConfigError(issues)
     return apply_demo_profile(cfg, user_keys)

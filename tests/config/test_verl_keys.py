@@ -139,3 +139,18 @@ def test_user_keys_win_over_the_demo_profile():
     assert cfg.data.train_batch_size == 4 and cfg.actor_rollout_ref.actor.optim.lr == 1e-4
     assert list(cfg.trainer.logger) == ["console", "tensorboard"]
     assert cfg.trainer.total_training_steps == _profile()["trainer.total_training_steps"]
+
+
+def test_optimizer_overrides_with_a_typed_key_move_there_as_in_verl():
+    """verl applies override_optimizer_config last; megarl moves such fields to their typed key."""
+    from megarl.config import ConfigError
+
+    o = "actor_rollout_ref.actor.optim"
+    cfg = load_config(["actor_rollout_ref.model.path=/m", f"+{o}.override_optimizer_config.adam_beta2=0.95",
+                       f"+{o}.override_optimizer_config.use_precision_aware_optimizer=true",
+                       f"+{o}.override_optimizer_config.overlap_cpu_optimizer_d2h_h2d=true"])
+    assert list(OmegaConf.select(cfg, f"{o}.betas")) == [0.9, 0.95]
+    assert OmegaConf.select(cfg, f"{o}.use_precision_aware_optimizer") is True
+    assert dict(OmegaConf.select(cfg, f"{o}.override_optimizer_config")) == {"overlap_cpu_optimizer_d2h_h2d": True}
+    with pytest.raises(ConfigError, match="conflicts with actor_rollout_ref.actor.optim.lr"):
+        load_config(["actor_rollout_ref.model.path=/m", f"{o}.lr=1e-5", f"+{o}.override_optimizer_config.lr=2e-5"])
