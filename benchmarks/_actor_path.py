@@ -33,8 +33,12 @@ def write_random_hf_dir(shape: dict, path: str, seed: int = 0) -> str:
     return path
 
 
-def actor_config(model_path: str, tp: int, micro_bs: int, n_micro: int, remove_padding: bool, dist_opt: bool):
-    """`actor_rollout_ref` DictConfig: one mini-batch of micro_bs*n_micro rows per step."""
+def actor_config(
+    model_path: str, tp: int, micro_bs: int, n_micro: int, remove_padding: bool, dist_opt: bool,
+    impl: str = "local",
+):
+    """`actor_rollout_ref` DictConfig: one mini-batch of micro_bs*n_micro rows per step;
+    ``impl`` is megatron's ``transformer_impl`` (layer spec)."""
     from omegaconf import OmegaConf
 
     megatron = {
@@ -42,6 +46,7 @@ def actor_config(model_path: str, tp: int, micro_bs: int, n_micro: int, remove_p
         "pipeline_model_parallel_size": 1,
         "use_distributed_optimizer": dist_opt,
         "seed": 42,
+        "override_transformer_config": {"transformer_impl": impl},
     }
     dp = dist.get_world_size() // tp
     actor = {
@@ -117,7 +122,8 @@ def legacy_lm_head_hooks(worker, vocab_size: int) -> None:
 
 
 def build_actor_step(
-    shape, seq_len, tp, micro_bs, n_micro, device, batches, *, remove_padding=False, model_dir=None, legacy=False
+    shape, seq_len, tp, micro_bs, n_micro, device, batches, *, remove_padding=False, model_dir=None, legacy=False,
+    impl="local",
 ):
     """(step callable running one update_policy, the worker). ``legacy``: the LM-head
     hooks of the previous version (see :func:`legacy_lm_head_hooks`)."""
@@ -125,7 +131,7 @@ def build_actor_step(
 
     model_dir = model_dir or os.path.join(os.environ.get("TMPDIR", "/tmp"), f"megarl_bench_{shape['hidden_size']}")
     write_random_hf_dir(shape, model_dir)
-    cfg = actor_config(model_dir, tp, micro_bs, n_micro, remove_padding, dist_opt=device.type == "cuda")
+    cfg = actor_config(model_dir, tp, micro_bs, n_micro, remove_padding, dist_opt=device.type == "cuda", impl=impl)
     worker = ActorWorker(cfg, role="actor", device=device.type)
     worker.init_model()
     if legacy:

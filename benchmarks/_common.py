@@ -267,14 +267,24 @@ def plain_transformer_config(shape: dict, tp: int, dtype: torch.dtype, on_cpu: b
     )
 
 
-def plain_gpt_model(shape: dict, seq_len: int, tp: int, dtype: torch.dtype, device):
-    """Megatron GPTModel (local spec, SDPA core attention) for the current TP rank."""
+def plain_gpt_model(shape: dict, seq_len: int, tp: int, dtype: torch.dtype, device, impl: str = "local"):
+    """Megatron GPTModel for the current TP rank. ``impl`` (megatron's ``transformer_impl``):
+    ``local`` = local spec with SDPA core attention, ``transformer_engine`` = megatron's TE spec."""
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_layer_local_spec,
+        get_gpt_layer_with_transformer_engine_spec,
+    )
 
     cfg = plain_transformer_config(shape, tp, dtype, on_cpu=torch.device(device).type == "cpu")
-    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
-    spec.submodules.self_attention.submodules.core_attention = sdpa_core_attention_class()
+    if impl == "transformer_engine":
+        spec = get_gpt_layer_with_transformer_engine_spec()
+    elif impl == "local":
+        spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+        spec.submodules.self_attention.submodules.core_attention = sdpa_core_attention_class()
+    else:
+        raise ValueError(f"impl {impl!r}: transformer_engine or local")
+    cfg.transformer_impl = impl
     with torch.device(device):
         model = GPTModel(
             config=cfg,

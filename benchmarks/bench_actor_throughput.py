@@ -3,15 +3,17 @@
 Same model shape (Qwen2.5-1.5B, random bf16 weights), same TP layout and the same
 tokens per optimizer step in one run:
 
-  (a) plain: GPTModel (local spec + SDPA core attention, defined in _common.py), megatron
-      DDP + distributed optimizer, forward_backward_func with the built-in cross-entropy.
+  (a) plain: GPTModel (``--impl local``: local spec + SDPA core attention, defined in
+      _common.py; ``--impl transformer_engine``: megatron's TE spec), megatron DDP +
+      distributed optimizer, forward_backward_func with the built-in cross-entropy.
   (b) megarl: ActorWorker.update_policy on a DataProto of full-length sequences (prompt
-      and response, no padding), PPO clipped loss, same micro-batch and mini-batch.
+      and response, no padding), PPO clipped loss, same micro-batch and mini-batch, the
+      same layer spec (``override_transformer_config.transformer_impl``).
 
 FLOPs per token = 6*N + 6*L*s*d (see _common.train_flops_per_token); MFU against
 989 TFLOP/s dense bf16 per GPU.
 
-Run (2 GPUs):  torchrun --nproc_per_node=2 benchmarks/bench_actor_throughput.py --tp 2
+Run (2 GPUs):  torchrun --nproc_per_node=2 benchmarks/bench_actor_throughput.py --tp 2 [--impl transformer_engine]
 CPU dry run:   torchrun --nproc_per_node=2 benchmarks/bench_actor_throughput.py --tiny
 """
 
@@ -51,7 +53,7 @@ def make_batches(shape: dict, n_micro: int, micro_bs: int, seq_len: int, device,
     ]
 
 
-def plain_trainer(shape: dict, seq_len: int, tp: int, device, dtype):
+def plain_trainer(shape: dict, seq_len: int, tp: int, device, dtype, impl: str = "local"):
     """(model wrapped in megatron DDP, distributed optimizer) for the plain loop."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -60,7 +62,7 @@ def plain_trainer(shape: dict, seq_len: int, tp: int, device, dtype):
 
     # megatron-core's distributed optimizer needs CUDA tensors; CPU dry runs use the plain one.
     dist_opt = torch.device(device).type == "cuda"
-    model = plain_gpt_model(shape, seq_len, tp, dtype, device)
+    model = plain_gpt_model(shape, seq_len, tp, dtype, device, impl=impl)
     config = model.config
     if dtype != torch.float32:  # as Megatron-LM's get_model does
         model = Float16Module(config, model)
@@ -171,6 +173,11 @@ def main() -> None:
     p.add_argument("--profile", action="store_true")
     p.add_argument("--skip-megarl", action="store_true")
     p.add_argument("--legacy", action="store_true", help="also time the previous LM-head hooks (same run)")
+    p.add_argument("--layouts", default="padded,rmpad",
+                   help="megarl arms to run: padded and/or rmpad (use_remove_padding); one per process "
+                        "where two 1.5B workers do not fit on one GPU")
+    p.add_argument("--impl", default="local", choices=["local", "transformer_engine"],
+                   help="layer spec of both arms (megatron's transformer_impl)")
     p.add_argument("--out", default="actor_throughput.json")
     args = p.parse_args()
 
@@ -197,6 +204,7 @@ def main() -> None:
         seq=seq,
         micro_bs=args.micro_bs,
         n_micro=args.n_micro,
+        impl=args.impl,
         flops_per_token=fpt,
         flops_formula="6*N_matmul + 6*L*s*d (causal attention)",
         runs=[],
@@ -206,7 +214,7 @@ def main() -> None:
 
     # (a) plain megatron-core loop
     seed_everything(1234, device)
-    model, optimizer = plain_trainer(shape, seq, args.tp, device, dtype)
+    model, optimizer = plain_trainer(shape, seq, args.tp, device, dtype, impl=args.impl)
     step = plain_step_fn(model, optimizer, batches, seq, device)
     times = time_it(step, device, args.warmup, args.iters)
     results["runs"].append(report("a_plain_megatron", times, tokens_per_step, fpt, world))
@@ -223,13 +231,15 @@ def main() -> None:
     if not args.skip_megarl:
         from _actor_path import build_actor_step
 
-        variants = [(False, False), (True, False)] + ([(False, True)] if args.legacy else [])
+        layouts = args.layouts.split(",")
+        variants = [(rm, False) for rm, name in ((False, "padded"), (True, "rmpad")) if name in layouts]
+        variants += [(False, True)] if args.legacy else []
         for remove_padding, legacy in variants:
             label = "b_megarl_actor" + ("_rmpad" if remove_padding else "") + ("_legacy_head" if legacy else "")
             try:
                 step_b, worker = build_actor_step(
                     shape, seq, args.tp, args.micro_bs, args.n_micro, device, batches, remove_padding=remove_padding,
-                    legacy=legacy,
+                    legacy=legacy, impl=args.impl,
                 )
                 times = time_it(step_b, device, args.warmup, args.iters)
                 results["runs"].append(report(label, times, tokens_per_step, fpt, world))
@@ -254,7 +264,7 @@ def main() -> None:
     write_json(args.out, results)
     for prof in profiles:
         rank0_print(prof)
-    rank0_print(f"\n# actor throughput  tp={args.tp} dp={dp} seq={seq} tokens/step={tokens_per_step}")
+    rank0_print(f"\n# actor throughput  impl={args.impl} tp={args.tp} dp={dp} seq={seq} tokens/step={tokens_per_step}")
     rank0_print(f"{'run':<20} {'step s':>8} {'tok/s/GPU':>10} {'TFLOP/s/GPU':>12} {'MFU':>6}")
     for r in results["runs"]:
         rank0_print(

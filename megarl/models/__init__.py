@@ -7,7 +7,10 @@ Forward contract of every chunk ``m`` returned by :func:`build_model` (a megatro
                                   #   the chunk takes its input via set_input_tensor)
             position_ids,         # [b, s] int64, e.g. (cumsum(attention_mask) - 1).clamp(min=0)
             attention_mask)       # [b, 1, 1, s] or [b, 1, s, s] bool, True = masked OUT
-                                  #   (see attention_mask_for_megatron); causal is implied
+                                  #   (see attention_mask_for_megatron); causal is implied.
+                                  #   The transformer-engine spec IGNORES it (megatron's
+                                  #   `causal` mask type): give it rows whose padding comes
+                                  #   after their tokens, and None (megarl's workers do)
 
     last chunk, actor:   out = logits [b, s, V_pad / tp] (this TP rank's vocab shard,
                          fp32/bf16); columns >= hf vocab_size hold a large negative value
@@ -17,6 +20,7 @@ Forward contract of every chunk ``m`` returned by :func:`build_model` (a megatro
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,7 +29,7 @@ from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel
 
 from megarl.models.config import gpt_model_kwargs, hf_to_transformer_config
-from megarl.models.spec import get_layer_spec, have_transformer_engine
+from megarl.models.spec import get_layer_spec, have_transformer_engine, resolve_transformer_impl
 from megarl.models.value_head import ValueHead
 from megarl.models.weights import export_hf_weights, load_hf_weights, save_hf_checkpoint, unwrap_chunk
 
@@ -37,6 +41,8 @@ __all__ = [
     "attention_mask_for_megatron",
     "unwrap_chunk",
 ]
+
+logger = logging.getLogger(__name__)
 
 
 def attention_mask_for_megatron(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -108,8 +114,10 @@ def build_model(
             ``override_transformer_config``; sizes come from parallel_state).
         value_head: critic: the last chunk's output layer maps hidden -> 1 value per token
             (``[b, s, 1]``), never tied to the embedding.
-        device: ``"cpu"`` or ``"cuda"``; local layer spec + SDPA attention unless CUDA
-            with transformer-engine installed.
+        device: ``"cpu"`` or ``"cuda"``. The layer spec follows
+            ``TransformerConfig.transformer_impl`` (``override_transformer_config``;
+            see :mod:`megarl.models.spec`); ``megarl_meta["transformer_impl"]`` of each
+            chunk records the one used.
         dtype: parameter dtype; default float32 on CPU, bfloat16 on CUDA.
     """
     device = torch.device(device)
@@ -118,10 +126,14 @@ def build_model(
     if dtype is None:
         dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     config = hf_to_transformer_config(hf_config, megatron_cfg, device=device, dtype=dtype)
-    use_te = device.type == "cuda" and have_transformer_engine()
+    impl, why = resolve_transformer_impl(config.transformer_impl, device, have_transformer_engine())
+    if why and device.type == "cuda":
+        logger.warning("layer spec local instead of %s: %s", config.transformer_impl, why)
+    config.transformer_impl = impl
+    use_te = impl == "transformer_engine"
     if config.sequence_parallel and not use_te:
         raise ValueError(
-            "megatron.sequence_parallel=True needs transformer-engine on CUDA "
+            "megatron.sequence_parallel=True needs the transformer-engine layer spec on CUDA "
             "(megatron's torch norms do not support it); set it to False"
         )
     spec = get_layer_spec(config, use_te=use_te, num_experts=config.num_moe_experts)
@@ -149,6 +161,6 @@ def build_model(
             if not config.sequence_parallel:  # with SP the LM head gathers hidden along dim 0
                 model.output_layer.register_forward_pre_hook(_batch_major_lm_head)
                 model.output_layer.register_forward_hook(_seq_major_view)
-        model.megarl_meta = {"hf_config": hf_config, "value_head": value_head}
+        model.megarl_meta = {"hf_config": hf_config, "value_head": value_head, "transformer_impl": impl}
         chunks.append(model.to(device))
     return chunks

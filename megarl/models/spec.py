@@ -1,8 +1,15 @@
-"""Transformer layer specs: megatron-core local modules + an SDPA core attention.
+"""Transformer layer specs: transformer-engine, or megatron-core local modules + SDPA.
+
+Which one a model gets is megatron's own ``TransformerConfig.transformer_impl``, set
+through ``megatron.override_transformer_config.transformer_impl`` (verl passes that dict
+to TransformerConfig too): ``transformer_engine`` (megatron's default) or ``local``.
+``transformer_engine`` falls back to ``local`` where TE cannot run (CPU, or CUDA without
+transformer-engine installed; see :func:`resolve_transformer_impl`). Measured on one H100
+(benchmarks/RESULTS.md, issue 23): at 1.5B, TE is 2-5 % faster on full-length 4k rows and
+~10 % slower on RL-shaped variable-length batches; TE is needed for sequence parallelism.
 
 megatron's local ``DotProductAttention`` allocates its score buffer on CUDA and has no
-packed-sequence support, so CPU runs (and GPU runs without transformer-engine) use
-:class:`SDPACoreAttention`. With transformer-engine on CUDA the TE spec is used as is.
+packed-sequence support, so the local spec uses :class:`SDPACoreAttention`.
 """
 
 from __future__ import annotations
@@ -22,7 +29,10 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-__all__ = ["SDPACoreAttention", "get_layer_spec", "have_transformer_engine"]
+__all__ = ["SDPACoreAttention", "get_layer_spec", "have_transformer_engine", "resolve_transformer_impl"]
+
+_IMPL_KEY = "megatron.override_transformer_config.transformer_impl"
+TRANSFORMER_IMPLS = ("transformer_engine", "local")
 
 _CAUSAL_TYPES = (AttnMaskType.causal, AttnMaskType.padding_causal)
 
@@ -46,6 +56,28 @@ def have_transformer_engine() -> bool:
     except ImportError:
         return False
     return True
+
+
+def resolve_transformer_impl(requested: str, device: torch.device, te_available: bool) -> tuple[str, str]:
+    """The layer spec a model on ``device`` gets for ``TransformerConfig.transformer_impl``.
+
+    Returns ``(impl, why)``: ``impl`` in :data:`TRANSFORMER_IMPLS`; ``why`` says, for a
+    log line, why it differs from ``requested`` ("" when it does not).
+
+    Raises:
+        ValueError: ``requested`` is not one of :data:`TRANSFORMER_IMPLS`.
+    """
+    if requested not in TRANSFORMER_IMPLS:
+        raise ValueError(
+            f"{_IMPL_KEY}={requested!r} is not supported; choose one of {', '.join(TRANSFORMER_IMPLS)}"
+        )
+    if requested == "local":
+        return "local", ""
+    if device.type != "cuda":
+        return "local", f"transformer-engine runs on CUDA only (device {device.type})"
+    if not te_available:
+        return "local", f"transformer-engine is not installed (set {_IMPL_KEY}=local to silence this)"
+    return "transformer_engine", ""
 
 
 class SDPACoreAttention(MegatronModule):

@@ -26,7 +26,7 @@ from megatron.core.utils import get_model_config
 from megarl.models import build_model, export_hf_weights, load_hf_weights, unwrap_chunk
 from megarl.parallel import init_distributed
 from megarl.parallel.dynamic_batch import fixed_size_partitions, partition_by_token_budget, restore_order
-from megarl.workers.megatron.inputs import build_inputs
+from megarl.workers.megatron.inputs import build_inputs, valid_length
 from megarl.workers.megatron.optim import build_optimizer, build_scheduler, grad_reduce_in_fp32
 from megarl.workers.megatron.schedule import MicroBatch, broadcast_from_last_stage, run_schedule
 
@@ -121,6 +121,7 @@ class MegatronEngine:
         self.optimizer = None
         self.scheduler = None
         self.hf_config = None
+        self.transformer_impl: str | None = None  # layer spec built: "transformer_engine" | "local"
 
     # ------------------------------------------------------------------ setup
     @property
@@ -155,6 +156,9 @@ class MegatronEngine:
         # build_model reads these two (parallel sizes come from parallel_state)
         build_cfg = {"sequence_parallel": self.megatron_cfg.sequence_parallel, "override_transformer_config": overrides}
         chunks = build_model(hf_config, build_cfg, value_head=self.value_head, device=self.device, dtype=self.dtype)
+        self.transformer_impl = unwrap_chunk(chunks[0]).megarl_meta["transformer_impl"]
+        if dist.get_rank() == 0:
+            print(f"[megarl] {self.prefix}: layer spec {self.transformer_impl} on {self.device}", flush=True)
         if self.megatron_cfg.use_dist_checkpointing:
             from megarl.workers.megatron.checkpoint import load_model_only
 
@@ -211,13 +215,10 @@ class MegatronEngine:
             )
         tp = parallel_state.get_tensor_model_parallel_world_size()
         sequence_parallel = bool(self.megatron_cfg.sequence_parallel) and tp > 1
+        # Sequence parallelism splits the sequence over the TP ranks.
         pad_multiple = tp if sequence_parallel else 1
-        if sequence_parallel and not self.remove_padding and attention_mask.shape[1] % tp != 0:
-            raise ValueError(
-                f"{self.prefix}.megatron.sequence_parallel splits the sequence over TP={tp} ranks, but the padded "
-                f"length {attention_mask.shape[1]} (max_prompt_length + max_response_length) is not divisible by "
-                "it; enable model.use_remove_padding (packed sequences are padded to a multiple of TP)"
-            )
+        # The interleaved schedule needs one shape for every micro-batch (see run_schedule).
+        length = valid_length(attention_mask, pad_multiple) if len(self.chunks) > 1 else None
         micro = []
         for rows in parts:
             index = torch.tensor(rows, dtype=torch.long)
@@ -227,6 +228,7 @@ class MegatronEngine:
                 batch["position_ids"][index].to(self.device),
                 remove_padding=self.remove_padding,
                 pad_multiple=pad_multiple,
+                length=length,
             )
             tensors = {k: batch[k][index].to(self.device) for k in tensor_keys}
             micro.append(MicroBatch(inputs, tensors, rows))

@@ -86,7 +86,9 @@ def run_schedule(
         micro_batch: MicroBatch = next(data_iterator)
         inputs = micro_batch.inputs
         output = model(
-            inputs.input_ids, inputs.position_ids, inputs.attention_mask, **inputs.model_kwargs(), **output_kwargs
+            # No attention mask: rows are front-aligned or packed (see inputs.py), so causal
+            # attention alone keeps every token away from padding.
+            inputs.input_ids, inputs.position_ids, None, **inputs.model_kwargs(), **output_kwargs
         )
 
         def loss_func(output_tensor):

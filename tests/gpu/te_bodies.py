@@ -1,0 +1,132 @@
+"""Rank bodies of the transformer-engine spec tests (one CUDA process, spawned by
+dist_utils.run_distributed): actor log-probs and one update per layer spec and layout."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+import transformers
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "workers"))
+
+PROMPT_LEN, RESPONSE_LEN, VOCAB, PAD_ID = 40, 24, 300, 7
+TEMPERATURE = 0.7
+
+
+def make_model(out_dir: str, name: str = "qwen2", seed: int = 0) -> str:
+    """Random Qwen2 / Qwen3 (head_dim 64, GQA 4:2, 2 layers) saved as fp32 safetensors, with
+    non-default norms and biases so a wrong weight mapping cannot hide."""
+    cls = transformers.Qwen2Config if name == "qwen2" else transformers.Qwen3Config
+    extra = {} if name == "qwen2" else {"head_dim": 64}
+    config = cls(
+        vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6,
+        tie_word_embeddings=False, dtype="float32", **extra,
+    )
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for pname, param in model.named_parameters():
+            if pname.endswith("norm.weight"):
+                param.uniform_(0.5, 1.5)
+            elif pname.endswith(".bias"):
+                param.normal_(0, 0.1)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    return out_dir
+
+
+def grpo_batch(rows: int = 12, seed: int = 1) -> dict[str, torch.Tensor]:
+    """Left-padded prompts + right-padded responses (pad id PAD_ID, not 0), GRPO tensors.
+    Row 0 has a one-token prompt, row 1 a full prompt and a one-token response."""
+    g = torch.Generator().manual_seed(seed)
+    p_lens = torch.randint(1, PROMPT_LEN + 1, (rows,), generator=g)
+    r_lens = torch.randint(1, RESPONSE_LEN + 1, (rows,), generator=g)
+    p_lens[0], p_lens[1], r_lens[1], r_lens[2] = 1, PROMPT_LEN, 1, RESPONSE_LEN
+    p_mask = (torch.arange(PROMPT_LEN) >= PROMPT_LEN - p_lens[:, None]).long()
+    r_mask = (torch.arange(RESPONSE_LEN) < r_lens[:, None]).long()
+    mask = torch.cat([p_mask, r_mask], 1)
+    ids = torch.randint(0, VOCAB, mask.shape, generator=g)
+    ids = torch.where(mask.bool(), ids, torch.full_like(ids, PAD_ID))
+    return {
+        "input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
+        "responses": ids[:, PROMPT_LEN:].contiguous(), "response_mask": r_mask,
+        "advantages": torch.randn(rows, RESPONSE_LEN, generator=g) * r_mask,
+        "old_log_probs": (-torch.rand(rows, RESPONSE_LEN, generator=g) * 3 - 3) * r_mask,
+    }
+
+
+def hf_log_probs(model_dir: str, batch: dict, use_mask: bool = True) -> torch.Tensor:
+    """HF transformers fp32 (eager attention) log-probs of the responses at TEMPERATURE `[B, R]`."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
+                       attention_mask=batch["attention_mask"] if use_mask else None).logits.double()
+    logp = torch.log_softmax(logits[:, PROMPT_LEN - 1 : -1] / TEMPERATURE, -1)
+    logp = logp.gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1)
+    return (logp * batch["response_mask"]).float()
+
+
+def actor_config(model_dir: str, impl: str, packed: bool, rows: int, dtype: str = "bfloat16"):
+    """The tiny worker tests' `actor_rollout_ref` config in `dtype`, with layer spec `impl`
+    (`override_transformer_config.transformer_impl`) and layout `packed`."""
+    from omegaconf import open_dict
+    from tiny import actor_rollout_ref_config, megatron_node
+
+    cfg = actor_rollout_ref_config(
+        model_dir, megatron_node(dtype=dtype, use_distributed_optimizer=dtype != "float32"),
+        ppo_mini_batch_size=rows, ppo_micro_batch_size_per_gpu=rows // 2, entropy_coeff=0.0, use_kl_loss=False,
+    )
+    with open_dict(cfg):
+        cfg.model.use_remove_padding = packed
+        cfg.rollout.temperature = TEMPERATURE
+        for node in (cfg.actor.megatron, cfg.ref.megatron):
+            overrides = dict(node.get("override_transformer_config") or {})
+            node.override_transformer_config = {**overrides, "transformer_impl": impl}
+    return cfg
+
+
+def actor_runs(
+    model_dir: str, batch: dict, variants: list[tuple[str, bool]], device: str = "cuda", dtype: str = "bfloat16",
+) -> dict:
+    """Per (transformer_impl, packed): the spec built, the parameter names, the HF names whose
+    export differs from the checkpoint (or is missing / extra), log-probs of the responses,
+    and after one update_policy the grad norm and the parameters whose gradient is not finite."""
+    from megarl.models import unwrap_chunk
+    from megarl.protocol import DataProto
+    from megarl.workers.actor import ActorWorker
+
+    from safetensors.torch import load_file
+
+    checkpoint = load_file(f"{model_dir}/model.safetensors")
+    rows = batch["input_ids"].shape[0]
+    results = {}
+    for impl, packed in variants:
+        worker = ActorWorker(actor_config(model_dir, impl, packed, rows, dtype), role="actor", device=device)
+        worker.init_model()
+        exported = {n: t.detach().to("cpu", copy=True) for n, t in worker.export_hf_weights()}
+        data = DataProto.from_dict(dict(batch), meta_info={"temperature": TEMPERATURE})
+        log_probs = worker.compute_log_prob(data).batch["old_log_probs"].cpu()
+        metrics = worker.update_policy(data)
+        model = unwrap_chunk(worker.engine.chunks[0])
+        bad = [n for n, p in model.named_parameters()
+               if getattr(p, "main_grad", None) is not None and not torch.isfinite(p.main_grad).all()]
+        results[(impl, packed)] = {
+            "built": worker.engine.transformer_impl,
+            "param_names": sorted(n for n, _ in model.named_parameters()),
+            "log_probs": log_probs,
+            "grad_norm": float(metrics["actor/grad_norm"][0] if isinstance(metrics["actor/grad_norm"], list)
+                               else metrics["actor/grad_norm"]),
+            "nonfinite_grads": bad,
+            "export_mismatch": sorted(
+                set(checkpoint) ^ set(exported)
+                | {n for n in set(checkpoint) & set(exported)
+                   if not torch.equal(exported[n], checkpoint[n].to(exported[n].dtype))}
+            ),
+        }
+        del worker
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return results
