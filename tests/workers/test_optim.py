@@ -24,6 +24,7 @@ from tiny import make_tiny_qwen2
 from megarl.config import collect_issues, load_config
 
 O = "actor_rollout_ref.actor.optim"
+M = "actor_rollout_ref.actor.megatron"
 
 
 def _o(**values) -> list[str]:
@@ -181,10 +182,12 @@ def test_grad_reduce_dtype_follows_main_grads_dtype():
 
 
 def test_override_optimizer_config_names_checked():
-    issues = _issues(*_ov(adam_epss=1e-6, adam_beta2=0.95, main_params_dtype="x"))
+    issues = _issues(*_ov(adam_epss=1e-6, bf16=True, main_params_dtype="x"))
     assert "not a Megatron OptimizerConfig field" in issues[f"{O}.override_optimizer_config.adam_epss"]
-    assert f"{O}.betas" in issues[f"{O}.override_optimizer_config.adam_beta2"]
+    assert f"{M}.dtype" in issues[f"{O}.override_optimizer_config.bf16"]  # megarl sets it from the model dtype
     assert "dtype" in issues[f"{O}.override_optimizer_config.main_params_dtype"]
+    # adam_beta2 has a typed key: moved to optim.betas at load (verl applies overrides last)
+    assert list(load_config([*CPU_SMALL, *_ov(adam_beta2=0.95)]).actor_rollout_ref.actor.optim.betas) == [0.9, 0.95]
     assert not _issues(*_ov(adam_eps=1e-6, main_params_dtype="fp32"))
 
     from megarl.workers.megatron.optim import optimizer_config
