@@ -39,23 +39,23 @@ LOSS_NEEDS = {"dro": {f"{ACTOR}.policy_loss.dro_beta": 0.1},
 ESTIMATOR_NEEDS = {"gdpo": {"algorithm.gdpo_reward_keys": ["reward_extra/score"]},
                    "optimal_token_baseline": {f"{ACTOR}.calculate_sum_pi_squared": True}}
 
-# Worker cases: name -> (loss_mode, actor.policy_loss extras). Ratios large enough that
-# clip_cov / kl_cov select tokens in a 40-token batch.
+# Worker cases: name -> (loss_mode, actor.policy_loss values, algorithm.rollout_correction values
+# the actor worker gets). Ratios large enough that clip_cov / kl_cov select tokens in a 40-token batch.
 RC = {"bypass_mode": True, "rollout_is": "token", "rollout_is_threshold": 2.0, "rollout_rs": None}
 WORKER_CASES = {
-    "vanilla": ("vanilla", {}),
-    "clip_cov": ("clip_cov", {"clip_cov_ratio": 0.2, "clip_cov_lb": 1.0, "clip_cov_ub": 5.0}),
-    "kl_cov": ("kl_cov", {"kl_cov_ratio": 0.2, "ppo_kl_coef": 0.1}),
-    "gpg": ("gpg", {}),
-    "gspo": ("gspo", {}),
-    "sapo": ("sapo", {}),
-    "cispo": ("cispo", {}),
-    "geo_mean": ("geo_mean", {}),
-    "dppo_tv": ("dppo_tv", {}),
-    "dppo_kl": ("dppo_kl", {}),
-    "dro": ("dro", {"dro_beta": 0.1}),
-    "bypass_mode-ppo_clip": ("bypass_mode", {"rollout_correction": {**RC, "loss_type": "ppo_clip"}}),
-    "bypass_mode-reinforce": ("bypass_mode", {"rollout_correction": {**RC, "loss_type": "reinforce"}}),
+    "vanilla": ("vanilla", {}, {}),
+    "clip_cov": ("clip_cov", {"clip_cov_ratio": 0.2, "clip_cov_lb": 1.0, "clip_cov_ub": 5.0}, {}),
+    "kl_cov": ("kl_cov", {"kl_cov_ratio": 0.2, "ppo_kl_coef": 0.1}, {}),
+    "gpg": ("gpg", {}, {}),
+    "gspo": ("gspo", {}, {}),
+    "sapo": ("sapo", {}, {}),
+    "cispo": ("cispo", {}, {}),
+    "geo_mean": ("geo_mean", {}, {}),
+    "dppo_tv": ("dppo_tv", {}, {}),
+    "dppo_kl": ("dppo_kl", {}, {}),
+    "dro": ("dro", {"dro_beta": 0.1}, {}),
+    "bypass_mode-ppo_clip": ("bypass_mode", {}, {**RC, "loss_type": "ppo_clip"}),
+    "bypass_mode-reinforce": ("bypass_mode", {}, {**RC, "loss_type": "reinforce"}),
 }
 
 @pytest.fixture(scope="module")
@@ -116,7 +116,7 @@ def test_validation_rejects_an_unknown_name_listing_the_valid_ones(base_cfg, key
 
 # ---------------------------------------------------------------- one worker, every loss mode
 def test_cases_cover_every_registered_loss_mode():
-    assert {mode for mode, _ in WORKER_CASES.values()} == set(POLICY_LOSSES)
+    assert {mode for mode, _, _ in WORKER_CASES.values()} == set(POLICY_LOSSES)
 
 
 @pytest.mark.slow
