@@ -25,6 +25,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf, open_dict
 
+from cpu_config import CPU_SMALL
 from dist_utils import run_distributed
 from e2e_utils import demo_config
 from loss_mode_bodies import CLIP_GRAD, LR, one_step_per_loss_mode
@@ -70,8 +71,9 @@ def demo_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def base_cfg(demo_dir):
-    return load_config([f"actor_rollout_ref.model.path={demo_dir}/model", f"data.train_files={demo_dir}/train.parquet",
-                        f"data.val_files={demo_dir}/val.parquet"])
+    # a real run's config for this CPU machine (the demo profile applies only without a model path)
+    return load_config([*CPU_SMALL, f"actor_rollout_ref.model.path={demo_dir}/model",
+                        f"data.train_files={demo_dir}/train.parquet", f"data.val_files={demo_dir}/val.parquet"])
 
 
 def issues(base_cfg, settings: dict) -> list:
