@@ -29,11 +29,12 @@ from megarl.algorithms.registry import Registry
 if TYPE_CHECKING:
     from megarl.config.schema_actor import ActorConfig
 
-ACTOR_PREFIX = "actor_rollout_ref.actor."
 LOG_RATIO_CLAMP = 20.0
 
 PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
-POLICY_LOSS_REGISTRY: Registry[PolicyLossFn] = Registry("policy loss", ACTOR_PREFIX + "policy_loss.loss_mode")
+POLICY_LOSS_REGISTRY: Registry[PolicyLossFn] = Registry(
+    "policy loss", "actor_rollout_ref.actor.policy_loss.loss_mode"
+)
 POLICY_LOSSES = POLICY_LOSS_REGISTRY.names()
 register_policy_loss = POLICY_LOSS_REGISTRY.register
 get_policy_loss = POLICY_LOSS_REGISTRY.get
@@ -41,8 +42,9 @@ get_policy_loss = POLICY_LOSS_REGISTRY.get
 
 def clip_range(config: ActorConfig) -> tuple[float, float]:
     """(clip_ratio_low, clip_ratio_high); a null one means `clip_ratio` (the yaml's documented meaning)."""
-    low = config.clip_ratio if config.clip_ratio_low is None else config.clip_ratio_low
-    high = config.clip_ratio if config.clip_ratio_high is None else config.clip_ratio_high
+    clip_ratio = config.clip_ratio
+    low = clip_ratio if config.clip_ratio_low is None else config.clip_ratio_low
+    high = clip_ratio if config.clip_ratio_high is None else config.clip_ratio_high
     return float(low), float(high)
 
 
