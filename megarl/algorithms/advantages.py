@@ -3,11 +3,13 @@
 Every estimator has the signature
 
     fn(token_level_rewards [batch, response_len], response_mask [batch, response_len], *,
-       index=None, values=None, gamma=1.0, lam=1.0, norm_adv_by_std_in_grpo=True,
-       epsilon=1e-6, reward_baselines=None, config=None, **extra)
+       index=None, values=None, gamma, lam, norm_adv_by_std_in_grpo,
+       epsilon=1e-6, reward_baselines=None, **extra)
        -> (advantages [batch, response_len], returns [batch, response_len])
 
-and ignores the keywords it does not use. `index` is the array of prompt uids (length
+and ignores the keywords it does not use. gamma, lam, norm_adv_by_std_in_grpo are
+`algorithm.*` values with no default here (the yaml holds the defaults); an estimator that uses one
+requires it. `index` is the array of prompt uids (length
 batch; the n responses of one prompt share a uid). Outcome estimators sum each
 response's token rewards into one score and broadcast the advantage over its valid
 tokens. All outputs are 0 at masked positions. No gradients flow.
@@ -48,8 +50,8 @@ def compute_gae_advantage_return(
     response_mask: torch.Tensor,
     *,
     values: torch.Tensor | None = None,
-    gamma: float = 1.0,
-    lam: float = 1.0,
+    gamma: float,
+    lam: float,
     **_: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE (`algorithm.gamma`, `algorithm.lam`) with critic `values`; advantages are then
@@ -66,7 +68,7 @@ def compute_grpo_outcome_advantage(
     response_mask: torch.Tensor,
     *,
     index: Any = None,
-    norm_adv_by_std_in_grpo: bool = True,
+    norm_adv_by_std_in_grpo: bool,
     epsilon: float = 1e-6,
     **_: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -89,7 +91,7 @@ def compute_grpo_passk_outcome_advantage(
     response_mask: torch.Tensor,
     *,
     index: Any = None,
-    norm_adv_by_std_in_grpo: bool = True,
+    norm_adv_by_std_in_grpo: bool,
     epsilon: float = 1e-6,
     **_: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -145,7 +147,7 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
 
 @register_adv_estimator("reinforce_plus_plus")
 def compute_reinforce_plus_plus_outcome_advantage(
-    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, *, gamma: float = 1.0, **_: Any
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, *, gamma: float, **_: Any
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ (arXiv:2501.03262): discounted return-to-go (`algorithm.gamma`),
     whitened over the batch's valid tokens. Returns are the raw discounted returns."""
@@ -215,7 +217,7 @@ def compute_gdpo_outcome_advantage(
     response_mask: torch.Tensor,
     *,
     index: Any = None,
-    norm_adv_by_std_in_grpo: bool = True,
+    norm_adv_by_std_in_grpo: bool,
     epsilon: float = 1e-6,
     reward_components: dict[str, torch.Tensor] | list[torch.Tensor] | None = None,
     reward_weights: list[float] | None = None,

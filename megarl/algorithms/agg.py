@@ -144,7 +144,7 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
 def compute_entropy_loss(
     entropy: torch.Tensor,
     response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
+    loss_agg_mode: str,
     global_denominator: Denominator = None,
     loss_scale_factor: float | None = None,
 ) -> torch.Tensor:
@@ -158,14 +158,15 @@ def compute_entropy_loss(
 
 def combine_actor_loss(
     pg_loss: torch.Tensor,
-    entropy_loss: torch.Tensor | None = None,
-    entropy_coeff: float = 0.0,
-    kl_loss: torch.Tensor | None = None,
-    kl_loss_coef: float = 0.0,
+    entropy_loss: torch.Tensor | None,
+    entropy_coeff: float,
+    kl_loss: torch.Tensor | None,
+    kl_loss_coef: float,
 ) -> torch.Tensor:
     """Actor objective: pg_loss - entropy_coeff * entropy + kl_loss_coef * kl_loss.
 
-    Config: `actor.entropy_coeff`, `actor.kl_loss_coef` (KL only when `actor.use_kl_loss`).
+    entropy_loss / kl_loss: None when not computed. Config: `actor.entropy_coeff`,
+    `actor.kl_loss_coef` (KL only when `actor.use_kl_loss`).
     """
     loss = pg_loss
     if entropy_loss is not None and entropy_coeff != 0:

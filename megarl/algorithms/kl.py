@@ -5,14 +5,17 @@ term in the actor (`actor.use_kl_loss`). Estimators follow http://joschu.net/blo
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
 
 from megarl.algorithms.agg import Denominator, agg_loss
 from megarl.algorithms.masked import masked_mean
-from megarl.algorithms.registry import cfg_get, check_choice
+from megarl.algorithms.registry import check_choice
+
+if TYPE_CHECKING:
+    from megarl.config.schema_algorithm import KLCtrlConfig
 
 _BASE_KL_PENALTIES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full")
 # A "+" suffix keeps the forward value of the estimator but takes the gradient of k2
@@ -100,17 +103,12 @@ class AdaptiveKLController:
         self.value *= 1.0 + error * n_steps / self.horizon
 
 
-def get_kl_controller(kl_ctrl: Any) -> KLController:
-    """Build a controller from `algorithm.kl_ctrl` (type, kl_coef, target_kl, horizon)."""
-    prefix = "algorithm.kl_ctrl."
-    ctrl_type = cfg_get(kl_ctrl, "type", "fixed")
-    check_choice(ctrl_type, KL_CTRL_TYPES, "KL controller", "algorithm.kl_ctrl.type")
-    kl_coef = cfg_get(kl_ctrl, "kl_coef", prefix=prefix)
-    if ctrl_type == "fixed":
-        return FixedKLController(kl_coef)
-    return AdaptiveKLController(
-        kl_coef, cfg_get(kl_ctrl, "target_kl", prefix=prefix), cfg_get(kl_ctrl, "horizon", prefix=prefix)
-    )
+def get_kl_controller(kl_ctrl: KLCtrlConfig) -> KLController:
+    """Build a controller from `algorithm.kl_ctrl` (type, kl_coef; adaptive: target_kl, horizon)."""
+    check_choice(kl_ctrl.type, KL_CTRL_TYPES, "KL controller", "algorithm.kl_ctrl.type")
+    if kl_ctrl.type == "fixed":
+        return FixedKLController(kl_ctrl.kl_coef)
+    return AdaptiveKLController(kl_ctrl.kl_coef, kl_ctrl.target_kl, kl_ctrl.horizon)
 
 
 def apply_kl_penalty(
@@ -119,11 +117,12 @@ def apply_kl_penalty(
     ref_log_prob: torch.Tensor,
     response_mask: torch.Tensor,
     kl_ctrl: KLController,
-    kl_penalty_mode: str = "kl",
+    kl_penalty_mode: str,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """In-reward KL: rewards = scores - beta * KL (per token), then `kl_ctrl.update`.
 
-    Args: all `[batch, response_len]`; `kl_ctrl.value` is beta.
+    Args: tensors `[batch, response_len]`; `kl_ctrl.value` is beta; kl_penalty_mode:
+        `algorithm.kl_penalty` (see `kl_penalty`).
     Returns: token_level_rewards `[batch, response_len]` (scores at masked positions are
     kept as given), metrics {"actor/reward_kl_penalty": batch mean of per-sequence mean
     KL, "actor/reward_kl_penalty_coeff": beta used}. Side effect: the controller is
@@ -142,12 +141,15 @@ def compute_kl_loss(
     log_prob: torch.Tensor,
     ref_log_prob: torch.Tensor,
     response_mask: torch.Tensor,
-    kl_loss_type: str = "low_var_kl",
-    loss_agg_mode: str = "token-mean",
+    kl_loss_type: str,
+    loss_agg_mode: str,
     global_denominator: Denominator = None,
     loss_scale_factor: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """In-loss KL (`actor.use_kl_loss`): aggregated `kl_penalty(log_prob, ref, kl_loss_type)`.
+
+    Args: tensors `[batch, response_len]`; kl_loss_type, loss_agg_mode, loss_scale_factor:
+    `actor.kl_loss_type`, `actor.loss_agg_mode`, `actor.loss_scale_factor`.
 
     Returns (kl_loss scalar with grad, {"actor/kl_loss": value}); multiply by
     `actor.kl_loss_coef` (see `combine_actor_loss`).

@@ -3,12 +3,14 @@
 Every policy loss has the signature
 
     fn(old_log_prob, log_prob, advantages, response_mask,   # each [batch, response_len]
-       loss_agg_mode="token-mean", config=None, global_denominator=None,
+       loss_agg_mode, config, global_denominator=None,
        rollout_is_weights=None) -> (pg_loss scalar, metrics)
 
-`config` is the actor config (`actor_rollout_ref.actor`: clip_ratio*, tau_*,
-policy_loss.*, loss_scale_factor); `rollout_is_weights` `[batch, response_len]` are
-detached rollout-correction weights that multiply the per-token loss. metrics always has
+`config` is the typed actor section (`ActorConfig`, `actor_rollout_ref.actor`: clip_ratio*,
+tau_*, policy_loss.*, loss_scale_factor), read by attribute (the yaml holds the defaults);
+bypass_mode also takes `rollout_correction` (`algorithm.rollout_correction`) by keyword.
+`rollout_is_weights` `[batch, response_len]` are detached rollout-correction weights that
+multiply the per-token loss. metrics always has
 "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl" (python floats; 0.0 where
 a loss has no such notion), plus loss-specific extras.
 """
@@ -16,36 +18,33 @@ a loss has no such notion), plus loss-specific extras.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from megarl.algorithms.agg import Denominator, agg_loss
 from megarl.algorithms.masked import masked_mean
-from megarl.algorithms.registry import Registry, cfg_get
+from megarl.algorithms.registry import Registry
 
-ACTOR_PREFIX = "actor_rollout_ref.actor."
+if TYPE_CHECKING:
+    from megarl.config.schema_actor import ActorConfig
+
 LOG_RATIO_CLAMP = 20.0
 
 PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
-POLICY_LOSS_REGISTRY: Registry[PolicyLossFn] = Registry("policy loss", ACTOR_PREFIX + "policy_loss.loss_mode")
+POLICY_LOSS_REGISTRY: Registry[PolicyLossFn] = Registry(
+    "policy loss", "actor_rollout_ref.actor.policy_loss.loss_mode"
+)
 POLICY_LOSSES = POLICY_LOSS_REGISTRY.names()
 register_policy_loss = POLICY_LOSS_REGISTRY.register
 get_policy_loss = POLICY_LOSS_REGISTRY.get
 
 
-def actor_cfg(config: Any, key: str, default: Any = ...) -> Any:
-    """Read an actor config key; a missing required key names its full path."""
-    if default is ...:
-        return cfg_get(config, key, prefix=ACTOR_PREFIX)
-    return cfg_get(config, key, default, prefix=ACTOR_PREFIX)
-
-
-def clip_range(config: Any) -> tuple[float, float]:
-    """(clip_ratio_low, clip_ratio_high); each defaults to `clip_ratio` when unset."""
-    clip_ratio = actor_cfg(config, "clip_ratio", 0.2)
-    low = actor_cfg(config, "clip_ratio_low", clip_ratio)
-    high = actor_cfg(config, "clip_ratio_high", clip_ratio)
+def clip_range(config: ActorConfig) -> tuple[float, float]:
+    """(clip_ratio_low, clip_ratio_high); a null one means `clip_ratio` (the yaml's documented meaning)."""
+    clip_ratio = config.clip_ratio
+    low = clip_ratio if config.clip_ratio_low is None else config.clip_ratio_low
+    high = clip_ratio if config.clip_ratio_high is None else config.clip_ratio_high
     return float(low), float(high)
 
 
@@ -59,16 +58,14 @@ def aggregate(
     pg_losses: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str,
-    config: Any,
+    loss_scale_factor: float | None,
     global_denominator: Denominator,
     rollout_is_weights: torch.Tensor | None,
 ) -> torch.Tensor:
-    """Apply rollout IS weights, then `agg_loss` (with `actor.loss_scale_factor`)."""
+    """Apply rollout IS weights, then `agg_loss` (`loss_scale_factor`: `actor.loss_scale_factor`)."""
     if rollout_is_weights is not None:
         pg_losses = pg_losses * rollout_is_weights.detach()
-    return agg_loss(
-        pg_losses, response_mask, loss_agg_mode, global_denominator, actor_cfg(config, "loss_scale_factor", None)
-    )
+    return agg_loss(pg_losses, response_mask, loss_agg_mode, global_denominator, loss_scale_factor)
 
 
 def pg_metrics(

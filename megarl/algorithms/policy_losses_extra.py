@@ -5,14 +5,13 @@ per-sequence by construction (always a mean over sequences)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from megarl.algorithms.agg import SEQ_UNIT_MODES, Denominator, GlobalDenominator, agg_loss
 from megarl.algorithms.masked import masked_count, masked_sum
 from megarl.algorithms.policy_loss_base import (
-    actor_cfg,
     aggregate,
     clip_range,
     log_ratio,
@@ -20,12 +19,16 @@ from megarl.algorithms.policy_loss_base import (
     register_policy_loss,
 )
 from megarl.algorithms.policy_losses_ppo import compute_policy_loss_vanilla, ppo_clip_token_losses
-from megarl.algorithms.registry import cfg_get, check_choice
+from megarl.algorithms.registry import check_choice
 from megarl.algorithms.rollout_correction import (
     ROLLOUT_CORR_LOSS_TYPES,
     compute_offpolicy_metrics,
     rollout_weights_and_mask,
 )
+
+if TYPE_CHECKING:
+    from megarl.config.schema_actor import ActorConfig
+    from megarl.config.schema_algorithm import RolloutCorrectionConfig
 
 
 @register_policy_loss("gspo")
@@ -34,8 +37,8 @@ def compute_policy_loss_gspo(
     log_prob: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
-    loss_agg_mode: str = "seq-mean-token-mean",
-    config: Any = None,
+    loss_agg_mode: str,
+    config: ActorConfig,
     global_denominator: Denominator = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -50,7 +53,9 @@ def compute_policy_loss_gspo(
     token_log_ratio = log_prob - log_prob.detach() + seq_lr.detach().unsqueeze(-1)
     ratio = token_log_ratio.clamp(max=10.0).exp()
     loss, clipped, _ = ppo_clip_token_losses(ratio, advantages, low, high, None)
-    pg_loss = aggregate(loss, response_mask, loss_agg_mode, config, global_denominator, rollout_is_weights)
+    pg_loss = aggregate(
+        loss, response_mask, loss_agg_mode, config.loss_scale_factor, global_denominator, rollout_is_weights
+    )
     return pg_loss, pg_metrics(response_mask, -lr, clipped)
 
 
@@ -60,24 +65,26 @@ def compute_policy_loss_sapo(
     log_prob: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
-    loss_agg_mode: str = "seq-mean-token-mean",
-    config: Any = None,
+    loss_agg_mode: str,
+    config: ActorConfig,
     global_denominator: Denominator = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """SAPO (arXiv:2511.20347): soft gate instead of a hard clip,
     loss = -A * (4 / tau) * sigmoid(tau * (r - 1)), tau = tau_pos if A > 0 else tau_neg.
-    At r = 1 its gradient equals the plain policy gradient. Config: tau_pos (1.0),
-    tau_neg (1.05); the paper aggregates with seq-mean-token-mean."""
-    tau_pos = float(actor_cfg(config, "tau_pos", 1.0))
-    tau_neg = float(actor_cfg(config, "tau_neg", 1.05))
+    At r = 1 its gradient equals the plain policy gradient. Config: tau_pos, tau_neg; the
+    paper aggregates with loss_agg_mode=seq-mean-token-mean."""
+    tau_pos = float(config.tau_pos)
+    tau_neg = float(config.tau_neg)
     if tau_pos <= 0 or tau_neg <= 0:
         raise ValueError(f"actor_rollout_ref.actor.tau_pos / tau_neg must be > 0, got {tau_pos}, {tau_neg}")
     lr = log_ratio(log_prob, old_log_prob)
     tau = torch.where(advantages > 0, torch.full_like(advantages, tau_pos), torch.full_like(advantages, tau_neg))
     gate = torch.sigmoid(tau * (lr.exp() - 1.0)) * (4.0 / tau)
     loss = -gate * advantages
-    pg_loss = aggregate(loss, response_mask, loss_agg_mode, config, global_denominator, rollout_is_weights)
+    pg_loss = aggregate(
+        loss, response_mask, loss_agg_mode, config.loss_scale_factor, global_denominator, rollout_is_weights
+    )
     return pg_loss, pg_metrics(response_mask, -lr)
 
 
@@ -87,8 +94,8 @@ def compute_policy_loss_cispo(
     log_prob: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: Any = None,
+    loss_agg_mode: str,
+    config: ActorConfig,
     global_denominator: Denominator = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -100,7 +107,9 @@ def compute_policy_loss_cispo(
     ratio = lr.exp()
     clipped_ratio = ratio.clamp(1.0 - low, 1.0 + high)
     loss = -clipped_ratio.detach() * advantages * log_prob
-    pg_loss = aggregate(loss, response_mask, loss_agg_mode, config, global_denominator, rollout_is_weights)
+    pg_loss = aggregate(
+        loss, response_mask, loss_agg_mode, config.loss_scale_factor, global_denominator, rollout_is_weights
+    )
     return pg_loss, pg_metrics(response_mask, -lr, ratio != clipped_ratio)
 
 
@@ -110,8 +119,8 @@ def compute_policy_loss_geo_mean(
     log_prob: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: Any = None,
+    loss_agg_mode: str,
+    config: ActorConfig,
     global_denominator: Denominator = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -152,7 +161,7 @@ def _dppo_loss(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     loss_agg_mode: str,
-    config: Any,
+    config: ActorConfig,
     global_denominator: Denominator,
     rollout_is_weights: torch.Tensor | None,
     divergence: str,
@@ -160,9 +169,9 @@ def _dppo_loss(
     """DPPO (arXiv:2602.04879): keep -A * sg(min(r, clip_ratio_c)) * log pi only on tokens
     whose probability moved within a divergence trust region in the direction the
     advantage pushes; tokens outside get no gradient. clip_ratio_low/high are divergence
-    thresholds here; clip_ratio_c (default 20) truncates the IS ratio."""
+    thresholds here; clip_ratio_c truncates the IS ratio (the paper uses 20)."""
     low, high = clip_range(config)
-    c = float(actor_cfg(config, "clip_ratio_c", 20.0))
+    c = float(config.clip_ratio_c)
     lr = log_ratio(log_prob, old_log_prob)
     ratio = lr.exp()
     with torch.no_grad():
@@ -178,7 +187,9 @@ def _dppo_loss(
         inside = torch.where(advantages > 0, ok_pos, ok_neg).float()
         truncated = ratio.clamp(max=c)
     loss = -advantages * truncated * log_prob * inside
-    pg_loss = aggregate(loss, response_mask, loss_agg_mode, config, global_denominator, rollout_is_weights)
+    pg_loss = aggregate(
+        loss, response_mask, loss_agg_mode, config.loss_scale_factor, global_denominator, rollout_is_weights
+    )
     return pg_loss, pg_metrics(response_mask, -lr, 1.0 - inside, (ratio > c).float() * inside)
 
 
@@ -188,8 +199,8 @@ def compute_policy_loss_dppo_tv(
     log_prob: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: Any = None,
+    loss_agg_mode: str,
+    config: ActorConfig,
     global_denominator: Denominator = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -207,8 +218,8 @@ def compute_policy_loss_dppo_kl(
     log_prob: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: Any = None,
+    loss_agg_mode: str,
+    config: ActorConfig,
     global_denominator: Denominator = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -227,19 +238,21 @@ def compute_policy_loss_dro(
     log_prob: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: Any = None,
+    loss_agg_mode: str,
+    config: ActorConfig,
     global_denominator: Denominator = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """DRO (Direct Reward Optimization): loss =
     -(A * log pi - beta/2 * (log pi - log pi_old)^2). Config: policy_loss.dro_beta (> 0, required)."""
-    beta = actor_cfg(config, "policy_loss.dro_beta", None)
+    beta = config.policy_loss.dro_beta
     if beta is None or float(beta) <= 0:
         raise ValueError(f"actor_rollout_ref.actor.policy_loss.dro_beta must be > 0 for loss_mode=dro, got {beta}")
     lr = log_prob - old_log_prob
     loss = -(advantages * log_prob - 0.5 * float(beta) * lr.square())
-    pg_loss = aggregate(loss, response_mask, loss_agg_mode, config, global_denominator, rollout_is_weights)
+    pg_loss = aggregate(
+        loss, response_mask, loss_agg_mode, config.loss_scale_factor, global_denominator, rollout_is_weights
+    )
     return pg_loss, pg_metrics(response_mask, -lr)
 
 
@@ -249,32 +262,32 @@ def compute_policy_loss_bypass_mode(
     log_prob: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: Any = None,
+    loss_agg_mode: str,
+    config: ActorConfig,
     global_denominator: Denominator = None,
     rollout_is_weights: torch.Tensor | None = None,
+    *,
+    rollout_correction: RolloutCorrectionConfig,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Bypass mode (`algorithm.rollout_correction.bypass_mode=true`): the controller skips
-    the old-log-prob forward and passes rollout_log_probs as `old_log_prob`, and copies
-    `algorithm.rollout_correction` to `actor.policy_loss.rollout_correction`.
+    the old-log-prob forward and passes rollout_log_probs as `old_log_prob`; the actor
+    worker passes `algorithm.rollout_correction` as `rollout_correction` (the only loss
+    that takes it).
 
     IS weights (pi / pi_rollout, from the current log_prob, detached) and rejection are
-    computed here per micro-batch. loss_type: "ppo_clip" = vanilla PPO on the rejection
-    mask (the PPO ratio already is pi / pi_rollout, so no extra weights); "reinforce" =
-    -w * A * log pi. Rejected tokens contribute 0 but stay in any global denominator.
-    `rollout_is_weights` passed in is ignored.
+    computed here per micro-batch from rollout_correction's rollout_is*, rollout_rs* and
+    rollout_token_veto_threshold. rollout_correction.loss_type: "ppo_clip" = vanilla PPO
+    (config's clip keys) on the rejection mask (the PPO ratio already is pi / pi_rollout, so
+    no extra weights); "reinforce" = -w * A * log pi. Rejected tokens contribute 0 but stay
+    in any global denominator. `rollout_is_weights` passed in is ignored.
     """
-    rc = cfg_get(config, "policy_loss.rollout_correction", None)
-    if rc is None:
-        raise ValueError(
-            "loss_mode=bypass_mode needs actor_rollout_ref.actor.policy_loss.rollout_correction "
-            "(the controller copies algorithm.rollout_correction there)"
-        )
-    loss_type = cfg_get(rc, "loss_type", "ppo_clip")
+    loss_type = rollout_correction.loss_type
     check_choice(loss_type, ROLLOUT_CORR_LOSS_TYPES, "bypass loss type", "algorithm.rollout_correction.loss_type")
     del rollout_is_weights
     with torch.no_grad():
-        weights, mask, metrics = rollout_weights_and_mask(log_prob.detach() - old_log_prob, response_mask, rc)
+        weights, mask, metrics = rollout_weights_and_mask(
+            log_prob.detach() - old_log_prob, response_mask, rollout_correction
+        )
         metrics.update(compute_offpolicy_metrics(log_prob, old_log_prob, response_mask))
     if loss_type == "ppo_clip":
         pg_loss, pg_m = compute_policy_loss_vanilla(
@@ -282,7 +295,7 @@ def compute_policy_loss_bypass_mode(
         )
     else:
         loss = -advantages * log_prob
-        pg_loss = aggregate(loss, mask, loss_agg_mode, config, global_denominator, weights)
+        pg_loss = aggregate(loss, mask, loss_agg_mode, config.loss_scale_factor, global_denominator, weights)
         pg_m = pg_metrics(mask, old_log_prob - log_prob)
     pg_m.update({f"rollout_corr/{k}": v for k, v in metrics.items()})
     return pg_loss, pg_m

@@ -3,20 +3,22 @@ kl_cov, gpg. Signature and metrics: see `policy_loss_base`."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from megarl.algorithms.agg import Denominator
 from megarl.algorithms.masked import masked_mean
 from megarl.algorithms.policy_loss_base import (
-    actor_cfg,
     aggregate,
     clip_range,
     log_ratio,
     pg_metrics,
     register_policy_loss,
 )
+
+if TYPE_CHECKING:
+    from megarl.config.schema_actor import ActorConfig
 
 
 def ppo_clip_token_losses(
@@ -39,8 +41,8 @@ def ppo_clip_token_losses(
     return loss, clipped, clipped_lower
 
 
-def _clip_ratio_c(config: Any) -> float:
-    c = float(actor_cfg(config, "clip_ratio_c", 3.0))
+def _clip_ratio_c(config: ActorConfig) -> float:
+    c = float(config.clip_ratio_c)
     if c <= 1.0:
         raise ValueError(f"actor_rollout_ref.actor.clip_ratio_c must be > 1.0 (dual-clip bound), got {c}")
     return c
@@ -52,17 +54,19 @@ def compute_policy_loss_vanilla(
     log_prob: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: Any = None,
+    loss_agg_mode: str,
+    config: ActorConfig,
     global_denominator: Denominator = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO clipped surrogate with asymmetric clip (clip_ratio_low/high) and dual-clip
-    (clip_ratio_c, default 3.0). Config: clip_ratio, clip_ratio_low, clip_ratio_high, clip_ratio_c."""
+    (clip_ratio_c). Config: clip_ratio, clip_ratio_low, clip_ratio_high, clip_ratio_c."""
     low, high = clip_range(config)
     lr = log_ratio(log_prob, old_log_prob)
     loss, clipped, clipped_lower = ppo_clip_token_losses(lr.exp(), advantages, low, high, _clip_ratio_c(config))
-    pg_loss = aggregate(loss, response_mask, loss_agg_mode, config, global_denominator, rollout_is_weights)
+    pg_loss = aggregate(
+        loss, response_mask, loss_agg_mode, config.loss_scale_factor, global_denominator, rollout_is_weights
+    )
     return pg_loss, pg_metrics(response_mask, -lr, clipped, clipped_lower)
 
 
@@ -72,14 +76,16 @@ def compute_policy_loss_gpg(
     log_prob: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: Any = None,
+    loss_agg_mode: str,
+    config: ActorConfig,
     global_denominator: Denominator = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """GPG (arXiv:2504.02546): plain policy gradient, loss = -A * log pi."""
     loss = -advantages * log_prob
-    pg_loss = aggregate(loss, response_mask, loss_agg_mode, config, global_denominator, rollout_is_weights)
+    pg_loss = aggregate(
+        loss, response_mask, loss_agg_mode, config.loss_scale_factor, global_denominator, rollout_is_weights
+    )
     return pg_loss, pg_metrics(response_mask, (old_log_prob - log_prob))
 
 
@@ -96,18 +102,18 @@ def compute_policy_loss_clip_cov(
     log_prob: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: Any = None,
+    loss_agg_mode: str,
+    config: ActorConfig,
     global_denominator: Denominator = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clip-Cov (arXiv:2505.22617): PPO clip, plus the gradient of a random
     `policy_loss.clip_cov_ratio` fraction (at least 1) of the valid, not-already-clipped
     tokens whose covariance lies in (clip_cov_lb, clip_cov_ub) is cut (loss * 0).
-    Config: clip_ratio*, policy_loss.clip_cov_ratio (2e-4), clip_cov_lb (1.0), clip_cov_ub (5.0)."""
-    ratio_frac = float(actor_cfg(config, "policy_loss.clip_cov_ratio", 0.0002))
-    lb = float(actor_cfg(config, "policy_loss.clip_cov_lb", 1.0))
-    ub = float(actor_cfg(config, "policy_loss.clip_cov_ub", 5.0))
+    Config: clip_ratio*, policy_loss.clip_cov_ratio, policy_loss.clip_cov_lb, policy_loss.clip_cov_ub."""
+    ratio_frac = float(config.policy_loss.clip_cov_ratio)
+    lb = float(config.policy_loss.clip_cov_lb)
+    ub = float(config.policy_loss.clip_cov_ub)
     if ratio_frac <= 0:
         raise ValueError(f"actor_rollout_ref.actor.policy_loss.clip_cov_ratio must be > 0, got {ratio_frac}")
     low, high = clip_range(config)
@@ -121,7 +127,9 @@ def compute_policy_loss_clip_cov(
     if len(candidates) > 0:
         chosen = candidates[torch.randperm(len(candidates), device=candidates.device)[:n_clip]]
         keep[chosen[:, 0], chosen[:, 1]] = 0.0
-    pg_loss = aggregate(loss * keep, response_mask, loss_agg_mode, config, global_denominator, rollout_is_weights)
+    pg_loss = aggregate(
+        loss * keep, response_mask, loss_agg_mode, config.loss_scale_factor, global_denominator, rollout_is_weights
+    )
     return pg_loss, pg_metrics(response_mask, -lr, keep == 0)
 
 
@@ -131,16 +139,16 @@ def compute_policy_loss_kl_cov(
     log_prob: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: Any = None,
+    loss_agg_mode: str,
+    config: ActorConfig,
     global_denominator: Denominator = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """KL-Cov (arXiv:2505.22617): unclipped -A r, plus `policy_loss.ppo_kl_coef * |log r|`
     on the top `policy_loss.kl_cov_ratio` fraction (at least 1) of valid tokens by
-    covariance. Config: policy_loss.kl_cov_ratio (2e-4), policy_loss.ppo_kl_coef (0.1)."""
-    ratio_frac = float(actor_cfg(config, "policy_loss.kl_cov_ratio", 0.0002))
-    kl_coef = float(actor_cfg(config, "policy_loss.ppo_kl_coef", 0.1))
+    covariance. Config: policy_loss.kl_cov_ratio, policy_loss.ppo_kl_coef."""
+    ratio_frac = float(config.policy_loss.kl_cov_ratio)
+    kl_coef = float(config.policy_loss.ppo_kl_coef)
     if ratio_frac <= 0:
         raise ValueError(f"actor_rollout_ref.actor.policy_loss.kl_cov_ratio must be > 0, got {ratio_frac}")
     lr = log_ratio(log_prob, old_log_prob)
@@ -154,6 +162,8 @@ def compute_policy_loss_kl_cov(
         top = torch.topk(cov.flatten(), k).indices
         penalized.view(-1)[top] = True
     loss = torch.where(penalized, loss + kl_coef * lr.abs(), loss)
-    pg_loss = aggregate(loss, response_mask, loss_agg_mode, config, global_denominator, rollout_is_weights)
+    pg_loss = aggregate(
+        loss, response_mask, loss_agg_mode, config.loss_scale_factor, global_denominator, rollout_is_weights
+    )
     kl_abs = masked_mean(lr.detach().abs(), response_mask).item()
     return pg_loss, pg_metrics(response_mask, -lr, penalized, **{"actor/ppo_kl_abs": kl_abs})

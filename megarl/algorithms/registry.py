@@ -1,4 +1,4 @@
-"""Name -> function registries for config strings, plus tolerant config access.
+"""Name -> function registries for config strings.
 
 Each registry rejects unknown names with the config key and the list of valid names, so
 a typo in the yaml fails before any worker starts (the config validator imports the
@@ -7,7 +7,7 @@ live name views, e.g. `ADV_ESTIMATORS`, from `megarl.algorithms`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, KeysView, Mapping
+from collections.abc import Callable, KeysView
 from typing import Any, Generic, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -47,27 +47,3 @@ def check_choice(value: str, valid: Any, kind: str, config_key: str) -> str:
     if value not in valid:
         raise ValueError(f"Unknown {kind} '{value}' ({config_key}). Valid: {sorted(valid)}")
     return value
-
-
-_MISSING = object()
-
-
-def cfg_get(config: Any, dotted_key: str, default: Any = _MISSING, *, prefix: str = "") -> Any:
-    """Read `a.b.c` from a DictConfig, Mapping or attribute object.
-
-    Missing keys or `None` values give `default`; with no default a missing key raises
-    KeyError naming `prefix + dotted_key` (the full config path the user has to set).
-    """
-    node = config
-    for part in dotted_key.split("."):
-        if node is None:
-            break
-        if isinstance(node, Mapping):
-            node = node.get(part, None)
-        else:
-            node = getattr(node, part, None)
-    if node is None:
-        if default is _MISSING:
-            raise KeyError(f"config key '{prefix}{dotted_key}' is required here but not set")
-        return default
-    return node

@@ -18,12 +18,15 @@ Threshold specs (verl's):
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from megarl.algorithms.masked import masked_count, masked_mean, masked_sum
-from megarl.algorithms.registry import cfg_get, check_choice
+from megarl.algorithms.registry import check_choice
+
+if TYPE_CHECKING:
+    from megarl.config.schema_algorithm import RolloutCorrectionConfig
 
 SAFETY_BOUND = 20.0  # |log ratio| clamp before exp
 ROLLOUT_IS_LEVELS: tuple[str, ...] = ("token", "sequence", "geometric")
@@ -98,9 +101,9 @@ def _seq_valid(response_mask: torch.Tensor) -> torch.Tensor:
 def compute_rollout_is_weights(
     log_ratio: torch.Tensor,
     response_mask: torch.Tensor,
-    rollout_is: str = "token",
-    rollout_is_threshold: float | str = 2.0,
-    rollout_is_batch_normalize: bool = False,
+    rollout_is: str,
+    rollout_is_threshold: float | str,
+    rollout_is_batch_normalize: bool,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Importance weights `[batch, response_len]` from log(pi_old / pi_rollout).
 
@@ -162,7 +165,7 @@ def compute_rollout_rejection_mask(
     response_mask: torch.Tensor,
     rollout_rs: str,
     rollout_rs_threshold: float | str | None,
-    rollout_rs_threshold_lower: float | None = None,
+    rollout_rs_threshold_lower: float | None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Reject tokens / whole sequences whose divergence between pi_old and pi_rollout is
     out of bounds. Returns (new response_mask with rejected positions 0, same dtype;
@@ -290,7 +293,7 @@ def compute_rollout_correction(
     old_log_prob: torch.Tensor,
     rollout_log_prob: torch.Tensor,
     response_mask: torch.Tensor,
-    rollout_correction_config: Any,
+    rollout_correction_config: RolloutCorrectionConfig,
 ) -> tuple[torch.Tensor | None, torch.Tensor, dict[str, float]]:
     """Decoupled-mode entry point for the trainer.
 
@@ -314,32 +317,30 @@ def compute_rollout_correction(
 
 
 def rollout_weights_and_mask(
-    log_ratio: torch.Tensor, response_mask: torch.Tensor, cfg: Any
+    log_ratio: torch.Tensor, response_mask: torch.Tensor, cfg: RolloutCorrectionConfig
 ) -> tuple[torch.Tensor | None, torch.Tensor, dict[str, float]]:
     """IS weights (or None), rejected+vetoed mask and unprefixed metrics for
-    log_ratio = log(pi_train / pi_rollout), configured by `algorithm.rollout_correction`."""
+    log_ratio = log(pi_train / pi_rollout), configured by `algorithm.rollout_correction`
+    (`cfg`: rollout_is, rollout_is_threshold, rollout_is_batch_normalize, rollout_rs,
+    rollout_rs_threshold, rollout_rs_threshold_lower, rollout_token_veto_threshold)."""
     metrics: dict[str, float] = {}
     weights = None
-    rollout_is = cfg_get(cfg, "rollout_is", None)
-    is_threshold = cfg_get(cfg, "rollout_is_threshold", 2.0)
-    if rollout_is is not None:
+    if cfg.rollout_is is not None:
         weights, m = compute_rollout_is_weights(
-            log_ratio, response_mask, rollout_is, is_threshold, bool(cfg_get(cfg, "rollout_is_batch_normalize", False))
+            log_ratio, response_mask, cfg.rollout_is, cfg.rollout_is_threshold, bool(cfg.rollout_is_batch_normalize)
         )
         metrics.update(m)
     new_mask = response_mask
-    rollout_rs = cfg_get(cfg, "rollout_rs", None)
-    if rollout_rs is not None:
-        rs_threshold = cfg_get(cfg, "rollout_rs_threshold", None)
-        ratio_only = all(o.strip() in ROLLOUT_RS_RATIO_OPTIONS for o in str(rollout_rs).split(",") if o.strip())
+    if cfg.rollout_rs is not None:
+        rs_threshold = cfg.rollout_rs_threshold
+        ratio_only = all(o.strip() in ROLLOUT_RS_RATIO_OPTIONS for o in str(cfg.rollout_rs).split(",") if o.strip())
         if rs_threshold is None and ratio_only:
-            rs_threshold = is_threshold  # ratio options share the IS bound unless set
+            rs_threshold = cfg.rollout_is_threshold  # ratio options share the IS bound unless set
         new_mask, m = compute_rollout_rejection_mask(
-            log_ratio, response_mask, rollout_rs, rs_threshold, cfg_get(cfg, "rollout_rs_threshold_lower", None)
+            log_ratio, response_mask, cfg.rollout_rs, rs_threshold, cfg.rollout_rs_threshold_lower
         )
         metrics.update(m)
-    veto = cfg_get(cfg, "rollout_token_veto_threshold", None)
-    if veto is not None:
-        new_mask, m = apply_token_veto(log_ratio, new_mask, float(veto))
+    if cfg.rollout_token_veto_threshold is not None:
+        new_mask, m = apply_token_veto(log_ratio, new_mask, float(cfg.rollout_token_veto_threshold))
         metrics.update(m)
     return weights, new_mask, metrics

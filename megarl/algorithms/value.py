@@ -14,7 +14,7 @@ def compute_value_loss(
     values: torch.Tensor,
     response_mask: torch.Tensor,
     cliprange_value: float,
-    loss_agg_mode: str = "token-mean",
+    loss_agg_mode: str,
     global_denominator: Denominator = None,
     loss_scale_factor: float | None = None,
 ) -> tuple[torch.Tensor, float]:

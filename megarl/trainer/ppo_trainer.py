@@ -162,8 +162,11 @@ class RayPPOTrainer:
         world = self.pool.world_size
         typed = typed_config(cfg)  # workers get typed sections: attribute reads of the yaml's keys only
         arr = typed.actor_rollout_ref
+        # algorithm.rollout_correction: read by the actor's bypass_mode policy loss
         self.actor = WorkerGroup("actor_rollout_ref", ACTOR_CLS, (arr,),
-                                 {"role": role, "device": self.device}, self.pool.placements,
+                                 {"role": role, "device": self.device,
+                                  "rollout_correction": typed.algorithm.rollout_correction},
+                                 self.pool.placements,
                                  share_cpu, share_gpu, env,
                                  layout=ParallelLayout.from_megatron_config(arr.actor.megatron, world),
                                  rollout_layout=ParallelLayout(world_size=world, tp=arr.rollout.tensor_model_parallel_size))

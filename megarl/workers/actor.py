@@ -14,7 +14,8 @@ rollout's log_prob_* keys, as verl). Read by attribute: every key must be presen
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import TYPE_CHECKING, Any
 
 from megarl.algorithms import (
     combine_actor_loss,
@@ -28,6 +29,9 @@ from megarl.workers.megatron.inputs import next_token_labels, response_mask_of, 
 from megarl.workers.megatron.ppo_loop import run_ppo_update, update_inputs
 from megarl.workers.megatron.vocab_parallel import vocab_parallel_log_probs_and_entropy, vocab_parallel_token_stats
 from megarl.workers.megatron.worker_base import MegatronWorker
+
+if TYPE_CHECKING:
+    from megarl.config.schema_algorithm import RolloutCorrectionConfig
 
 __all__ = ["ActorWorker"]
 
@@ -43,13 +47,23 @@ class ActorWorker(MegatronWorker):
         config: the `actor_rollout_ref` node.
         role: "actor" (trainable, optimizer) or "ref" (eval only).
         device: "cpu" | "cuda"; default cuda when available (the trainer passes `trainer.device`).
+        rollout_correction: `algorithm.rollout_correction`, which the policy loss
+            `actor.policy_loss.loss_mode=bypass_mode` reads (its IS / rejection keys and
+            loss_type); only that loss mode needs it.
     """
 
-    def __init__(self, config: Any, role: str = "actor", device: str | None = None) -> None:
+    def __init__(
+        self,
+        config: Any,
+        role: str = "actor",
+        device: str | None = None,
+        rollout_correction: RolloutCorrectionConfig | None = None,
+    ) -> None:
         if role not in _ROLES:
             raise ValueError(f"ActorWorker role must be one of {_ROLES}, got {role!r}")
         self.config = config
         self.role = role
+        self.rollout_correction = rollout_correction
         trainable = role == "actor"
         node = config.actor if trainable else config.ref
         super().__init__(
@@ -116,6 +130,19 @@ class ActorWorker(MegatronWorker):
         return DataProto.from_dict(tensors, meta_info={"temperature": temperature})
 
     # ------------------------------------------------------------------ PPO update
+    def _policy_loss_fn(self, loss_mode: str):
+        """The registered policy loss; bypass_mode gets `algorithm.rollout_correction` bound."""
+        fn = get_policy_loss(loss_mode)
+        if loss_mode != "bypass_mode":
+            return fn
+        if self.rollout_correction is None:
+            raise ValueError(
+                "actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode reads algorithm.rollout_correction: "
+                "construct the actor worker with rollout_correction=<typed algorithm.rollout_correction> "
+                "(RayPPOTrainer does)"
+            )
+        return functools.partial(fn, rollout_correction=self.rollout_correction)
+
     def update_policy(self, data: DataProto) -> dict[str, float]:
         """PPO: ppo_epochs x mini-batches x micro-batches (gradient accumulation).
 
@@ -141,7 +168,7 @@ class ActorWorker(MegatronWorker):
         temperature = self._temperature(data)
         response_length = data.batch["responses"].shape[1]
         loss_agg_mode = actor.loss_agg_mode
-        policy_loss_fn = get_policy_loss(actor.policy_loss.loss_mode)
+        policy_loss_fn = self._policy_loss_fn(actor.policy_loss.loss_mode)
         entropy_coeff = float(actor.entropy_coeff)
         use_kl_loss = bool(actor.use_kl_loss)
         kl_loss_coef = float(actor.kl_loss_coef)

@@ -28,12 +28,15 @@ plan buckets -> checked -> ``reload_weights``), and returns the sync metrics in 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from megarl.protocol import DataProto
 from megarl.weight_sync import SyncStats, log_prob_gap, plan_for_model, stream_in_process
+
+if TYPE_CHECKING:
+    from megarl.config.schema_algorithm import RolloutCorrectionConfig
 
 ROLES = ("actor_rollout_ref", "actor_rollout")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -48,9 +51,17 @@ class ActorRolloutRefWorker:
             when ``actor.use_kl_loss`` or ``algorithm.use_kl_in_reward``);
             ``"actor_rollout"`` does not.
         device: ``"cpu"`` | ``"cuda"``; default cuda when available.
+        rollout_correction: ``algorithm.rollout_correction``, for the actor's
+            ``policy_loss.loss_mode=bypass_mode`` (see :class:`ActorWorker`).
     """
 
-    def __init__(self, config: Any, role: str = "actor_rollout_ref", device: str | None = None) -> None:
+    def __init__(
+        self,
+        config: Any,
+        role: str = "actor_rollout_ref",
+        device: str | None = None,
+        rollout_correction: RolloutCorrectionConfig | None = None,
+    ) -> None:
         if role not in ROLES:
             raise ValueError(f"ActorRolloutRefWorker role must be one of {ROLES}, got {role!r}")
         if role == "actor_rollout" and bool(config.actor.use_kl_loss):
@@ -63,7 +74,7 @@ class ActorRolloutRefWorker:
         self.config = config
         self.role = role
         self.device = device
-        self.actor = ActorWorker(config, role="actor", device=device)
+        self.actor = ActorWorker(config, role="actor", device=device, rollout_correction=rollout_correction)
         self.ref = ActorWorker(config, role="ref", device=device) if role == "actor_rollout_ref" else None
         self.rollout = None
         self.plan = None

@@ -4,7 +4,6 @@ import pytest
 import torch
 
 import megarl.algorithms as A
-from megarl.algorithms.registry import cfg_get
 
 
 def test_entropy_from_logits_by_hand():
@@ -56,15 +55,3 @@ def test_unknown_names_raise_with_valid_list(getter, bad, key):
         getter(bad)
     msg = str(e.value)
     assert key in msg and "Valid: [" in msg
-
-
-def test_cfg_get_reads_dictconfig_and_reports_missing_path():
-    from omegaconf import OmegaConf
-
-    cfg = OmegaConf.create({"policy_loss": {"dro_beta": None, "clip_cov_ratio": 0.1}, "clip_ratio": 0.3})
-    assert cfg_get(cfg, "policy_loss.clip_cov_ratio") == 0.1
-    assert cfg_get(cfg, "policy_loss.dro_beta", 7) == 7
-    with pytest.raises(KeyError, match="actor.policy_loss.ppo_kl_coef"):
-        cfg_get(cfg, "policy_loss.ppo_kl_coef", prefix="actor.")
-    loss, _ = A.get_policy_loss("vanilla")(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1), "token-mean", cfg)
-    assert loss.item() == -1.0

@@ -78,7 +78,7 @@ def test_registered_gae_whitens_raw_advantages():
     assert torch.allclose(adv, expect, atol=1e-5)
     assert torch.allclose(ret, (raw + values) * mask, atol=1e-5)
     with pytest.raises(ValueError, match="critic"):
-        get_adv_estimator("gae")(rewards, mask)
+        get_adv_estimator("gae")(rewards, mask, gamma=1.0, lam=0.95)
 
 
 @pytest.mark.parametrize("T", [1, 3, 64, 65, 200])

@@ -3,6 +3,7 @@ import math
 import pytest
 import torch
 
+from algo_config import kl_ctrl
 from megarl.algorithms import (
     KL_PENALTIES,
     AdaptiveKLController,
@@ -69,13 +70,15 @@ def test_adaptive_controller_update_by_hand():
 
 
 def test_get_kl_controller_from_config():
-    assert isinstance(get_kl_controller({"type": "fixed", "kl_coef": 0.2}), FixedKLController)
-    ctrl = get_kl_controller({"type": "adaptive", "kl_coef": 0.2, "target_kl": 0.1, "horizon": 10})
+    fixed = get_kl_controller(kl_ctrl(type="fixed", kl_coef=0.2))
+    assert isinstance(fixed, FixedKLController) and fixed.value == 0.2
+    ctrl = get_kl_controller(kl_ctrl(type="adaptive", kl_coef=0.2, target_kl=0.1, horizon=10))
     assert isinstance(ctrl, AdaptiveKLController) and ctrl.value == 0.2
+    assert (ctrl.target, ctrl.horizon) == (0.1, 10)
     with pytest.raises(ValueError, match="adaptive"):
-        get_kl_controller({"type": "pid", "kl_coef": 0.2})
+        get_kl_controller(kl_ctrl(type="pid", kl_coef=0.2))
     with pytest.raises(ValueError, match="horizon"):
-        get_kl_controller({"type": "adaptive", "kl_coef": 0.2, "target_kl": 0.1, "horizon": 0})
+        get_kl_controller(kl_ctrl(type="adaptive", kl_coef=0.2, target_kl=0.1, horizon=0))
 
 
 def test_apply_kl_penalty_in_reward():

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from algo_config import algorithm
 from megarl.algorithms import compute_advantage, get_adv_estimator
 
 
@@ -13,10 +14,10 @@ def test_grpo_passk_by_hand():
     mask = torch.tensor([[1, 1], [1, 0], [1, 1], [1, 1], [1, 1]])
     adv, _ = get_adv_estimator("grpo_passk")(rewards, mask, index=uid, norm_adv_by_std_in_grpo=False)
     assert adv.tolist() == [[0, 0], [1.0, 0], [0, 0], [0, 0], [0, 0]]
-    adv, _ = get_adv_estimator("grpo_passk")(rewards, mask, index=uid, epsilon=0.0)
+    adv, _ = get_adv_estimator("grpo_passk")(rewards, mask, index=uid, norm_adv_by_std_in_grpo=True, epsilon=0.0)
     assert adv[1, 0].item() == pytest.approx(1.0 / 1.0)  # std of (1, 3, 2) = 1
     with pytest.raises(ValueError, match="rollout.n"):
-        get_adv_estimator("grpo_passk")(rewards[:1], mask[:1], index=uid[:1])
+        get_adv_estimator("grpo_passk")(rewards[:1], mask[:1], index=uid[:1], norm_adv_by_std_in_grpo=True)
 
 
 def test_gdpo_normalizes_components_separately():
@@ -25,7 +26,8 @@ def test_gdpo_normalizes_components_separately():
     acc = torch.tensor([1.0, 0.0, 1.0, 1.0])
     fmt = torch.tensor([10.0, 0.0, 0.0, 20.0])
     adv, _ = get_adv_estimator("gdpo")(
-        torch.zeros(4, 2), mask, index=uid, reward_components={"acc": acc, "fmt": fmt}, reward_weights=[1.0, 0.5]
+        torch.zeros(4, 2), mask, index=uid, norm_adv_by_std_in_grpo=True, reward_components={"acc": acc, "fmt": fmt},
+        reward_weights=[1.0, 0.5],
     )
     # group-normalized (epsilon 1e-6; constant group b of acc gives 0): acc -> [0.7071, -0.7071, 0, 0]; fmt -> [0.7071, -0.7071, -0.7071, 0.7071]
     s = 1 / math.sqrt(2)
@@ -42,10 +44,11 @@ def test_compute_advantage_gdpo_reads_keys_from_data():
             self.batch = {"token_level_rewards": torch.zeros(2, 1), "response_mask": torch.ones(2, 1)}
             self.non_tensor_batch = {"uid": np.array(["a", "a"], dtype=object), "acc": np.array([1.0, 0.0])}
 
-    adv, _ = compute_advantage(Proto(), {"adv_estimator": "gdpo", "gdpo_reward_keys": ["acc"]})
+    adv, _ = compute_advantage(Proto(), algorithm(adv_estimator="gdpo", gdpo_reward_keys=["acc"],
+                                                gdpo_reward_weights=None))
     assert adv[0, 0] > 0 > adv[1, 0]
     with pytest.raises(ValueError, match="gdpo_reward_keys"):
-        compute_advantage(Proto(), {"adv_estimator": "gdpo", "gdpo_reward_keys": ["format"]})
+        compute_advantage(Proto(), algorithm(adv_estimator="gdpo", gdpo_reward_keys=["format"]))
 
 
 def loop_otb(rewards, mask, uid, old_lp, spp, handle_zero_tail=True):

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from algo_config import algorithm
 from megarl.algorithms import ADV_ESTIMATORS, compute_advantage, get_adv_estimator
 
 UID = np.array(["a", "a", "a", "b", "b", "c"], dtype=object)
@@ -28,7 +29,7 @@ def per_seq(adv):
 
 
 def test_grpo_by_hand():
-    adv, ret = get_adv_estimator("grpo")(REWARDS, MASK, index=UID, epsilon=1e-6)
+    adv, ret = get_adv_estimator("grpo")(REWARDS, MASK, index=UID, norm_adv_by_std_in_grpo=True, epsilon=1e-6)
     # group a: mean 1, unbiased std 1; group b: std 0 -> 0; singleton: mean 0, std 1
     expect = [0.0, -1 / (1 + 1e-6), 1 / (1 + 1e-6), 0.0, 0.0, 5 / (1 + 1e-6)]
     assert per_seq(adv) == pytest.approx(expect, abs=1e-6)
@@ -48,7 +49,7 @@ def test_grpo_zero_mean_per_group_and_finite_for_constant_groups():
     rewards = torch.zeros(32, 5)
     rewards[:, 0] = scores
     mask = torch.ones(32, 5, dtype=torch.long)
-    adv, _ = get_adv_estimator("grpo")(rewards, mask, index=uids)
+    adv, _ = get_adv_estimator("grpo")(rewards, mask, index=uids, norm_adv_by_std_in_grpo=True)
     assert torch.isfinite(adv).all()
     per = adv[:, 0].view(8, 4)
     assert torch.allclose(per.sum(-1), torch.zeros(8), atol=1e-5)
@@ -111,14 +112,14 @@ def test_masked_rewards_never_leak_into_outcome_estimators():
     for name in ["grpo", "rloo", "opo", "gpg", "reinforce_plus_plus_baseline", "grpo_passk_skip"]:
         if name not in ADV_ESTIMATORS:
             continue
-        a, _ = get_adv_estimator(name)(REWARDS, MASK, index=UID)
-        b, _ = get_adv_estimator(name)(junk, MASK, index=UID)
+        a, _ = get_adv_estimator(name)(REWARDS, MASK, index=UID, norm_adv_by_std_in_grpo=True)
+        b, _ = get_adv_estimator(name)(junk, MASK, index=UID, norm_adv_by_std_in_grpo=True)
         assert torch.equal(a, b), name
 
 
 def test_missing_uid_is_a_clear_error():
     with pytest.raises(ValueError, match="uid"):
-        get_adv_estimator("grpo")(REWARDS, MASK)
+        get_adv_estimator("grpo")(REWARDS, MASK, norm_adv_by_std_in_grpo=True)
 
 
 def test_unknown_estimator_lists_valid_names():
@@ -129,5 +130,5 @@ def test_unknown_estimator_lists_valid_names():
 
 def test_compute_advantage_from_mapping_and_config():
     data = {"token_level_rewards": REWARDS, "response_mask": MASK, "uid": UID}
-    adv, _ = compute_advantage(data, {"adv_estimator": "grpo", "norm_adv_by_std_in_grpo": False})
+    adv, _ = compute_advantage(data, algorithm(adv_estimator="grpo", norm_adv_by_std_in_grpo=False))
     assert per_seq(adv) == pytest.approx([0.0, -1.0, 1.0, 0.0, 0.0, 5.0])

@@ -3,9 +3,11 @@ import math
 import pytest
 import torch
 
+from algo_config import actor
 from megarl.algorithms import POLICY_LOSSES, get_policy_loss
 
-CFG = {"clip_ratio": 0.2, "clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 3.0}
+CLIP = {"clip_ratio": 0.2, "clip_ratio_low": 0.2, "clip_ratio_high": 0.28}
+CFG = actor(**CLIP, clip_ratio_c=3.0)
 
 
 def run(ratios, advs, mask=None, cfg=CFG, mode="token-mean"):
@@ -45,17 +47,17 @@ def test_dual_clip_bounds_loss_for_negative_advantages():
     loss_tok, _, _ = run(ratios, advs, mode="token-sum")
     bound = sum(-a * 3.0 for a in advs)
     assert loss_tok.item() <= bound + 1e-9
-    no_dual, _, _ = run(ratios, advs, mode="token-sum", cfg={**CFG, "clip_ratio_c": 1e9})
+    no_dual, _, _ = run(ratios, advs, mode="token-sum", cfg=actor(**CLIP, clip_ratio_c=1e9))
     assert no_dual.item() > bound  # the cap is active on this data
 
 
 def test_clip_ratio_c_must_exceed_one():
     with pytest.raises(ValueError, match="clip_ratio_c"):
-        run([1.0], [1.0], cfg={**CFG, "clip_ratio_c": 1.0})
+        run([1.0], [1.0], cfg=actor(**CLIP, clip_ratio_c=1.0))
 
 
 def test_clip_ratio_low_high_default_to_clip_ratio():
-    loss, _, _ = run([1.5], [1.0], cfg={"clip_ratio": 0.1})
+    loss, _, _ = run([1.5], [1.0], cfg=actor(clip_ratio=0.1, clip_ratio_low=None, clip_ratio_high=None))
     assert loss.item() == pytest.approx(-1.1)
 
 
@@ -77,7 +79,8 @@ def test_masked_tokens_do_not_leak_and_is_weights_multiply():
 
 def test_gpg_loss_is_plain_pg():
     logp = torch.tensor([[-1.0, -2.0]])
-    loss, _ = get_policy_loss("gpg")(torch.zeros(1, 2), logp, torch.tensor([[2.0, -1.0]]), torch.ones(1, 2), "token-sum", {})
+    adv = torch.tensor([[2.0, -1.0]])
+    loss, _ = get_policy_loss("gpg")(torch.zeros(1, 2), logp, adv, torch.ones(1, 2), "token-sum", actor())
     assert loss.item() == pytest.approx(2.0 * 1.0 + -1.0 * 2.0)
 
 

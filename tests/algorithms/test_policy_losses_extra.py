@@ -3,9 +3,11 @@ import math
 import pytest
 import torch
 
+from algo_config import actor, rollout_correction
 from megarl.algorithms import GlobalDenominator, get_policy_loss
 
-CFG = {"clip_ratio": 0.2, "clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 1e9}
+CLIP = {"clip_ratio": 0.2, "clip_ratio_low": 0.2, "clip_ratio_high": 0.2}
+CFG = actor(**CLIP, clip_ratio_c=1e9)
 
 
 def tensors(old, new, adv, mask=None, dtype=torch.float64):
@@ -42,7 +44,7 @@ def test_gspo_uses_sequence_ratio_by_hand():
 
 
 def test_sapo_by_hand_and_on_policy_gradient():
-    cfg = {"tau_pos": 1.0, "tau_neg": 2.0}
+    cfg = actor(tau_pos=1.0, tau_neg=2.0)
     old, logp, adv, mask = tensors([[0.0, 0.0]], [[math.log(1.5), 0.0]], [[1.0, -1.0]])
     loss, _ = get_policy_loss("sapo")(old - 1, logp - 1, adv, mask, "token-sum", cfg)
     g_pos = 4.0 / 1.0 / (1 + math.exp(-0.5))  # tau=1, r=1.5
@@ -56,7 +58,7 @@ def test_sapo_by_hand_and_on_policy_gradient():
 
 
 def test_cispo_by_hand_keeps_gradient_of_clipped_tokens():
-    cfg = {"clip_ratio_low": 0.2, "clip_ratio_high": 0.2}
+    cfg = actor(clip_ratio_low=0.2, clip_ratio_high=0.2)
     old = torch.tensor([[-1.0, -1.0]], dtype=torch.float64)
     logp = torch.tensor([[-1.0 + math.log(2.0), -1.0]], dtype=torch.float64, requires_grad=True)
     adv = torch.tensor([[1.0, -2.0]], dtype=torch.float64)
@@ -69,7 +71,7 @@ def test_cispo_by_hand_keeps_gradient_of_clipped_tokens():
 
 
 def test_geo_mean_by_hand():
-    cfg = {"clip_ratio_low": 0.4, "clip_ratio_high": 0.4}
+    cfg = actor(clip_ratio_low=0.4, clip_ratio_high=0.4)
     # seq 0, A=+1: log ratios 0.6 (clipped to 0.4, helps objective) and -0.2 -> mean 0.1
     # seq 1, A=-1: log ratios -0.6 (clipped to -0.4) and 0.2 -> mean -0.1, 1 valid token of 2 masked? no
     old = torch.zeros(2, 3, dtype=torch.float64) - 1
@@ -92,7 +94,7 @@ def test_geo_mean_by_hand():
 
 
 def test_dppo_tv_by_hand():
-    cfg = {"clip_ratio_low": 0.1, "clip_ratio_high": 0.1, "clip_ratio_c": 20.0}
+    cfg = actor(clip_ratio_low=0.1, clip_ratio_high=0.1, clip_ratio_c=20.0)
     p_old = torch.tensor([[0.5, 0.5, 0.5, 0.5]], dtype=torch.float64)
     p_new = torch.tensor([[0.55, 0.7, 0.3, 0.45]], dtype=torch.float64)
     adv = torch.tensor([[1.0, 1.0, -1.0, -1.0]], dtype=torch.float64)
@@ -109,7 +111,7 @@ def test_dppo_tv_by_hand():
 
 
 def test_dppo_kl_by_hand():
-    cfg = {"clip_ratio_low": 0.05, "clip_ratio_high": 0.05, "clip_ratio_c": 20.0}
+    cfg = actor(clip_ratio_low=0.05, clip_ratio_high=0.05, clip_ratio_c=20.0)
     p_old = torch.tensor([[0.5, 0.5, 0.5]], dtype=torch.float64)
     p_new = torch.tensor([[0.8, 0.52, 0.2]], dtype=torch.float64)
     adv = torch.tensor([[1.0, 1.0, 1.0]], dtype=torch.float64)
@@ -121,16 +123,17 @@ def test_dppo_kl_by_hand():
 
 def test_dro_by_hand_and_requires_beta():
     old, logp, adv, mask = tensors([[-1.0, -1.0]], [[-0.5, -2.0]], [[1.0, -1.0]])
-    loss, _ = get_policy_loss("dro")(old, logp, adv, mask, "token-sum", {"policy_loss": {"dro_beta": 2.0}})
+    loss, _ = get_policy_loss("dro")(old, logp, adv, mask, "token-sum", actor(policy_loss={"dro_beta": 2.0}))
     expect = -(1.0 * -0.5 - 1.0 * 0.25) - (-1.0 * -2.0 - 1.0 * 1.0)
     assert loss.item() == pytest.approx(expect)
     with pytest.raises(ValueError, match="dro_beta"):
-        get_policy_loss("dro")(old, logp, adv, mask, "token-sum", {"policy_loss": {}})
+        get_policy_loss("dro")(old, logp, adv, mask, "token-sum", actor(policy_loss={"dro_beta": None}))
 
 
 def test_clip_cov_cuts_gradient_of_selected_tokens():
     torch.manual_seed(0)
-    cfg = {"clip_ratio": 10.0, "policy_loss": {"clip_cov_ratio": 0.5, "clip_cov_lb": -1e9, "clip_cov_ub": 1e9}}
+    cfg = actor(clip_ratio_low=10.0, clip_ratio_high=10.0,
+                policy_loss={"clip_cov_ratio": 0.5, "clip_cov_lb": -1e9, "clip_cov_ub": 1e9})
     old = torch.zeros(1, 4, dtype=torch.float64) - 1
     logp = old.clone().requires_grad_(True)
     adv = torch.tensor([[1.0, -1.0, 2.0, 0.5]], dtype=torch.float64)
@@ -143,7 +146,7 @@ def test_clip_cov_cuts_gradient_of_selected_tokens():
 
 
 def test_kl_cov_penalizes_top_covariance_token():
-    cfg = {"policy_loss": {"kl_cov_ratio": 0.25, "ppo_kl_coef": 1.0}}
+    cfg = actor(policy_loss={"kl_cov_ratio": 0.25, "ppo_kl_coef": 1.0})
     old = torch.tensor([[-1.0, -1.0, -1.0, -1.0]], dtype=torch.float64)
     new = torch.tensor([[-0.5, -1.0, -1.0, -1.5]], dtype=torch.float64)
     adv = torch.tensor([[2.0, 0.0, 0.0, -2.0]], dtype=torch.float64)
@@ -155,33 +158,40 @@ def test_kl_cov_penalizes_top_covariance_token():
 
 
 def test_bypass_mode_reinforce_uses_truncated_is_and_rejection():
-    cfg = {
-        "policy_loss": {
-            "rollout_correction": {
-                "loss_type": "reinforce",
-                "rollout_is": "token",
-                "rollout_is_threshold": 2.0,
-                "rollout_rs": "token_k1",
-                "rollout_rs_threshold": "0.2_5.0",
-            }
-        }
-    }
+    rc = rollout_correction(loss_type="reinforce", rollout_is="token", rollout_is_threshold=2.0,
+                            rollout_is_batch_normalize=False, rollout_rs="token_k1", rollout_rs_threshold="0.2_5.0",
+                            rollout_token_veto_threshold=None)
     rollout = torch.tensor([[-1.0, -1.0, -1.0]], dtype=torch.float64)
     logp = (rollout + torch.tensor([[math.log(3.0), math.log(0.5), math.log(10.0)]])).requires_grad_(True)
     adv = torch.tensor([[1.0, 1.0, 1.0]], dtype=torch.float64)
-    loss, m = get_policy_loss("bypass_mode")(rollout, logp, adv, torch.ones(1, 3), "token-sum", cfg)
+    loss, m = get_policy_loss("bypass_mode")(
+        rollout, logp, adv, torch.ones(1, 3), "token-sum", actor(), rollout_correction=rc
+    )
     # k1 = -log r: token 2 has r=10 -> -log 10 < log 0.2 -> rejected. Weights: min(3,2)=2, 0.5
     lp = logp.detach()[0]
     assert loss.item() == pytest.approx(-(2.0 * lp[0] + 0.5 * lp[1]).item())
     assert m["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(1 / 3)
-    with pytest.raises(ValueError, match="rollout_correction"):
-        get_policy_loss("bypass_mode")(rollout, logp, adv, torch.ones(1, 3), "token-sum", {})
+    with pytest.raises(TypeError, match="rollout_correction"):
+        get_policy_loss("bypass_mode")(rollout, logp, adv, torch.ones(1, 3), "token-sum", actor())
+
+
+def test_bypass_mode_ppo_clip_is_vanilla_on_the_rejection_mask():
+    rc = rollout_correction(loss_type="ppo_clip", rollout_is=None, rollout_rs="token", rollout_rs_threshold=2.0,
+                            rollout_rs_threshold_lower=None, rollout_token_veto_threshold=None)
+    # ratios pi / pi_rollout: 1.5 (kept, clipped at 1.2 for A > 0), 0.9 (kept), 3.0 (rejected: > 2)
+    rollout = torch.tensor([[-1.0, -1.0, -1.0]], dtype=torch.float64)
+    logp = rollout + torch.tensor([[math.log(1.5), math.log(0.9), math.log(3.0)]], dtype=torch.float64)
+    adv = torch.tensor([[1.0, 1.0, 1.0]], dtype=torch.float64)
+    loss, m = get_policy_loss("bypass_mode")(rollout, logp, adv, torch.ones(1, 3), "token-sum", CFG,
+                                             rollout_correction=rc)
+    assert loss.item() == pytest.approx(-(1.2 + 0.9))
+    assert m["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(1 / 3)
 
 
 @pytest.mark.parametrize("name", ["gspo", "sapo", "cispo", "geo_mean", "dppo_tv", "dppo_kl", "dro", "clip_cov", "kl_cov", "gpg", "vanilla"])
 def test_masked_entries_never_leak(name):
     torch.manual_seed(5)
-    cfg = {**CFG, "clip_ratio_c": 3.0, "policy_loss": {"dro_beta": 0.1, "clip_cov_ratio": 0.5}}
+    cfg = actor(**CLIP, clip_ratio_c=3.0, policy_loss={"dro_beta": 0.1, "clip_cov_ratio": 0.5})
     old = torch.randn(3, 5) - 2
     new = old + 0.1 * torch.randn(3, 5)
     adv = torch.randn(3, 1).expand(3, 5).clone()
@@ -201,7 +211,7 @@ def test_masked_entries_never_leak(name):
 def test_policy_loss_gradient_is_micro_batch_split_invariant(name, mode):
     # clip_cov / kl_cov are excluded: they pick tokens by micro-batch statistics (as in verl).
     torch.manual_seed(7)
-    cfg = {**CFG, "clip_ratio_c": 3.0, "policy_loss": {"dro_beta": 0.1}}
+    cfg = actor(**CLIP, clip_ratio_c=3.0, policy_loss={"dro_beta": 0.1})
     old = torch.randn(6, 5, dtype=torch.float64) - 2
     new = (old + 0.2 * torch.randn(6, 5, dtype=torch.float64)).requires_grad_(True)
     adv = torch.randn(6, 1, dtype=torch.float64).expand(6, 5)

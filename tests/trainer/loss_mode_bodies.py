@@ -20,16 +20,23 @@ def _params(actor) -> list[torch.Tensor]:
 
 
 def one_step_per_loss_mode(model_path: str, batch: dict[str, torch.Tensor],
-                           cases: dict[str, tuple[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """For each case ``name -> (loss_mode, policy_loss extras)``: set the worker's
-    ``actor.policy_loss`` to it, take one update, and report the worker's metrics, the loss
+                           cases: dict[str, tuple[str, dict[str, Any], dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """For each case ``name -> (loss_mode, policy_loss values, rollout_correction values)``: set the
+    worker's ``actor.policy_loss`` (the yaml's node with those values) and its
+    ``algorithm.rollout_correction`` (the project config's typed section with those values, as the
+    trainer hands it to the worker), take one update, and report the worker's metrics, the loss
     of the registry function on the worker's own log-probs before the step (the reference)
     and the norm of the parameter change. One mini-batch and one micro-batch per step, so the
     worker's ``actor/pg_loss`` is that function's value on the whole batch. Plain SGD from an
     empty state without weight decay: the step is ``-lr * clipped gradient``."""
+    import dataclasses
+
     from omegaconf import OmegaConf
 
+    from cpu_config import CPU_SMALL
     from megarl.algorithms import get_policy_loss
+    from megarl.config import load_config
+    from megarl.config.typed import typed_config
     from megarl.protocol import DataProto
     from megarl.workers.actor import ActorWorker
     from workers.tiny import actor_rollout_ref_config, megatron_node
@@ -40,19 +47,25 @@ def one_step_per_loss_mode(model_path: str, batch: dict[str, torch.Tensor],
     )
     cfg.actor.optim.weight_decay = 0.0  # no decay and (below) no momentum: the weights move only by this step's gradient
     cfg.actor.optim.lr, cfg.actor.optim.clip_grad = LR, CLIP_GRAD
+    yaml_policy_loss = cfg.actor.policy_loss
+    yaml_rollout_correction = typed_config(
+        load_config([*CPU_SMALL, f"actor_rollout_ref.model.path={model_path}"])
+    ).algorithm.rollout_correction
     actor = ActorWorker(cfg, "actor", device="cpu")
     actor.init_model()
     gen = torch.Generator().manual_seed(0)
     mask = batch["response_mask"]
     out: dict[str, dict[str, Any]] = {}
-    for name, (mode, extras) in cases.items():
-        actor.config.actor.policy_loss = OmegaConf.create({"loss_mode": mode, **extras})
+    for name, (mode, policy_loss, rollout_correction) in cases.items():
+        actor.config.actor.policy_loss = OmegaConf.merge(yaml_policy_loss, {"loss_mode": mode, **policy_loss})
+        actor.rollout_correction = dataclasses.replace(yaml_rollout_correction, **rollout_correction)
         data = DataProto.from_dict(dict(batch), meta_info={"temperature": TEMPERATURE})
         log_prob = actor.compute_log_prob(data).batch["old_log_probs"]
         old = (log_prob + OLD_LOGP_NOISE * torch.randn(log_prob.shape, generator=gen)) * mask
         data.batch["old_log_probs"] = old
+        extra = {"rollout_correction": actor.rollout_correction} if mode == "bypass_mode" else {}
         reference, _ = get_policy_loss(mode)(old, log_prob, batch["advantages"], mask,
-                                             actor.config.actor.loss_agg_mode, config=actor.config.actor)
+                                             actor.config.actor.loss_agg_mode, actor.config.actor, **extra)
         actor.engine.optimizer.optimizer.state.clear()  # SGD momentum buffers of the previous case
         before = _params(actor)
         metrics = actor.update_policy(data)

@@ -25,6 +25,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf, open_dict
 
+from cpu_config import CPU_SMALL
 from dist_utils import run_distributed
 from e2e_utils import demo_config
 from loss_mode_bodies import CLIP_GRAD, LR, one_step_per_loss_mode
@@ -39,23 +40,23 @@ LOSS_NEEDS = {"dro": {f"{ACTOR}.policy_loss.dro_beta": 0.1},
 ESTIMATOR_NEEDS = {"gdpo": {"algorithm.gdpo_reward_keys": ["reward_extra/score"]},
                    "optimal_token_baseline": {f"{ACTOR}.calculate_sum_pi_squared": True}}
 
-# Worker cases: name -> (loss_mode, actor.policy_loss extras). Ratios large enough that
-# clip_cov / kl_cov select tokens in a 40-token batch.
+# Worker cases: name -> (loss_mode, actor.policy_loss values, algorithm.rollout_correction values
+# the actor worker gets). Ratios large enough that clip_cov / kl_cov select tokens in a 40-token batch.
 RC = {"bypass_mode": True, "rollout_is": "token", "rollout_is_threshold": 2.0, "rollout_rs": None}
 WORKER_CASES = {
-    "vanilla": ("vanilla", {}),
-    "clip_cov": ("clip_cov", {"clip_cov_ratio": 0.2, "clip_cov_lb": 1.0, "clip_cov_ub": 5.0}),
-    "kl_cov": ("kl_cov", {"kl_cov_ratio": 0.2, "ppo_kl_coef": 0.1}),
-    "gpg": ("gpg", {}),
-    "gspo": ("gspo", {}),
-    "sapo": ("sapo", {}),
-    "cispo": ("cispo", {}),
-    "geo_mean": ("geo_mean", {}),
-    "dppo_tv": ("dppo_tv", {}),
-    "dppo_kl": ("dppo_kl", {}),
-    "dro": ("dro", {"dro_beta": 0.1}),
-    "bypass_mode-ppo_clip": ("bypass_mode", {"rollout_correction": {**RC, "loss_type": "ppo_clip"}}),
-    "bypass_mode-reinforce": ("bypass_mode", {"rollout_correction": {**RC, "loss_type": "reinforce"}}),
+    "vanilla": ("vanilla", {}, {}),
+    "clip_cov": ("clip_cov", {"clip_cov_ratio": 0.2, "clip_cov_lb": 1.0, "clip_cov_ub": 5.0}, {}),
+    "kl_cov": ("kl_cov", {"kl_cov_ratio": 0.2, "ppo_kl_coef": 0.1}, {}),
+    "gpg": ("gpg", {}, {}),
+    "gspo": ("gspo", {}, {}),
+    "sapo": ("sapo", {}, {}),
+    "cispo": ("cispo", {}, {}),
+    "geo_mean": ("geo_mean", {}, {}),
+    "dppo_tv": ("dppo_tv", {}, {}),
+    "dppo_kl": ("dppo_kl", {}, {}),
+    "dro": ("dro", {"dro_beta": 0.1}, {}),
+    "bypass_mode-ppo_clip": ("bypass_mode", {}, {**RC, "loss_type": "ppo_clip"}),
+    "bypass_mode-reinforce": ("bypass_mode", {}, {**RC, "loss_type": "reinforce"}),
 }
 
 @pytest.fixture(scope="module")
@@ -70,8 +71,9 @@ def demo_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def base_cfg(demo_dir):
-    return load_config([f"actor_rollout_ref.model.path={demo_dir}/model", f"data.train_files={demo_dir}/train.parquet",
-                        f"data.val_files={demo_dir}/val.parquet"])
+    # a real run's config for this CPU machine (the demo profile applies only without a model path)
+    return load_config([*CPU_SMALL, f"actor_rollout_ref.model.path={demo_dir}/model",
+                        f"data.train_files={demo_dir}/train.parquet", f"data.val_files={demo_dir}/val.parquet"])
 
 
 def issues(base_cfg, settings: dict) -> list:
@@ -116,7 +118,7 @@ def test_validation_rejects_an_unknown_name_listing_the_valid_ones(base_cfg, key
 
 # ---------------------------------------------------------------- one worker, every loss mode
 def test_cases_cover_every_registered_loss_mode():
-    assert {mode for mode, _ in WORKER_CASES.values()} == set(POLICY_LOSSES)
+    assert {mode for mode, _, _ in WORKER_CASES.values()} == set(POLICY_LOSSES)
 
 
 @pytest.mark.slow

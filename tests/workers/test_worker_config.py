@@ -58,6 +58,22 @@ def test_mini_batch_unit_is_rollout_n(monkeypatch, n):
     assert seen["critic"]["seed"] == cfg.actor_rollout_ref.actor.data_loader_seed  # critic.data_loader_seed follows
 
 
+def test_bypass_mode_loss_needs_the_rollout_correction_section(monkeypatch):
+    """loss_mode=bypass_mode reads algorithm.rollout_correction, which the worker gets as an argument."""
+    import megarl.workers.actor as actor_module
+    from megarl.config.typed import typed_config
+
+    cfg = _cfg("actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode", "actor_rollout_ref.actor.use_kl_loss=false",
+               "algorithm.rollout_correction.bypass_mode=true")
+    with pytest.raises(ValueError, match="bypass_mode reads algorithm.rollout_correction"):
+        ActorWorker(cfg.actor_rollout_ref, "actor", device="cpu").update_policy(_update_batch())
+    seen = {}
+    monkeypatch.setattr(actor_module, "run_ppo_update", lambda *a, **kw: seen.update(kw) or {})
+    rc = typed_config(cfg).algorithm.rollout_correction
+    ActorWorker(cfg.actor_rollout_ref, "actor", device="cpu", rollout_correction=rc).update_policy(_update_batch())
+    assert seen, "update_policy did not reach the PPO loop"
+
+
 def test_bad_role(cfg):
     with pytest.raises(ValueError, match="role"):
         ActorWorker(cfg.actor_rollout_ref, "critic")
