@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 from megarl.config.names import REWARD_MANAGERS
@@ -63,7 +64,7 @@ def overlong_buffer(reward_kwargs: dict[str, Any]) -> OverlongBufferConfig | Non
     raw = reward_kwargs.get("overlong_buffer_cfg")  # a free-form mapping: absence is meaningful
     if raw is None:
         return None
-    if not isinstance(raw, dict):
+    if not isinstance(raw, Mapping):
         raise ValueError("must be a mapping")
     unknown = set(raw) - {"enable", "len", "penalty_factor", "log"}
     if unknown:

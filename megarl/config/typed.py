@@ -36,8 +36,11 @@ def typed_config(cfg: DictConfig) -> MegaRLConfig:
 
 
 def to_dict(obj: Any) -> Any:
-    """Plain nested dict of a typed config (for logging, checkpoints, hashing)."""
-    return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else obj
+    """Plain nested dict of a typed config (for logging, checkpoints, hashing). Reads the fields
+    without recording them: a dump is not a use (see megarl.config.spec.record_reads_to)."""
+    if not dataclasses.is_dataclass(obj):
+        return obj
+    return {f.name: to_dict(object.__getattribute__(obj, f.name)) for f in dataclasses.fields(obj)}
 
 
 def section_of(cfg: MegaRLConfig, dotted: str) -> Any:

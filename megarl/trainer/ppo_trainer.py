@@ -23,12 +23,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig
 
 from megarl.algorithms import apply_kl_penalty, compute_advantage, compute_rollout_correction, get_kl_controller
 from megarl.algorithms import filter_groups, filter_metric_values
 from megarl.config.roles import need_critic, need_reference
-from megarl.config.typed import typed_config
+from megarl.config.schema import MegaRLConfig
+from megarl.config.typed import to_dict, typed_config
 from megarl.parallel.layout import ParallelLayout
 from megarl.protocol import DataProto
 from megarl.reward import build_reward_manager
@@ -48,11 +49,11 @@ _ENV_PREFIXES = ("VLLM_", "NCCL_", "MEGARL_", "HF_", "TORCH_", "GLOO_", "CUDA_DE
                  "TOKENIZERS_PARALLELISM", "PYTHONPATH")
 
 
-def resolve_device(cfg: DictConfig) -> str:
+def resolve_device(cfg: MegaRLConfig) -> str:
     """trainer.device; auto = cuda when the Ray cluster has GPUs."""
     import ray
 
-    device = cfg.trainer.get("device", "auto")
+    device = cfg.trainer.device
     if device == "auto":
         return "cuda" if ray.cluster_resources().get("GPU", 0) > 0 else "cpu"
     return device
@@ -84,16 +85,16 @@ def _merge(batch: DataProto, out: DataProto) -> dict[str, float]:
     return _mean_dicts(metrics if isinstance(metrics, list) else [metrics])
 
 
-def _verify_initial_dist_checkpoints(cfg: DictConfig) -> None:
+def _verify_initial_dist_checkpoints(cfg: MegaRLConfig, use_critic: bool) -> None:
     """``megatron.use_dist_checkpointing`` initial weights (actor, ref, critic): refuse, before any
     worker loads them, a checkpoint that would run code when unpickled (megarl.utils.safe_checkpoint)."""
     from megarl.utils.safe_checkpoint import verify_dist_checkpoint
 
     nodes = [cfg.actor_rollout_ref.actor.megatron, cfg.actor_rollout_ref.ref.megatron]
-    if need_critic(cfg):
+    if use_critic:
         nodes.append(cfg.critic.megatron)
     for node in nodes:
-        path = node.get("dist_checkpointing_path") if node.get("use_dist_checkpointing", False) else None
+        path = node.dist_checkpointing_path if node.use_dist_checkpointing else None
         if path:
             path = os.path.expanduser(str(path))
             inner = os.path.join(path, "dist_ckpt")
@@ -101,36 +102,39 @@ def _verify_initial_dist_checkpoints(cfg: DictConfig) -> None:
 
 
 class RayPPOTrainer:
-    """Builds the data, reward, worker groups and loggers of ``cfg`` (validated and resolved);
-    ``fit()`` trains. ``close()`` releases the workers."""
+    """Builds the data, reward, worker groups and loggers of ``raw_cfg`` (validated and resolved);
+    ``fit()`` trains. ``close()`` releases the workers.
 
-    def __init__(self, cfg: DictConfig) -> None:
+    The loop reads the typed config (``self.cfg``, megarl.config.typed); dataset and reward plugins
+    get the DictConfig sections, as verl hands them.
+    """
+
+    def __init__(self, raw_cfg: DictConfig) -> None:
         from megarl.data import create_dataloader
         from megarl.data.tokenizer import load_data_tokenizer
 
-        self.cfg = cfg
+        self.cfg = cfg = typed_config(raw_cfg)
         arr = cfg.actor_rollout_ref
-        self.tokenizer = load_data_tokenizer(cfg)  # the preflight loaded the same one (custom chat template included)
-        self.train_loader = create_dataloader(cfg.data, self.tokenizer, "train")
-        self.val_loader = create_dataloader(cfg.data, self.tokenizer, "val") if cfg.data.get("val_files") else None
+        self.tokenizer = load_data_tokenizer(raw_cfg)  # the preflight loaded the same one (custom chat template included)
+        self.train_loader = create_dataloader(raw_cfg.data, self.tokenizer, "train")
+        self.val_loader = create_dataloader(raw_cfg.data, self.tokenizer, "val") if cfg.data.val_files else None
         steps_per_epoch = len(self.train_loader)
         self.total_steps = int(cfg.trainer.total_epochs) * steps_per_epoch
-        if cfg.trainer.get("total_training_steps"):
+        if cfg.trainer.total_training_steps:
             self.total_steps = min(self.total_steps, int(cfg.trainer.total_training_steps))
-        with open_dict(cfg):
-            arr.actor.optim.total_training_steps = self.total_steps
-            cfg.critic.optim.total_training_steps = self.total_steps
-        self.use_critic = need_critic(cfg)
-        self.use_reference = need_reference(cfg)
-        self.use_kl_in_reward = bool(cfg.algorithm.get("use_kl_in_reward", False))
+        arr.actor.optim.total_training_steps = self.total_steps  # the schedule length, known only now
+        cfg.critic.optim.total_training_steps = self.total_steps
+        self.use_critic = need_critic(raw_cfg)
+        self.use_reference = need_reference(raw_cfg)
+        self.use_kl_in_reward = bool(cfg.algorithm.use_kl_in_reward)
         self.kl_ctrl = get_kl_controller(cfg.algorithm.kl_ctrl) if self.use_kl_in_reward else None
-        self.reward_fn = build_reward_manager(cfg, self.tokenizer)
+        self.reward_fn = build_reward_manager(raw_cfg, self.tokenizer)
         # reward.launch_reward_fn_async: score in a background thread while the
         # log-prob / value passes run on the workers (not with filter_groups, which needs
         # the scores before those passes).
         self.reward_pool = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="megarl-reward")
                             if cfg.reward.launch_reward_fn_async
-                            and not cfg.algorithm.filter_groups.get("enable", False) else None)
+                            and not cfg.algorithm.filter_groups.enable else None)
         self.rollout_n = int(arr.rollout.n)
         self.global_step = 0
         self.pool: ResourcePool | None = None
@@ -141,14 +145,14 @@ class RayPPOTrainer:
         self.tracking = Tracking(
             list(cfg.trainer.logger), project=cfg.trainer.project_name, experiment=cfg.trainer.experiment_name,
             log_dir=root, total_steps=self.total_steps,
-            config=OmegaConf.to_container(cfg, resolve=True),
+            config=to_dict(cfg),
         )
 
     # ------------------------------------------------------------------ workers
     def init_workers(self) -> None:
         """Placement groups, then the colocated actor/rollout/ref group and the critic group."""
         cfg = self.cfg
-        _verify_initial_dist_checkpoints(cfg)
+        _verify_initial_dist_checkpoints(cfg, self.use_critic)
         self.device = resolve_device(cfg)
         use_gpu = self.device == "cuda"
         nnodes, per_node = int(cfg.trainer.nnodes), int(cfg.trainer.n_gpus_per_node)
@@ -160,7 +164,7 @@ class RayPPOTrainer:
         env = _worker_env(self.device)
         role = "actor_rollout_ref" if self.use_reference else "actor_rollout"
         world = self.pool.world_size
-        typed = typed_config(cfg)  # workers get typed sections: attribute reads of the yaml's keys only
+        typed = cfg  # workers get typed sections: attribute reads of the yaml's keys only
         arr = typed.actor_rollout_ref
         # algorithm.rollout_correction: read by the actor's bypass_mode policy loss
         self.actor = WorkerGroup("actor_rollout_ref", ACTOR_CLS, (arr,),
@@ -248,11 +252,11 @@ class RayPPOTrainer:
             return batch  # scored in train_step, in the background
         with timed("reward", timings):
             scores, extra = self._reward(batch)
-        if not cfg.algorithm.filter_groups.get("enable", False):
+        if not cfg.algorithm.filter_groups.enable:
             self._set_scores(batch, scores, extra)
             return batch
         want = int(cfg.data.train_batch_size) * self.rollout_n
-        max_rounds = int(cfg.algorithm.filter_groups.get("max_num_gen_batches", 0))
+        max_rounds = int(cfg.algorithm.filter_groups.max_num_gen_batches)
         kept = [self._filter_groups(batch, scores, extra, metrics)]
         rounds = 1
         while sum(len(k) for k in kept) < want:
@@ -290,14 +294,14 @@ class RayPPOTrainer:
         cfg, timings, metrics = self.cfg, {}, {}
         start = time.perf_counter()
         batch = self._rollout_batch(prompts, prompts_iter, timings, metrics)
-        if cfg.trainer.get("balance_batch", True):
+        if cfg.trainer.balance_batch:
             self._balance(batch)
         pending_reward = None
         if self.reward_pool is not None:
             pending_reward = self.reward_pool.submit(self._reward, batch.select(["responses", "response_mask"]))
 
-        rc = cfg.algorithm.get("rollout_correction", {}) or {}
-        bypass = bool(rc.get("bypass_mode", False))
+        rc = cfg.algorithm.rollout_correction
+        bypass = bool(rc.bypass_mode)
         with timed("old_log_prob", timings):
             if bypass:
                 batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
@@ -324,8 +328,8 @@ class RayPPOTrainer:
             else:
                 rewards = batch.batch["token_level_scores"]
             batch.batch["token_level_rewards"] = rewards
-            if not bypass and "rollout_log_probs" in batch.batch.keys() and (rc.get("rollout_is") or rc.get("rollout_rs")
-                                                                               or rc.get("rollout_token_veto_threshold")):
+            if not bypass and "rollout_log_probs" in batch.batch.keys() and (rc.rollout_is or rc.rollout_rs
+                                                                               or rc.rollout_token_veto_threshold):
                 weights, new_mask, corr = compute_rollout_correction(
                     batch.batch["old_log_probs"], batch.batch["rollout_log_probs"], mask, rc)
                 if weights is not None:
@@ -337,11 +341,11 @@ class RayPPOTrainer:
 
         # trainer.nan_policy: a NaN/Inf loss or grad norm stops the run naming this step and
         # the phase, or (skip) drops that optimizer step (megarl.utils.nonfinite).
-        batch.meta_info.update(global_step=self.global_step, nan_policy=cfg.trainer.get("nan_policy", "stop"))
+        batch.meta_info.update(global_step=self.global_step, nan_policy=cfg.trainer.nan_policy)
         if self.use_critic:
             with timed("update_critic", timings):
                 metrics.update(_mean_dicts(self.critic.call_dp("update_critic", batch, pad=False)))
-        if self.global_step > int(cfg.trainer.get("critic_warmup", 0)):
+        if self.global_step > int(cfg.trainer.critic_warmup):
             pause_point("update_actor", self.global_step)
             with timed("update_actor", timings):
                 metrics.update(_mean_dicts(self.actor.call_dp("update_actor", batch, pad=False)))
@@ -361,7 +365,7 @@ class RayPPOTrainer:
         metrics.update({f"timing_s/{k}": v for k, v in timings.items()})
         metrics.update({"perf/total_num_tokens": float(tokens), "perf/tokens_per_s": tokens / step_s,
                         "perf/tokens_per_s_per_rank": tokens / step_s / self.actor.world_size})
-        if cfg.trainer.get("rollout_data_dir"):
+        if cfg.trainer.rollout_data_dir:
             self._dump(batch, cfg.trainer.rollout_data_dir)
         return metrics
 
@@ -408,10 +412,10 @@ class RayPPOTrainer:
         metrics = {"val/reward/mean": float(np.mean(every)), "val/response_length/mean": float(np.mean(lengths))}
         for src, values in scores_by_source.items():
             metrics[f"val/{src}/reward/mean"] = float(np.mean(values))
-        if self.cfg.trainer.get("validation_data_dir"):
+        if self.cfg.trainer.validation_data_dir:
             merged = DataProto.concat([b for b, _ in batches])
             self._dump(merged, self.cfg.trainer.validation_data_dir, [s for _, ss in batches for s in ss])
-        n_show = int(self.cfg.trainer.get("log_val_generations", 0))
+        n_show = int(self.cfg.trainer.log_val_generations)
         if n_show:
             prompts, outputs = self._texts(batches[0][0])
             for p, o, s in list(zip(prompts, outputs, batches[0][1]))[:n_show]:
@@ -433,11 +437,11 @@ class RayPPOTrainer:
             "rng": ckpt.rng_state(),
         })
         t = self.cfg.trainer
-        ckpt.finish_save(root, step, {"actor": t.get("max_actor_ckpt_to_keep"), "critic": t.get("max_critic_ckpt_to_keep")})
+        ckpt.finish_save(root, step, {"actor": t.max_actor_ckpt_to_keep, "critic": t.max_critic_ckpt_to_keep})
 
     def load_checkpoint(self) -> None:
         t = self.cfg.trainer
-        path = ckpt.resume_dir(t.get("resume_mode", "auto"), self.ckpt_root, t.get("resume_from_path"))
+        path = ckpt.resume_dir(t.resume_mode, self.ckpt_root, t.resume_from_path)
         if path is None:
             return
         state = ckpt.read_trainer_state(path)
@@ -460,11 +464,11 @@ class RayPPOTrainer:
         t = self.cfg.trainer
         self.load_checkpoint()
         last: dict[str, float] = {}
-        if self.val_loader is not None and t.get("val_before_train", True) and self.global_step == 0:
+        if self.val_loader is not None and t.val_before_train and self.global_step == 0:
             val = self.validate()
             self.tracking.log(val, step=0)
             last.update(val)
-        test_freq, save_freq = int(t.get("test_freq", -1)), int(t.get("save_freq", -1))
+        test_freq, save_freq = int(t.test_freq), int(t.save_freq)
         total_epochs = int(t.total_epochs)
         while self.global_step < self.total_steps and self.train_loader.sampler.epoch < total_epochs:
             prompts_iter = iter(self.train_loader)

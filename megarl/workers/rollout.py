@@ -166,6 +166,7 @@ class RolloutWorker:
             max_num_batched_tokens=max_batched,
             max_num_seqs=int(rc.max_num_seqs),
             enable_chunked_prefill=enable_chunked_prefill,
+            enable_prefix_caching=bool(rc.enable_prefix_caching),  # the n responses of a prompt share its KV blocks
             enable_sleep_mode=self.free_cache_engine and torch.cuda.is_available(),
             trust_remote_code=bool(self.config.model.trust_remote_code),
             logprobs_mode="processed_logprobs",

@@ -37,6 +37,8 @@ def test_engine_kwargs_from_config(hf_dir):
     assert kw["max_num_seqs"] == 3 and kw["skip_tokenizer_init"] is True
     assert kw["logprobs_mode"] == "processed_logprobs"
     assert kw["swap_space"] == 2 and "block_size" not in kw  # engine_kwargs.vllm passed through, nulls dropped
+    assert kw["enable_prefix_caching"] is True  # verl's default
+    assert _worker(hf_dir, **{"rollout.enable_prefix_caching": False})._engine_kwargs()["enable_prefix_caching"] is False
 
 
 def test_bad_engine_config_names_the_key(hf_dir):

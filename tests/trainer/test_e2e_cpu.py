@@ -123,8 +123,49 @@ def test_grpo_async_reward_and_dapo_filter_groups(demo_dir, tmp_path):
     assert all(len(set(scores)) > 1 for scores in groups.values())  # no all-equal group was kept
 
 
-# Keys the runs above do not exercise, each with where it is read and which test covers it.
+def _keys(reason: str, *keys: str) -> dict[str, str]:
+    return dict.fromkeys(keys, reason)
+
+
+A, R, C = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "algorithm.rollout_correction"
+# Keys these runs do not read through the typed config, each with why and where they are covered.
 NOT_EXERCISED_HERE = {
+    **_keys("fixed by a Literal type (the one value megarl runs); validated only", f"{A}.strategy",
+            "actor_rollout_ref.ref.strategy", "critic.strategy", "actor_rollout_ref.hybrid_engine", f"{R}.name",
+            "model_engine"),
+    **_keys("validated (async | sync): both drive the same batched vLLM engine until the agent loop exists", f"{R}.mode"),
+    **_keys("read through its interpolation into rollout.weight_sync.bucket_size_mb",
+            f"{R}.checkpoint_engine.update_weights_bucket_megabytes"),
+    **_keys("verl's legacy keys: moved to reward.* at load (megarl.config.legacy; tests/config/test_rules_algo.py)",
+            "custom_reward_function.path", "custom_reward_function.name", "reward_model.reward_manager", "reward_model.enable"),
+    **_keys("read by megarl.config (roles, preflight) on the DictConfig", "critic.enable", "actor_rollout_ref.model.tokenizer_path",
+            "critic.model.tokenizer_path", "data.tokenizer", "ray_kwargs.ray_init.num_cpus",
+            "ray_kwargs.ray_init.runtime_env.py_executable", "ray_kwargs.timeline_json_file",
+            "actor_rollout_ref.model.custom_chat_template", "data.trust_remote_code"),
+    **_keys("read by the data layer from the DictConfig section, verl's dataset/sampler plugin API (tests/data)",
+            *(f"data.{k}" for k in ("apply_chat_template_kwargs", "custom_cls.name", "custom_cls.path", "filter_overlong_prompts",
+                                    "max_prompt_length", "max_response_length", "prompt_key", "return_full_prompt",
+                                    "return_raw_chat", "reward_fn_key", "sampler.class_name", "sampler.class_path", "seed",
+                                    "shuffle", "train_files", "train_max_samples", "truncation", "val_batch_size",
+                                    "val_max_samples", "validation_shuffle"))),
+    **_keys("read by the reward manager from the DictConfig (custom reward functions get verl's config; tests/reward)",
+            "reward.custom_reward_function.name", "reward.custom_reward_function.path",
+            "reward.custom_reward_function.reward_kwargs", "reward.reward_kwargs", "reward.reward_manager.name"),
+    **_keys("only by the loss mode that uses it (tests/trainer/test_every_loss_mode.py)",
+            *(f"{A}.policy_loss.{k}" for k in ("clip_cov_lb", "clip_cov_ratio", "clip_cov_ub", "dro_beta", "kl_cov_ratio",
+                                               "ppo_kl_coef")), f"{A}.tau_neg", f"{A}.tau_pos", f"{C}.loss_type"),
+    **_keys("only with rollout correction on (tests/algorithms/test_rollout_correction.py)", f"{C}.rollout_is_batch_normalize",
+            f"{C}.rollout_is_threshold", f"{C}.rollout_rs_threshold", f"{C}.rollout_rs_threshold_lower"),
+    **_keys("only by the gdpo estimator (tests/trainer/test_every_loss_mode.py)", "algorithm.gdpo_reward_keys",
+            "algorithm.gdpo_reward_weights"),
+    **_keys("only by the adaptive KL controller (tests/algorithms/test_kl.py)", "algorithm.kl_ctrl.horizon",
+            "algorithm.kl_ctrl.target_kl"),
+    **_keys("only with sampled validation, val_kwargs.do_sample=true (tests/rollout/test_rollout_config.py)",
+            f"{R}.val_kwargs.temperature", f"{R}.val_kwargs.top_k", f"{R}.val_kwargs.top_p"),
+    **_keys("only on resume or with use_dist_checkpointing (tests/fault/test_kill_resume.py, tests/workers)",
+            f"{A}.checkpoint.load_contents", "critic.checkpoint.load_contents", "critic.checkpoint.save_contents",
+            f"{A}.megatron.dist_checkpointing_path", "actor_rollout_ref.ref.megatron.dist_checkpointing_path",
+            "critic.megatron.dist_checkpointing_path"),
 }
 
 
