@@ -27,6 +27,7 @@ from megarl.config import (
 )
 from megarl.config.errors import no_value
 from megarl.config.preflight import preflight
+from megarl.utils.te_apex_warnings import fallback_note
 
 EXIT_BAD_CONFIG = 2
 
@@ -77,6 +78,9 @@ def main(cfg: DictConfig) -> None:
     except ConfigError as error:
         _fail(error)
     print(OmegaConf.to_yaml(resolved), flush=True)
+    note = fallback_note()
+    if note:
+        print(note, flush=True)
     run_ppo = _optional("megarl.trainer", "run_ppo")
     if run_ppo is None:
         print("megarl: config is valid; megarl.trainer.run_ppo is not available yet, nothing to run.")
