@@ -72,8 +72,9 @@ def test_missing_key(make):
     issue_for(cfg, "trainer.test_freq", "missing key")
 
 
-def test_string_where_int_expected(make):
-    issue_for(make({"trainer.total_training_steps": "abc"}), "trainer.total_training_steps", "expected integer", "'abc'", "=30")
+def test_string_where_int_expected(make, default_cfg):
+    default = default_cfg.trainer.total_training_steps  # the fix quotes the yaml's default
+    issue_for(make({"trainer.total_training_steps": "abc"}), "trainer.total_training_steps", "expected integer", "'abc'", f"={default} (the default)")
 
 
 def test_bool_and_float_are_not_ints(make):
