@@ -30,6 +30,7 @@ from megarl.config.load import finish_compose
 from megarl.config.preflight import preflight
 from megarl.config.profile import demo_banner
 from megarl.config.rules_compat import compat_notices
+from megarl.utils.te_apex_warnings import fallback_note
 
 EXIT_BAD_CONFIG = 2
 
@@ -90,6 +91,9 @@ def main(cfg: DictConfig) -> None:
 
     # The keys megarl implements, resolved (verl's other keys are at their defaults or refused).
     print(OmegaConf.to_yaml(OmegaConf.create(to_dict(typed_config(resolved)))), flush=True)
+    note = fallback_note()
+    if note:
+        print(note, flush=True)
     run_ppo = _optional("megarl.trainer", "run_ppo")
     if run_ppo is None:
         print("megarl: config is valid; megarl.trainer.run_ppo is not available yet, nothing to run.")

@@ -26,7 +26,7 @@ A = "actor_rollout_ref.actor"
 R = "actor_rollout_ref.rollout"
 M = "actor_rollout_ref.actor.megatron"
 MODEL = "actor_rollout_ref.model.path"
-SOURCE = "megarl/largest_digit"  # the demo data source (a built-in scorer)
+SOURCE = "megarl/arithmetic"  # the demo data source (a built-in scorer)
 # The batch and length values the cases' expected words assume, pinned so that tuning the
 # yaml's demo defaults does not change the catalogue (a case's own override wins).
 BASE_ARGS = (
@@ -59,7 +59,7 @@ class Case:
 
 
 # ----------------------------------------------------------------------------- setups
-def row(i: int, content: str = "largest digit : 1 2 3", source: str | None = SOURCE, prompt=None) -> dict:
+def row(i: int, content: str = "1 + 2 =", source: str | None = SOURCE, prompt=None) -> dict:
     return {
         "data_source": source,
         "prompt": [{"role": "user", "content": content}] if prompt is None else prompt,
@@ -124,8 +124,8 @@ def corrupt_config_json(d: Path, demo: Path) -> None:
     (d / "model" / "config.json").write_text("{not json")
 
 
-LONG = "largest digit : " + " ".join("7" * 40)
-TWENTY_ROWS_ONE_LONG = rows_file("train.parquet", lambda: [row(i, LONG if i == 7 else "largest digit : 1 2 3") for i in range(20)])
+LONG = " + ".join(["7"] * 28) + " ="  # 83 tokens + 2 role markers = 85 with the demo tokenizer
+TWENTY_ROWS_ONE_LONG = rows_file("train.parquet", lambda: [row(i, LONG if i == 7 else "1 + 2 =") for i in range(20)])
 PLUGINS = """
 from torch.utils.data import Sampler
 

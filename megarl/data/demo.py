@@ -2,13 +2,16 @@
 
 Assets under ``demo_dir()`` (env ``MEGARL_DEMO_DIR``, default ``~/.cache/megarl/demo``):
 
-* ``model/``        — tiny Qwen2 model (``demo_model``) + its tokenizer (``demo_tokenizer``),
-* ``train.parquet`` — ``TRAIN_ROWS`` rows of the "largest digit" task (``demo_data``),
-* ``val.parquet``   — ``VAL_ROWS`` rows.
+* ``model/``        — tiny Qwen2 model (``demo_model``) warmed up on the task
+  (``demo_warmup``, seconds on a CPU core) + its tokenizer (``demo_tokenizer``), stamped
+  in ``model/megarl_demo.json`` with ``DATA_VERSION`` and ``MODEL_VERSION``,
+* ``train.parquet`` — ``TRAIN_ROWS`` rows of the "small arithmetic" task (``demo_data``),
+* ``val.parquet``   — ``VAL_ROWS`` rows (every problem once).
 
 ``ensure_demo_assets(cfg)`` builds the missing ones among those the config points at, and
-rebuilds a split whose stamped data version is not ``demo_data.DATA_VERSION`` (a cache
-left by an older megarl, or a file that is not a demo split).
+rebuilds an asset whose stamped versions are not the current ones (a cache left by an
+older megarl, e.g. the random-init model of earlier versions, or a file that is not a
+demo asset).
 Paths outside the demo dir belong to the user and are never written. Every asset is
 built in a temporary path in the demo dir and renamed into place, so two processes
 building at once both end with one complete copy.
@@ -16,6 +19,7 @@ building at once both end with one complete copy.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -33,8 +37,13 @@ MODEL_NAME = "model"
 TRAIN_NAME = "train.parquet"
 VAL_NAME = "val.parquet"
 TRAIN_ROWS = 1024
-VAL_ROWS = 64
+VAL_ROWS = 200  # every problem once (demo_data.PROBLEMS)
 DATA_SEED = 0
+MODEL_STAMP = "megarl_demo.json"  # in model/: the versions the model was built with
+# Bump when demo_model, demo_tokenizer or demo_warmup would build another model: a cached
+# model dir stamped with another version is rebuilt. 1: warm-up on "small arithmetic"
+# (the unstamped dirs of earlier megarl versions hold a random-init model).
+MODEL_VERSION = 1
 
 # Config keys that may name a demo asset (dotted paths; absent keys are skipped).
 ASSET_KEYS = (
@@ -74,14 +83,31 @@ def _as_paths(value: Any) -> list[str]:
     return [os.fspath(v) for v in value]
 
 
+def _current_model_stamp() -> dict[str, int]:
+    return {"data_version": DATA_VERSION, "model_version": MODEL_VERSION}
+
+
+def model_stamp(model_dir: Path) -> dict | None:
+    """The versions a demo model dir was built with; None if unstamped or unreadable."""
+    try:
+        stamp = json.loads((model_dir / MODEL_STAMP).read_text())
+    except (OSError, ValueError):
+        return None
+    return stamp if isinstance(stamp, dict) else None
+
+
 def _build_model_dir(target: Path) -> None:
     from megarl.data.demo_model import build_demo_model
     from megarl.data.demo_tokenizer import build_demo_tokenizer
+    from megarl.data.demo_warmup import warm_up
 
     tokenizer = build_demo_tokenizer()
     model = build_demo_model(tokenizer)
+    losses = warm_up(model, tokenizer)
+    logger.info("demo model warm-up: %d steps, loss %.3f -> %.3f", len(losses), losses[0], losses[-1])
     model.save_pretrained(target, safe_serialization=True)
     tokenizer.save_pretrained(target)
+    (target / MODEL_STAMP).write_text(json.dumps(_current_model_stamp()) + "\n")
 
 
 def _build_split(split: str, num_rows: int) -> Callable[[Path], None]:
@@ -99,10 +125,18 @@ BUILDERS: dict[str, Callable[[Path], None]] = {
 
 
 def _is_current(name: str, target: Path) -> bool:
-    """An existing asset is reused, except a data split of another ``DATA_VERSION``."""
+    """An existing asset is reused if it is stamped with the current versions."""
     if name == MODEL_NAME:
-        return target.exists()
+        return target.is_dir() and model_stamp(target) == _current_model_stamp()
     return target.exists() and data_version(target) == DATA_VERSION
+
+
+def _stamp_of(name: str, target: Path) -> object:
+    return model_stamp(target) if name == MODEL_NAME else data_version(target)
+
+
+def _current_stamp(name: str) -> object:
+    return _current_model_stamp() if name == MODEL_NAME else DATA_VERSION
 
 
 def build_asset(name: str, root: Path | None = None) -> Path:
@@ -113,8 +147,8 @@ def build_asset(name: str, root: Path | None = None) -> Path:
     if _is_current(name, target):
         return target
     if target.exists():
-        logger.warning("demo asset %s has data version %s, not %s: rebuilding it",
-                       target, data_version(target), DATA_VERSION)
+        logger.warning("demo asset %s has version %s, not %s: rebuilding it",
+                       target, _stamp_of(name, target), _current_stamp(name))
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))
     try:
@@ -122,10 +156,18 @@ def build_asset(name: str, root: Path | None = None) -> Path:
         if name == MODEL_NAME:
             staged.mkdir()
         BUILDERS[name](staged)
+        if target.is_dir() and not _is_current(name, target):
+            # A stale model dir cannot be replaced by one rename: move it aside first
+            # (into tmp, removed below). Another process may do the same at once; each
+            # rename is atomic and both builds are identical, so one current copy remains.
+            try:
+                os.rename(target, tmp / "stale")
+            except OSError:
+                pass
         try:
             os.rename(staged, target)  # atomic (replaces a stale file); a dir fails if another process won the race
         except OSError:
-            if not target.exists():
+            if not _is_current(name, target):
                 raise
         logger.info("built demo asset %s", target)
     finally:

@@ -1,22 +1,26 @@
-"""Rows of the embedded demo task "largest digit" (scorer: ``megarl.reward.demo_task``).
+"""Rows of the embedded demo task "small arithmetic" (scorer: ``megarl.reward.demo_task``).
 
-Each prompt is one user message ``"largest digit : 3 7"`` (``NUM_DIGITS`` = 2 uniform
-digits); the answer is the largest digit (``"7"``). Rows are verl-style: ``data_source``, ``prompt`` (chat messages),
-``ability``, ``reward_model {style, ground_truth}``, ``extra_info {split, index}``.
-Generation is seeded and platform independent (numpy PCG64).
+Each prompt is one user message ``"7 - 9 ="``: two digits ``a, b`` (0-9) and ``+`` or ``-``;
+the answer is the integer ``a + b`` or ``a - b`` written out, ``"-2"``, ``"13"``, ``"5"``.
+The demo tokenizer makes every digit and the minus sign one token, so a response is 1-2
+answer tokens then EOS (2-3 tokens). There are ``len(PROBLEMS)`` = 200 distinct problems.
 
-Why this task (scored on the response's first character, see the scorer): a random-init
-policy over the 64-token vocabulary starts with some digit ~1/6 of the time (reward 0.1)
-and with the right one ~1/64 (reward 1.0): mean reward ~0.03 (measured 0.025 over the
-first 16 x 16 samples of tests/data/test_demo_learnable.py). The answer is spread over
-the digits (P(max = d) = (2d + 1) / 100), so no constant answer pays much: always "9",
-the best one, earns 0.19 + 0.1 * 0.81 = 0.27 (9 is the largest of 2 uniform digits with
-probability 1 - 0.9**2 = 0.19), while copying either prompt digit earns 0.55 + 0.1 * 0.45
-= 0.60 and comparing them earns 1.0. With 5 digits (data version 1) "9" alone earned
-0.47 and GRPO settled on it; with 2 the path to 1.0 goes through copying a prompt digit.
+Splits (verl-style rows: ``data_source``, ``prompt`` (chat messages), ``ability``,
+``reward_model {style, ground_truth}``, ``extra_info {split, index}``), seeded and platform
+independent (numpy PCG64):
 
-``DATA_VERSION`` is stamped into the parquet files; bump it whenever ``generate_rows``'
-output changes, so that cached demo splits of an older version are rebuilt (``demo.py``).
+* ``train``  — problems drawn uniformly with replacement,
+* ``val``    — every problem at most once, in a seeded order (``VAL_ROWS = 200``: all of
+  them, so the validation reward is the fraction of the 200 problems solved),
+* ``warmup`` — drawn like ``train``; the examples of the model's warm-up (``demo_warmup``).
+
+No constant answer pays: each of ``0``..``9`` is right for 11 of the 200 problems
+((k + 1) sums + (10 - k) differences), every other answer for fewer, so the best constant
+answer scores 11 / 200 = 0.055.
+
+``DATA_VERSION`` is stamped into the parquet files and the model dir; bump it whenever
+``generate_rows``' output or the task text changes, so that cached demo assets of an older
+version are rebuilt (``demo.py``).
 """
 
 from __future__ import annotations
@@ -30,33 +34,52 @@ import pyarrow.parquet as pq
 
 from megarl.reward.demo_task import DATA_SOURCE
 
-NUM_DIGITS = 2
-DATA_VERSION = 2  # 1: 5 digits per prompt; 2: 2 digits
+DATA_VERSION = 3  # 1: largest of 5 digits; 2: largest of 2 digits; 3: a + b / a - b
 VERSION_KEY = b"megarl_demo_data_version"  # parquet schema metadata key
-ABILITY = "comparison"
-QUESTION = "largest digit :"
-SPLIT_IDS = {"train": 0, "val": 1}
+ABILITY = "arithmetic"
+OPERATORS = ("+", "-")
+SPLIT_IDS = {"train": 0, "val": 1, "warmup": 2}
+
+# (a, operator, b) for every problem of the task, in a fixed order.
+PROBLEMS: tuple[tuple[int, str, int], ...] = tuple((a, op, b) for op in OPERATORS for a in range(10) for b in range(10))
 
 
-def make_prompt_text(digits: list[int]) -> str:
-    """The user message for ``digits``, e.g. ``"largest digit : 3 7"``."""
-    return f"{QUESTION} {' '.join(str(d) for d in digits)}"
+def make_prompt_text(a: int, op: str, b: int) -> str:
+    """The user message of one problem, e.g. ``"7 - 9 ="``."""
+    return f"{a} {op} {b} ="
+
+
+def answer(a: int, op: str, b: int) -> str:
+    """The ground truth of one problem, e.g. ``"-2"``."""
+    if op not in OPERATORS:
+        raise ValueError(f"demo operator must be one of {OPERATORS}, got {op!r}")
+    return str(a + b if op == "+" else a - b)
 
 
 def generate_rows(split: str, num_rows: int, seed: int) -> list[dict[str, Any]]:
-    """``num_rows`` verl-style rows of ``split`` ("train" or "val"), deterministic in ``seed``."""
+    """``num_rows`` verl-style rows of ``split`` ("train", "val" or "warmup"), deterministic in ``seed``.
+
+    Raises:
+        ValueError: unknown split, or more "val" rows than there are problems.
+    """
     if split not in SPLIT_IDS:
         raise ValueError(f"demo split must be one of {sorted(SPLIT_IDS)}, got {split!r}")
     rng = np.random.Generator(np.random.PCG64([seed, SPLIT_IDS[split]]))
-    all_digits = rng.integers(0, 10, size=(num_rows, NUM_DIGITS))
+    if split == "val":
+        if num_rows > len(PROBLEMS):
+            raise ValueError(f"the demo val split has at most {len(PROBLEMS)} rows (one per problem), asked for {num_rows}")
+        picks = rng.permutation(len(PROBLEMS))[:num_rows]
+    else:
+        picks = rng.integers(0, len(PROBLEMS), size=num_rows)
     rows = []
-    for index, digits in enumerate(all_digits.tolist()):
+    for index, pick in enumerate(picks.tolist()):
+        problem = PROBLEMS[pick]
         rows.append(
             {
                 "data_source": DATA_SOURCE,
-                "prompt": [{"role": "user", "content": make_prompt_text(digits)}],
+                "prompt": [{"role": "user", "content": make_prompt_text(*problem)}],
                 "ability": ABILITY,
-                "reward_model": {"style": "rule", "ground_truth": str(max(digits))},
+                "reward_model": {"style": "rule", "ground_truth": answer(*problem)},
                 "extra_info": {"split": split, "index": index},
             }
         )
@@ -64,9 +87,12 @@ def generate_rows(split: str, num_rows: int, seed: int) -> list[dict[str, Any]]:
 
 
 def task_corpus() -> Iterator[str]:
-    """Every word the task's prompts and answers can contain (tokenizer training text)."""
-    yield QUESTION
+    """Every symbol the task's prompts and answers can contain (tokenizer training text):
+    digits, ``" +"``, ``" -"``, ``" ="`` inside prompts, and ``"-"`` opening a negative answer."""
+    yield make_prompt_text(1, "+", 2)
+    yield make_prompt_text(3, "-", 4)
     yield " ".join(str(d) for d in range(10))
+    yield "-1"
 
 
 def write_rows_parquet(rows: list[dict[str, Any]], path: str | Path) -> None:

@@ -1,4 +1,5 @@
-"""The demo policy: a tiny Qwen2-shaped causal LM with seeded random weights.
+"""The demo policy: a tiny Qwen2-shaped causal LM with seeded random weights (the demo dir
+holds it after its warm-up on the task: ``megarl.data.demo_warmup``).
 
 Shape: hidden 128, 2 layers, 4 query heads and 2 KV heads of head_dim 32 (vLLM's CPU
 attention needs head_dim >= 32), MLP 256, 128 positions, untied embeddings, float32,

@@ -8,8 +8,9 @@ pipeline, the tokenizer we train and the one transformers or vLLM load are ident
 Layout (ids): special tokens first (``<pad>``, ``<eos>``, ``<unk>``, role markers), then the
 byte-level symbols and merges learned by ``BpeTrainer`` on the task text, then
 ``<reserved_k>`` fillers up to ``VOCAB_SIZE`` so that the model's vocabulary equals
-``len(tokenizer)``. Every digit is its own token and spaces are kept, so a decoded
-response reads like ``"9 3"``; characters the task never uses are dropped on encoding.
+``len(tokenizer)``. Every digit and the minus sign are their own tokens and spaces are
+kept, so a decoded response reads like ``"-2"``; characters the task never uses are dropped
+on encoding.
 """
 
 from __future__ import annotations

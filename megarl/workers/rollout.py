@@ -211,6 +211,9 @@ class RolloutWorker:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"
         from vllm import LLM
 
+        from megarl.workers.vllm_logs import quiet_weight_sync_logs
+
+        quiet_weight_sync_logs()  # after importing vllm, which configures its loggers
         llm = LLM(**self._engine_kwargs())
         RolloutWorker._live_engines += 1
         return llm

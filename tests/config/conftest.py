@@ -38,8 +38,14 @@ def make(default_cfg: DictConfig, tmp_path: Path):
         OmegaConf.update(cfg, "data.val_files", str(tmp_path / "val.parquet"))
         # The rule tests derive their expected numbers from these sizes: pin them so that
         # tuning the demo's defaults in the yaml does not change what the tests assume.
-        OmegaConf.update(cfg, "data.max_response_length", 8)
-        OmegaConf.update(cfg, "actor_rollout_ref.rollout.n", 8)
+        pinned = {
+            "data.max_prompt_length": 32, "data.max_response_length": 8, "data.train_batch_size": 16,
+            "actor_rollout_ref.rollout.n": 8, "actor_rollout_ref.actor.ppo_mini_batch_size": 8,
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 16,
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 32,
+        }
+        for key, value in pinned.items():
+            OmegaConf.update(cfg, key, value)
         for key, value in (overrides or {}).items():
             OmegaConf.update(cfg, key, value, force_add=True)
         return cfg

@@ -1,4 +1,4 @@
-"""Fixtures for the data tests: the demo tokenizer, a parquet writer and the data config."""
+"""Fixtures for the data tests: the demo tokenizer, the warmed-up demo model, a parquet writer and the data config."""
 
 from __future__ import annotations
 
@@ -36,6 +36,17 @@ def data_config(**overrides: Any) -> DictConfig:
 def tokenizer():
     """Demo tokenizer: "<|user|>" + content + "<|assistant|>", every digit one token."""
     return build_demo_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def warm_model(tokenizer):
+    """The demo model after its warm-up (as in the demo dir), eval mode; copy it before training it."""
+    from megarl.data.demo_model import build_demo_model
+    from megarl.data.demo_warmup import warm_up
+
+    model = build_demo_model(tokenizer)
+    warm_up(model, tokenizer)
+    return model
 
 
 def chat(content: str) -> list[dict[str, str]]:

@@ -1,6 +1,7 @@
 """The embedded demo: deterministic assets, loadable by transformers, built only where asked."""
 
 import hashlib
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -11,8 +12,16 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from megarl.data.demo import TRAIN_ROWS, VAL_ROWS, demo_dir, ensure_demo_assets
-from megarl.data.demo_data import DATA_VERSION, VERSION_KEY, data_version, generate_rows, make_prompt_text, write_rows_parquet
+from megarl.data.demo import MODEL_STAMP, MODEL_VERSION, TRAIN_ROWS, VAL_ROWS, demo_dir, ensure_demo_assets, model_stamp
+from megarl.data.demo_data import (
+    DATA_VERSION,
+    PROBLEMS,
+    VERSION_KEY,
+    data_version,
+    generate_rows,
+    make_prompt_text,
+    write_rows_parquet,
+)
 from megarl.reward.demo_task import DATA_SOURCE, compute_score
 
 
@@ -57,20 +66,22 @@ def test_assets_are_deterministic(built):
 def test_rows_follow_the_task_definition(built):
     train = pq.read_table(built[0] / "train.parquet").to_pylist()
     val = pq.read_table(built[0] / "val.parquet").to_pylist()
-    assert len(train) == TRAIN_ROWS and len(val) == VAL_ROWS
+    assert len(train) == TRAIN_ROWS and len(val) == VAL_ROWS == 200
     for split, rows in (("train", train), ("val", val)):
         for i, r in enumerate(rows):
             assert r["data_source"] == DATA_SOURCE and r["reward_model"]["style"] == "rule"
             assert r["extra_info"] == {"split": split, "index": i}
             (message,) = r["prompt"]
             assert message["role"] == "user"
-            question, digits = message["content"].split(" : ")
-            assert question == "largest digit"
-            assert r["reward_model"]["ground_truth"] == max(digits.split())
-    answers = [r["reward_model"]["ground_truth"] for r in train]
-    assert all(len(r["prompt"][0]["content"].split(" : ")[1].split()) == 2 for r in train + val)
-    assert 0.15 < answers.count("9") / len(answers) < 0.23  # 1 - 0.9**2 = 0.19
-    assert 0.0 < answers.count("0") / len(answers) < 0.03  # both digits 0: 0.01
+            a, op, b, equals = message["content"].split(" ")
+            assert a in "0123456789" and b in "0123456789" and op in "+-" and equals == "="
+            assert r["reward_model"]["ground_truth"] == str(int(a) + int(b) if op == "+" else int(a) - int(b))
+    assert sorted(r["prompt"][0]["content"] for r in val) == sorted(make_prompt_text(*p) for p in PROBLEMS)
+    answers = [r["reward_model"]["ground_truth"] for r in val]
+    # every answer 0..9 is right for 11 problems, any other for fewer: best constant 11/200
+    assert max(answers.count(x) for x in set(answers)) == 11 == answers.count("0") == answers.count("9")
+    ops = [r["prompt"][0]["content"].split(" ")[1] for r in train]
+    assert 0.45 < ops.count("+") / len(ops) < 0.55
 
 
 def test_generate_rows_depends_on_seed_and_split():
@@ -79,23 +90,28 @@ def test_generate_rows_depends_on_seed_and_split():
     assert generate_rows("train", 8, 0) != generate_rows("val", 8, 0)
     with pytest.raises(ValueError, match="demo split"):
         generate_rows("test", 1, 0)
+    with pytest.raises(ValueError, match="at most 200 rows"):
+        generate_rows("val", 201, 0)
 
 
 def test_tokenizer_loads_and_round_trips_task_text(built):
     tokenizer = AutoTokenizer.from_pretrained(built[0] / "model")
     assert len(tokenizer) == 64
-    text = make_prompt_text([3, 7, 1, 5, 2])
+    text = make_prompt_text(7, "-", 9)
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     assert tokenizer.decode(ids) == text
-    digits = tokenizer("3 7 1 5 2", add_special_tokens=False)["input_ids"]
-    assert tokenizer.convert_ids_to_tokens(digits) == ["3", "Ġ", "7", "Ġ", "1", "Ġ", "5", "Ġ", "2"]
+    assert tokenizer.convert_ids_to_tokens(ids) == ["7", "Ġ-", "Ġ", "9", "Ġ="]
     chat = [{"role": "user", "content": text}]
     rendered = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
     assert rendered == f"<|user|>{text}<|assistant|>"
-    # a response as the rollout decodes it: digits, spaces, then eos/pad (skipped)
-    response = tokenizer.convert_tokens_to_ids(["9", "Ġ", "3", "<eos>", "<pad>"])
+    assert len(tokenizer(rendered, add_special_tokens=False)["input_ids"]) == 7  # the yaml's max_prompt_length is 8
+    # answers: the minus sign and every digit are one token each
+    assert tokenizer.convert_ids_to_tokens(tokenizer("-2", add_special_tokens=False)["input_ids"]) == ["-", "2"]
+    assert tokenizer.convert_ids_to_tokens(tokenizer("13", add_special_tokens=False)["input_ids"]) == ["1", "3"]
+    # a response as the rollout decodes it: answer tokens, then eos/pad (skipped)
+    response = tokenizer.convert_tokens_to_ids(["-", "2", "<eos>", "<pad>"])
     decoded = tokenizer.decode(response, skip_special_tokens=True)
-    assert decoded == "9 3" and compute_score(decoded, "9") == 1.0
+    assert decoded == "-2" and compute_score(decoded, "-2") == 1.0
 
 
 def test_model_has_the_specified_shape_and_loads(built):
@@ -110,17 +126,44 @@ def test_model_has_the_specified_shape_and_loads(built):
     assert (c.eos_token_id, c.pad_token_id) == (tokenizer.eos_token_id, tokenizer.pad_token_id)
     logits = model(torch.tensor([[4, 5, 6]])).logits
     assert logits.shape == (1, 3, 64) and torch.isfinite(logits).all()
+    assert model_stamp(built[0] / "model") == {"data_version": DATA_VERSION, "model_version": MODEL_VERSION}
+
+
+def stamped_model_dir(root: Path, stamp: dict | None) -> Path:
+    """A fake demo model dir: a marker file and, unless None, ``stamp`` as its version stamp."""
+    (root / "model").mkdir()
+    (root / "model" / "mine").write_text("x")
+    if stamp is not None:
+        (root / "model" / MODEL_STAMP).write_text(json.dumps(stamp))
+    return root / "model"
 
 
 def test_existing_assets_are_not_rebuilt(tmp_path, monkeypatch):
     monkeypatch.setenv("MEGARL_DEMO_DIR", str(tmp_path))
     write_rows_parquet(generate_rows("train", 3, 7), tmp_path / "train.parquet")  # current version, other rows
-    (tmp_path / "model").mkdir()
-    (tmp_path / "model" / "mine").write_text("x")
+    stamped_model_dir(tmp_path, {"data_version": DATA_VERSION, "model_version": MODEL_VERSION})
     cfg = {"data": {"train_files": str(tmp_path / "train.parquet")}, "actor_rollout_ref": {"model": {"path": str(tmp_path / "model")}}}
     assert ensure_demo_assets(cfg) == [tmp_path / "model", tmp_path / "train.parquet"]
     assert pq.read_table(tmp_path / "train.parquet").to_pylist() == generate_rows("train", 3, 7)
-    assert [p.name for p in (tmp_path / "model").iterdir()] == ["mine"]
+    assert sorted(p.name for p in (tmp_path / "model").iterdir()) == [MODEL_STAMP, "mine"]
+
+
+@pytest.mark.parametrize("stamp", [None, {"data_version": DATA_VERSION, "model_version": MODEL_VERSION - 1}],
+                         ids=["unstamped (random-init model of older megarl)", "older model version"])
+def test_a_model_of_another_version_is_rebuilt(tmp_path, monkeypatch, stamp):
+    """The stale dir is replaced as a whole (the builder is faked: the real one is tested above)."""
+    import megarl.data.demo as demo
+
+    def fake_build(target: Path) -> None:
+        (target / "new").write_text("y")
+        (target / MODEL_STAMP).write_text(json.dumps({"data_version": DATA_VERSION, "model_version": MODEL_VERSION}))
+
+    monkeypatch.setitem(demo.BUILDERS, demo.MODEL_NAME, fake_build)
+    monkeypatch.setenv("MEGARL_DEMO_DIR", str(tmp_path))
+    model_dir = stamped_model_dir(tmp_path, stamp)
+    assert ensure_demo_assets({"actor_rollout_ref": {"model": {"path": str(model_dir)}}}) == [model_dir]
+    assert sorted(p.name for p in model_dir.iterdir()) == [MODEL_STAMP, "new"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # no stale or temporary dir left
 
 
 def test_a_split_of_another_data_version_is_rebuilt(tmp_path, monkeypatch):

@@ -53,7 +53,7 @@ def test_math_boxed_ground_truth_may_be_boxed():
 def test_default_dispatch_by_data_source():
     assert default_compute_score("openai/gsm8k", "#### 3", "3") == 1.0
     assert default_compute_score("lighteval/MATH", r"\boxed{3}", "3") == 1.0
-    assert default_compute_score(DATA_SOURCE, " 7 3", "7") == 1.0
-    assert default_compute_score(DATA_SOURCE, "3", "7") == 0.1
+    assert default_compute_score(DATA_SOURCE, " -2", "-2") == 1.0
+    assert default_compute_score(DATA_SOURCE, "2", "-2") == 0.0
     with pytest.raises(ValueError, match="data_source='my/data'.*custom_reward_function.path"):
         default_compute_score("my/data", "x", "y")
