@@ -134,7 +134,7 @@ RULES: tuple[CompatRule, ...] = tuple(
     + _rules("refuse", "not implemented in megarl's data loader",
              "data.gen_batch_size")
     + _rules("refuse", "not implemented in megarl's trainer",
-             "trainer.val_only", "trainer.v1.*", "algorithm.use_pf_ppo", "algorithm.pf_ppo.*",
+             "trainer.v1.*", "algorithm.use_pf_ppo", "algorithm.pf_ppo.*",
              "algorithm.filter_groups.max_inflight_gen_batches")
     + _rules("refuse", "distillation is not implemented in megarl", "distillation.*")
     + _rules("refuse", "verl's transfer queue has no counterpart in megarl (the controller moves DataProto through Ray)",

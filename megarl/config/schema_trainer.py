@@ -25,6 +25,7 @@ class TrainerConfig(Section):
     resume_mode: str = spec(choices=RESUME_MODES)
     resume_from_path: str | None = spec(path=True)
     val_before_train: bool = spec()
+    val_only: bool = spec()
     test_freq: int = spec()
     critic_warmup: int = spec(ge=0)
     default_local_dir: str = spec(path=True)

@@ -468,6 +468,8 @@ class RayPPOTrainer:
             val = self.validate()
             self.tracking.log(val, step=0)
             last.update(val)
+        if t.val_only:  # verl: the validation before training (val_before_train) is the whole run
+            return last
         test_freq, save_freq = int(t.test_freq), int(t.save_freq)
         total_epochs = int(t.total_epochs)
         while self.global_step < self.total_steps and self.train_loader.sampler.epoch < total_epochs:
