@@ -65,7 +65,8 @@ def actor_rollout_ref_config(model_path: str, megatron: dict, **actor_overrides)
         # SGD (momentum 0.9): a step proportional to the gradient, unlike Adam's first step.
         "optim": {"optimizer": "sgd", "lr": 0.5, "lr_warmup_steps": -1, "lr_warmup_steps_ratio": 0.0,
                   "lr_decay_style": "constant", "min_lr_ratio": 0.0, "weight_decay": 0.01,
-                  "betas": [0.9, 0.999], "clip_grad": 1.0, "total_training_steps": -1},
+                  "betas": [0.9, 0.999], "clip_grad": 1.0, "total_training_steps": -1,
+                  "use_checkpoint_opt_param_scheduler": False},
         "checkpoint": {"save_contents": ["model", "optimizer", "extra"], "load_contents": ["model", "optimizer", "extra"]},
         "megatron": megatron,
     }
@@ -109,7 +110,8 @@ def critic_config(model_path: str, megatron: dict, **overrides):
         "model": {"path": model_path, "override_config": {}},
         "megatron": megatron,
         "optim": {"optimizer": "sgd", "lr": 0.5, "lr_warmup_steps": -1, "lr_decay_style": "constant",
-                  "weight_decay": 0.01, "betas": [0.9, 0.999], "clip_grad": 1.0, "total_training_steps": -1},
+                  "weight_decay": 0.01, "betas": [0.9, 0.999], "clip_grad": 1.0, "total_training_steps": -1,
+                  "use_checkpoint_opt_param_scheduler": False},
         "ppo_mini_batch_size": 8, "ppo_micro_batch_size_per_gpu": 4, "use_dynamic_bsz": False,
         "ppo_max_token_len_per_gpu": 64, "ppo_epochs": 1, "shuffle": False, "cliprange_value": 0.5,
         "loss_agg_mode": "token-mean",
