@@ -8,7 +8,7 @@ from megarl.config.schema_actor import ActorRolloutRefConfig
 from megarl.config.schema_algorithm import AlgorithmConfig
 from megarl.config.schema_critic import CriticConfig
 from megarl.config.schema_data import DataConfig
-from megarl.config.schema_reward import CustomRewardFunctionConfig, RewardModelConfig
+from megarl.config.schema_reward import CustomRewardFunctionConfig, RewardConfig, RewardModelConfig
 from megarl.config.schema_trainer import RayInitConfig, TrainerConfig
 from megarl.config.spec import spec
 
@@ -21,6 +21,7 @@ class MegaRLConfig:
     actor_rollout_ref: ActorRolloutRefConfig = spec()
     critic: CriticConfig = spec()
     reward_model: RewardModelConfig = spec()
+    reward: RewardConfig = spec()
     custom_reward_function: CustomRewardFunctionConfig = spec()
     algorithm: AlgorithmConfig = spec()
     trainer: TrainerConfig = spec()

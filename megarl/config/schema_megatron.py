@@ -49,6 +49,7 @@ class OptimConfig:
     betas: list[float] = spec(ge=0, lt=1)
     clip_grad: float = spec(gt=0)
     total_training_steps: int = spec(ge=-1)
+    use_checkpoint_opt_param_scheduler: bool = spec()
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Schema of `reward_model` and `custom_reward_function`."""
+"""Schema of `reward`, `reward_model` and `custom_reward_function`."""
 
 from __future__ import annotations
 
@@ -34,6 +34,11 @@ class RewardModelConfig:
     megatron: MegatronInferConfig = spec()
     micro_batch_size_per_gpu: int = spec(ge=1)
     max_length: int | None = spec(ge=1)
+
+
+@dataclass
+class RewardConfig:
+    timeout: float = spec(gt=0)
 
 
 @dataclass

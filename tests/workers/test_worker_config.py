@@ -54,7 +54,7 @@ def test_lr_schedule_warmup_then_linear_decay():
 
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     optim = {"lr": 1.0, "lr_warmup_steps": 2, "lr_decay_style": "linear", "min_lr_ratio": 0.2,
-             "weight_decay": 0.0, "total_training_steps": 6}
+             "weight_decay": 0.0, "total_training_steps": 6, "use_checkpoint_opt_param_scheduler": False}
     scheduler = build_scheduler(optimizer, optim, prefix="critic.optim")
     lrs = []
     for _ in range(7):

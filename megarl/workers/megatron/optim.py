@@ -3,7 +3,9 @@
 Keys read (`actor_rollout_ref.actor.optim` / `critic.optim`): optimizer (adam|sgd), lr,
 lr_warmup_steps (-1 = lr_warmup_steps_ratio * total_training_steps), lr_warmup_steps_ratio,
 lr_decay_style (constant|linear|cosine), min_lr_ratio, weight_decay, betas, clip_grad,
-total_training_steps (set by the trainer; -1 = unknown, only `constant` decay allowed).
+total_training_steps (set by the trainer; -1 = unknown, only `constant` decay allowed),
+use_checkpoint_opt_param_scheduler (on resume: false = the schedule's values come from this
+config, true = from the checkpoint; the step count always comes from the checkpoint).
 `megatron.use_distributed_optimizer` shards optimizer state over DP (GPU only, see below).
 A non-finite gradient is never applied (`guard_nonfinite_grads`); the workers decide
 whether that stops the run (`trainer.nan_policy`, megarl.utils.nonfinite).
@@ -181,7 +183,13 @@ def build_scheduler(optimizer, optim_cfg: Mapping[str, Any], *, prefix: str) -> 
 
     One scheduler step per training step (`MegatronEngine.step_scheduler`, once per
     update_policy / update_critic call), as verl counts `total_training_steps`.
+    `use_checkpoint_opt_param_scheduler` (verl): when a checkpoint's scheduler state is loaded,
+    false overrides its lr / min lr / warmup / decay / weight decay with this config's
+    (megatron's `override_opt_param_scheduler`), true keeps the checkpoint's. Either way the
+    schedule continues at the checkpoint's step count (verl's false restarts it at 0, which
+    would repeat the warmup).
     """
+    use_checkpoint = bool(optim_cfg["use_checkpoint_opt_param_scheduler"])
     lr = float(optim_cfg.get("lr"))
     total = int(_get(optim_cfg, "total_training_steps", -1, prefix))
     style = _get(optim_cfg, "lr_decay_style", "constant", prefix)
@@ -212,6 +220,6 @@ def build_scheduler(optimizer, optim_cfg: Mapping[str, Any], *, prefix: str) -> 
         end_wd=weight_decay,
         wd_incr_steps=decay_steps,
         wd_incr_style="constant",
-        use_checkpoint_opt_param_scheduler=True,
-        override_opt_param_scheduler=False,
+        use_checkpoint_opt_param_scheduler=use_checkpoint,
+        override_opt_param_scheduler=not use_checkpoint,
     )
