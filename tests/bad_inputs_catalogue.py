@@ -271,7 +271,7 @@ CASES: tuple[Case, ...] = (
                                                    for i in range(20)]), readme=True),
     Case("reward_model_none", ("data.train_files={dir}/train.parquet",), "data.train_files",
          ("row 2: reward_model is None", "(+1 more)"),
-         setup=rows_file("train.parquet", lambda: [{**row(i), "reward_model": None if i in (2, 9) else {"style": "rule", "ground_truth": "3"}}
+         setup=rows_file("train.parquet", lambda: [{**row(i), "reward_model": None if i in (2, 9, 11, 15) else {"style": "rule", "ground_truth": "3"}}
                                                    for i in range(20)])),
     Case("data_source_without_scorer", ("data.train_files={dir}/train.parquet",), "custom_reward_function.path",
          ("without a built-in scorer: 'my_task' (first at", "row 5)", "set custom_reward_function.path / name"),
