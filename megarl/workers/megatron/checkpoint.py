@@ -13,7 +13,7 @@ rank hashes a share of the files), which the controller verifies before a resume
 disk is raised as `StorageError` naming the directory, mount and free space. A resume
 applies the current config's optimizer hyperparameters: the lr schedule per
 `optim.use_checkpoint_opt_param_scheduler` (megarl.workers.megatron.optim.build_scheduler),
-Adam's betas always from the config.
+everything else (Adam's betas, ...) always from the config.
 """
 
 from __future__ import annotations
@@ -167,8 +167,9 @@ def load_checkpoint(engine, path: str, *, contents: Sequence[str]) -> dict[str, 
     if "model" in contents:
         _load_model_state(engine.chunks, loaded)
     if "optimizer" in contents and engine.optimizer is not None:
+        configured = [{k: v for k, v in group.items() if k != "params"} for group in engine.optimizer.param_groups]
         engine.optimizer.load_state_dict(loaded["optimizer"])
-        _apply_config_betas(engine)
+        _restore_configured_hyperparams(engine, configured)
     if "extra" in contents:
         if engine.scheduler is not None and "lr_scheduler" in common:
             engine.scheduler.load_state_dict(common["lr_scheduler"])
@@ -178,12 +179,16 @@ def load_checkpoint(engine, path: str, *, contents: Sequence[str]) -> dict[str, 
     return meta
 
 
-def _apply_config_betas(engine) -> None:
-    """Adam's betas from the current `optim.betas` (a loaded optimizer state carries the old ones)."""
-    betas = tuple(float(b) for b in engine.optim_cfg["betas"])
-    for group in engine.optimizer.param_groups:
-        if "betas" in group:
-            group["betas"] = betas
+def _restore_configured_hyperparams(engine, configured: list[dict[str, Any]]) -> None:
+    """A loaded optimizer state replaces every param-group setting (lr, betas, weight decay and
+    megatron's per-group max_lr / min_lr, which the scheduler reads) with the checkpoint's:
+    put back the ones built from the current config (``configured``, one dict per group), except
+    max_lr / min_lr when `optim.use_checkpoint_opt_param_scheduler` keeps the checkpoint's schedule."""
+    keep_schedule = bool(engine.optim_cfg["use_checkpoint_opt_param_scheduler"])
+    for group, settings in zip(engine.optimizer.param_groups, configured):
+        for key, value in settings.items():
+            if not (keep_schedule and key in ("max_lr", "min_lr")):
+                group[key] = value
 
 
 def _load_model_state(chunks: Sequence[torch.nn.Module], loaded: dict[str, Any]) -> None:
