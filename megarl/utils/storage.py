@@ -69,7 +69,11 @@ def storage_error(error: BaseException, path: str | os.PathLike) -> StorageError
         free = shutil.disk_usage(mount).free
     except OSError:
         free = None
-    original = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    # the innermost message naming the failure (torch's DCP wraps "[Errno 28] ..." in a CheckpointException)
+    telling = [e for e in _chain(error) if (isinstance(e, OSError) and e.errno in _FULL_ERRNOS)
+               or any(w in str(e) for w in _SHORT_WRITE)] or [error]
+    original = next((line.strip() for line in str(telling[-1]).splitlines() if any(w in line for w in _SHORT_WRITE)),
+                    str(telling[-1]).strip().splitlines()[0] if str(telling[-1]).strip() else type(error).__name__)
     shown = "unknown" if free is None else human_bytes(free)
     if full or free is None or free < _LOW_FREE_BYTES:
         text = f"no space left on {mount} ({shown} free) while writing {path} ({original})"

@@ -36,13 +36,13 @@ pytestmark = pytest.mark.slow
 REWARD_FILE = """
 import os, time
 
-def score(data_source, solution_str, ground_truth, extra_info, hang_marker=None, fail=False):
+def score(data_source, solution_str, ground_truth, extra_info, hang_marker=None, fail=False, scale=1.0):
     if fail:
         raise KeyError("no 'answer' field in " + repr(solution_str))
     if hang_marker and not os.path.exists(hang_marker):
         open(hang_marker, "w").close()
         time.sleep(10**6)
-    return ((sum(map(ord, solution_str)) + int(ground_truth)) % 10) / 10.0
+    return scale * ((sum(map(ord, solution_str)) + int(ground_truth)) % 10) / 10.0
 """
 NO_RAY = "Started a local Ray instance"
 
@@ -76,8 +76,11 @@ def _digests(path: Path) -> dict[str, str]:
 
 
 def _assert_one_message(text: str, code: int, want_code: int) -> None:
+    """Exit code and no traceback from the driver (Ray forwards worker logs as "(WorkerHost pid=...)" lines:
+    vLLM logs a harmless traceback at start-up)."""
     assert code == want_code, text[-4000:]
-    assert "Traceback" not in text and "HYDRA_FULL_ERROR" not in text, text[-4000:]
+    driver = "\n".join(line for line in text.splitlines() if "pid=" not in line)
+    assert "Traceback" not in driver and "HYDRA_FULL_ERROR" not in driver, driver[-4000:]
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +160,7 @@ def test_4_auto_resume_falls_back_and_applies_the_new_lr(first_run, demo_dir, ru
     warning = next(line for line in text.splitlines() if "WARNING" in line and str(shard) in line)
     assert "global_step_2" in warning
     assert re.search(r"\[megarl\] resumed from \S+global_step_2 \(step 2\)", text), text[-4000:]
-    assert re.search(r"actor_rollout_ref\.actor\.optim\.lr: 0\.003 -> 0\.01 .*applied", text), text[-4000:]
+    assert re.search(r"actor_rollout_ref\.actor\.optim\.lr: 0\.003 -> 0\.01: applied", text), text[-4000:]
     records = read_metrics(run_dir)
     lrs = {r["step"]: r["actor/lr"] for r in records}
     assert lrs[3] == pytest.approx(0.01) and lrs[5] == pytest.approx(0.01)
@@ -170,7 +173,7 @@ def test_reward_exception_in_validation_is_one_message_with_the_sample(demo_dir,
     for word in ("validation", "step 0", "row 0", "prompt=", "ground_truth=", "KeyError", "fix:"):
         assert word in text, (word, text[-4000:])
     log = re.search(r"full traceback: (\S+)", text).group(1)
-    assert 'line 5, in score' in Path(log).read_text()
+    assert 'rel_reward.py", line 6, in score' in Path(log).read_text()
 
 
 def _mount_tmpfs(path: Path, size: str) -> bool:

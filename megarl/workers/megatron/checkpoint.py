@@ -116,7 +116,7 @@ def save_checkpoint(engine, path: str, *, contents: Sequence[str], global_step: 
                                tokenizer_dir=engine.model_path)
         torch.distributed.barrier()
         _write_checksums(path)
-    except Exception as error:
+    except BaseException as error:  # torch's CheckpointException is a BaseException
         raise_if_storage_error(error, path)
         raise
     torch.distributed.barrier()
