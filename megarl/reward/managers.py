@@ -129,6 +129,10 @@ class RewardManager:
         self.pool = ScoringPool(compute_score, PRIME_WORKERS if name == "prime" else 1, self.timeout_s)
         self._timeout_reported = False
 
+    def start(self) -> None:
+        """Start the scoring processes now (the trainer does, before Ray starts its threads)."""
+        self.pool.start()
+
     def close(self) -> None:
         self.pool.close()
 

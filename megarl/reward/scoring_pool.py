@@ -7,7 +7,10 @@ batches) that call the scorer; a call that has not returned ``timeout_s`` second
 was handed out is abandoned: its process is killed (SIGKILL) and replaced, its result is
 ``Outcome("timeout")``. A child that dies (segfault, ``os._exit``) gives
 ``Outcome("error")``. Fork keeps the scorer (and any module it was loaded from) without
-pickling it; only the arguments and the result cross the pipe.
+pickling it; only the arguments and the result cross the pipe. The trainer starts the
+children (``start``) before Ray does, so they are forked from a process without Ray's
+threads; only a replacement for a killed child is forked later. A scorer's changes to
+Python state stay in its child.
 """
 
 from __future__ import annotations
@@ -84,6 +87,12 @@ class ScoringPool:
         self.fn, self.processes, self.timeout_s = fn, max(1, int(processes)), float(timeout_s)
         self._children: list[_Child] = []
         self._lock = threading.Lock()  # the async reward thread and the loop never overlap; be sure
+
+    def start(self) -> None:
+        """Fork all ``processes`` children now (they are otherwise forked on first use)."""
+        with self._lock:
+            while len(self._children) < self.processes:
+                self._children.append(_Child(self.fn))
 
     def run(self, calls: list[tuple]) -> list[Outcome]:
         with self._lock:

@@ -175,6 +175,7 @@ class RayPPOTrainer:
             log_dir=root, total_steps=self.total_steps,
             config=OmegaConf.to_container(cfg, resolve=True),
         )
+        self.reward_fn.start()  # forked now: run_ppo builds the trainer before Ray starts threads here
 
     @contextmanager
     def _phase(self, name: str, timings: dict[str, float] | None = None) -> Iterator[None]:

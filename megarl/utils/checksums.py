@@ -19,6 +19,7 @@ from pathlib import Path
 
 MANIFEST = "checksums.json"
 _CHUNK = 8 << 20  # bytes per read: hashlib releases the GIL on large buffers, so threads overlap
+THREADS = min(16, os.cpu_count() or 1)
 
 
 class ChecksumError(RuntimeError):
@@ -49,7 +50,7 @@ def list_files(directory: str | os.PathLike) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and p.name != MANIFEST)
 
 
-def digest_files(directory: str | os.PathLike, names: Iterable[str], threads: int = 4) -> dict[str, dict]:
+def digest_files(directory: str | os.PathLike, names: Iterable[str], threads: int = THREADS) -> dict[str, dict]:
     """``{name: digest}`` for ``names`` (relative to ``directory``), hashed on ``threads`` threads."""
     names = list(names)
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(names)))) as pool:
@@ -86,7 +87,7 @@ def read_manifest(directory: str | os.PathLike) -> dict[str, dict]:
         raise ChecksumError(path, f"unreadable ({type(error).__name__}: {error})") from None
 
 
-def verify_manifest(directory: str | os.PathLike, threads: int = 4, select: Callable[[str], bool] | None = None) -> None:
+def verify_manifest(directory: str | os.PathLike, threads: int = THREADS, select: Callable[[str], bool] | None = None) -> None:
     """Check every file listed in ``<directory>/checksums.json``: present, same size, same sha256.
 
     Sizes are checked first (cheap; catches truncation), then the bytes. ``select``: check only
