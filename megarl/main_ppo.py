@@ -5,7 +5,10 @@ demo assets the config points at -> validate everything (layouts against each mo
 config.json, batch sizes, files) -> preflight (load the tokenizer, datasets and reward
 function as the trainer will) -> print the resolved config -> run the trainer (Ray starts
 here). A bad config or bad data exits with code 2 and a message naming each bad key, file
-and row and the fix; no traceback.
+and row and the fix; no traceback. A failure after that (a locked run directory, a damaged
+checkpoint, a reward function error, a full disk, a worker error) is one message too,
+naming the phase, step, worker or file and the fix, with the exit code of
+megarl.trainer.failures (3-7, 1 for the unforeseen) and the tracebacks in a log file.
 """
 
 from __future__ import annotations
@@ -38,6 +41,12 @@ EXIT_BAD_CONFIG = 2
 def _fail(error: ValueError) -> None:
     print(f"megarl: {error}", file=sys.stderr)
     sys.exit(EXIT_BAD_CONFIG)
+
+
+def exit_with(failure) -> None:
+    """Print a ``megarl.trainer.failures.RunFailure`` and exit with its code."""
+    print(failure.message(), file=sys.stderr, flush=True)
+    sys.exit(failure.code)
 
 
 def _optional(module: str, name: str):
@@ -98,13 +107,13 @@ def main(cfg: DictConfig) -> None:
     if run_ppo is None:
         print("megarl: config is valid; megarl.trainer.run_ppo is not available yet, nothing to run.")
         return
-    from megarl.data import DataError
-    from megarl.reward import RewardFunctionError
+    from megarl.trainer.failures import FailureContext, explain
 
     try:
         run_ppo(resolved)
-    except (ConfigError, DataError, RewardFunctionError) as error:  # a problem only the trainer can see
-        _fail(error)
+    except Exception as error:  # KeyboardInterrupt passes: Ctrl-C ends the run as usual
+        context = getattr(error, "megarl_context", None) or FailureContext(run_dir=resolved.trainer.default_local_dir)
+        exit_with(explain(error, context))
 
 
 def verl_config_path(argv: list[str]) -> list[str]:

@@ -282,6 +282,14 @@ CASES: tuple[Case, ...] = (
     Case("data_source_empty", ("data.train_files={dir}/train.parquet",), "data.reward_fn_key",
          ("row 0, column 'data_source': expected a non-empty string",),
          setup=rows_file("train.parquet", lambda: [row(i, source=None if i == 0 else SOURCE) for i in range(20)])),
+    Case("ground_truth_none", ("data.train_files={dir}/train.parquet",), "data.train_files",
+         ("row 4: reward_model.ground_truth is None", "put the expected answer in reward_model.ground_truth"),
+         setup=rows_file("train.parquet", lambda: [{**row(i), "reward_model": {"style": "rule", "ground_truth": None if i == 4 else "3"}}
+                                                   for i in range(20)]), readme=True),
+    Case("reward_model_none", ("data.train_files={dir}/train.parquet",), "data.train_files",
+         ("row 2: reward_model is None", "(+1 more)"),
+         setup=rows_file("train.parquet", lambda: [{**row(i), "reward_model": None if i in (2, 9, 11, 15) else {"style": "rule", "ground_truth": "3"}}
+                                                   for i in range(20)])),
     Case("data_source_without_scorer", ("data.train_files={dir}/train.parquet",), "reward.custom_reward_function.path",
          ("without a built-in scorer: 'my_task' (first at", "row 5)", "set reward.custom_reward_function.path / name"),
          setup=rows_file("train.parquet", lambda: [row(i, source="my_task" if i >= 5 else SOURCE) for i in range(20)]), readme=True),

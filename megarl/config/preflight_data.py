@@ -1,6 +1,8 @@
 """Preflight of the datasets: build each split's dataloader as the trainer will, then
-check every prompt's length (`data.truncation=error`) and that every data source has a
-built-in scorer when no custom reward function is set. Costs one tokenization pass."""
+check every prompt's length (`data.truncation=error`), that every row has a ground truth
+(`reward_model.ground_truth`; a None would reach the scorer, and the built-in ones compare
+against the string "None"), and that every data source has a built-in scorer when no
+custom reward function is set. Costs one tokenization pass."""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ def data_issues(cfg: DictConfig, tokenizer: Any, split: str, tokenizer_key: str 
         dataset = loader.dataset
         if not isinstance(dataset, RLDataset):
             return []  # a custom dataset checks its own rows
-        issues = _overlong(cfg, dataset, files_key)
+        issues = _overlong(cfg, dataset, files_key) + _ground_truths(cfg, dataset, files_key)
         return issues + (_data_sources(cfg, dataset, files_key) if not issues else [])
     except DataError as exc:
         key = {"data.tokenizer": tokenizer_key, CHAT_TEMPLATE_KEY: CHAT_TEMPLATE_KEY if value_at(cfg, CHAT_TEMPLATE_KEY) is not None
@@ -56,6 +58,26 @@ def _overlong(cfg: DictConfig, dataset: Any, files_key: str) -> list[Issue]:
         "data.max_prompt_length", limit,
         f"{len(rows)} of {len(dataset)} prompts in {files_key} are longer and data.truncation=error: {listed}{more}",
         f"{TOO_LONG_FIX}; the longest prompt has {max(n for _, _, n in rows)} tokens",
+    )]
+
+
+def _ground_truths(cfg: DictConfig, dataset: Any, files_key: str) -> list[Issue]:
+    """Rows whose reward_model (or its ground_truth) is None, first few by file and row."""
+    missing = []
+    for row, (path, index) in zip(dataset.rows, dataset.origins):
+        reward_model = row.get("reward_model")
+        if reward_model is None:
+            missing.append(f"{path}, row {index}: reward_model is None")
+        elif isinstance(reward_model, dict) and reward_model.get("ground_truth") is None:
+            missing.append(f"{path}, row {index}: reward_model.ground_truth is None")
+    if not missing:
+        return []
+    more = f" (+{len(missing) - MAX_LISTED_ROWS} more)" if len(missing) > MAX_LISTED_ROWS else ""
+    return [Issue(
+        files_key, value_at(cfg, files_key),
+        f"{len(missing)} of {len(dataset)} rows have no ground truth for the reward function (it would get None; the "
+        f"built-in scorers would compare with the string 'None'): {'; '.join(missing[:MAX_LISTED_ROWS])}{more}",
+        "put the expected answer in reward_model.ground_truth (a string) of every row, or drop those rows",
     )]
 
 

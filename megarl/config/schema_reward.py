@@ -24,6 +24,7 @@ class RewardManagerConfig(Section):
 
 @dataclass
 class RewardConfig(Section):
+    timeout: float = spec(gt=0)
     custom_reward_function: CustomRewardFunctionConfig = spec()
     reward_manager: RewardManagerConfig = spec()
     reward_kwargs: dict[str, Any] = spec()

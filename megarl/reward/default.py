@@ -27,6 +27,11 @@ def default_compute_score(
     ``reward.custom_reward_function.path`` at your own scorer for other data).
     """
     del extra_info
+    if ground_truth is None:  # str(None) == "None" would be scored as the expected answer
+        raise ValueError(
+            f"ground_truth is None for data_source={data_source!r}: the row has no reward_model.ground_truth; "
+            "fill it in the data (preflight lists such rows)"
+        )
     if data_source == demo_task.DATA_SOURCE:
         return demo_task.compute_score(solution_str, str(ground_truth))
     if data_source in GSM8K_SOURCES:

@@ -2,38 +2,51 @@
 
 Every manager puts a response's score on its last valid token (0 elsewhere) and returns
 ``(token_level_scores, reward_extra_info)``, where ``reward_extra_info`` maps a name to a
-list of length B (``score`` always; any extra keys a scorer returns in a dict).
+list of length B (``score`` and ``timeout`` always; any extra keys a scorer returns in a dict).
 
 * ``naive``: one ``fn(data_source, solution_str, ground_truth, extra_info)`` call per row.
 * ``batch``: one ``fn(data_sources, solution_strs, ground_truths, extra_infos)`` call with
   lists, returning a list of scores.
-* ``prime``: the per-row calls in a process pool with a timeout for the batch (rows not
-  done by then score 0 and is counted in ``reward/timeouts``).
+* ``prime``: the per-row calls on ``PRIME_WORKERS`` processes at once.
 * ``dapo``: per-row scores plus DAPO's overlong penalty (``reward.reward_kwargs.overlong_buffer_cfg``).
 
-A scorer that raises, or returns NaN/Inf, is reported with the row index and its data_source.
+Every call runs in a child process (megarl.reward.scoring_pool) and is bounded by
+``reward.timeout`` seconds: a call past it is killed and its sample scores
+``TIMEOUT_SCORE`` = 0.0 (verl's rule), ``reward_extra_info["timeout"]`` is 1.0 for it (the
+trainer logs the count as ``reward/timeouts``), and the first one is printed with the sample.
+For ``batch`` the one call covers the whole batch: a timeout scores every row 0.0.
+
+A score must be a real number (int, float, numpy number; not bool, str or tensor) or a dict
+with such a ``score``. A scorer that raises, returns anything else, or NaN/Inf raises
+``RewardError`` naming training / validation, the step, the row and its data_source, prompt,
+ground truth and response; the scorer's traceback is kept in ``scorer_traceback``.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import math
-import multiprocessing
-import time
+import numbers
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from megarl.protocol import DataProto
+from megarl.reward.scoring_pool import Outcome, ScoringPool
 
 REWARD_MANAGERS = ("naive", "batch", "prime", "dapo")
-PRIME_TIMEOUT_S = 300.0  # for all rows of a batch
 PRIME_WORKERS = 4
+TIMEOUT_SCORE = 0.0
+_SHOWN_CHARS = 200  # of a prompt / response in messages
 
 
 class RewardError(RuntimeError):
-    """A scorer failed on a row; the message names the row and its data_source."""
+    """A scorer failed on a row; the message names where (training / validation, step) and the
+    sample. ``scorer_traceback``: the scorer's own traceback (for the failure log), or ""."""
+
+    def __init__(self, message: str, scorer_traceback: str = "") -> None:
+        super().__init__(message)
+        self.scorer_traceback = scorer_traceback
 
 
 def _ground_truth(row_reward_model: Any) -> Any:
@@ -61,31 +74,47 @@ def place_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Ten
     return out
 
 
+def _number(value: Any) -> float:
+    """``value`` as a float when it is a real number; TypeError otherwise (no coercion of
+    "1.0", True or tensors: a reward function returning those has a bug)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"returned {value!r} ({type(value).__name__}); a reward must be a real number (int or float), "
+                        "or a dict whose 'score' is one")
+    return float(value)
+
+
 def _split_result(result: Any) -> tuple[float, dict[str, Any]]:
     """A scorer returns a number or a dict with ``score`` (+ extra per-row values)."""
     if isinstance(result, dict):
         if "score" not in result:
             raise ValueError(f"a reward function that returns a dict must include 'score', got keys {list(result)}")
         extra = {k: v for k, v in result.items() if k != "score"}
-        return float(result["score"]), extra
-    return float(result), {}
+        return _number(result["score"]), extra
+    return _number(result), {}
 
 
-def _call_one(fn: Callable[..., Any], args: tuple) -> Any:
-    return fn(*args)
+def _shown(value: Any) -> str:
+    """repr of ``value`` for a message, a long string cut to _SHOWN_CHARS."""
+    if isinstance(value, str) and len(value) > _SHOWN_CHARS:
+        return repr(value[:_SHOWN_CHARS]) + f"...(+{len(value) - _SHOWN_CHARS} chars)"
+    text = repr(value)
+    return text if len(text) <= 2 * _SHOWN_CHARS else text[: 2 * _SHOWN_CHARS] + "..."
 
 
 class RewardManager:
-    """Scores a rollout batch. Args: tokenizer (decodes responses), compute_score (the
-    scorer; see ``megarl.reward.custom.load_reward_fn``), name (one of REWARD_MANAGERS),
-    reward_fn_key (non-tensor column with the data source, ``data.reward_fn_key``),
-    overlong (``(buffer_len, penalty_factor, max_response_length)`` for dapo, else None)."""
+    """Scores a rollout batch. Args: tokenizer (decodes prompts and responses), compute_score
+    (the scorer; see ``megarl.reward.custom.load_reward_fn``), name (one of REWARD_MANAGERS),
+    timeout_s (``reward.timeout``: seconds per scoring call), reward_fn_key (non-tensor column
+    with the data source, ``data.reward_fn_key``), overlong (``(buffer_len, penalty_factor,
+    max_response_length)`` for dapo, else None). ``close()`` stops the scoring processes."""
 
     def __init__(
         self,
         tokenizer: Any,
         compute_score: Callable[..., Any],
         name: str = "naive",
+        *,
+        timeout_s: float,
         reward_fn_key: str = "data_source",
         overlong: tuple[int, float, int] | None = None,
     ) -> None:
@@ -94,8 +123,18 @@ class RewardManager:
         self.tokenizer = tokenizer
         self.compute_score = compute_score
         self.name = name
+        self.timeout_s = float(timeout_s)
         self.reward_fn_key = reward_fn_key
         self.overlong = overlong
+        self.pool = ScoringPool(compute_score, PRIME_WORKERS if name == "prime" else 1, self.timeout_s)
+        self._timeout_reported = False
+
+    def start(self) -> None:
+        """Start the scoring processes now (the trainer does, before Ray starts its threads)."""
+        self.pool.start()
+
+    def close(self) -> None:
+        self.pool.close()
 
     def _rows(self, data: DataProto) -> list[tuple]:
         n = len(data)
@@ -111,85 +150,88 @@ class RewardManager:
         texts = decode_responses(data, self.tokenizer)
         return [(sources[i], texts[i], _ground_truth(truths[i]), extras[i]) for i in range(n)]
 
-    def _fail(self, i: int, row: tuple, error: BaseException) -> RewardError:
-        return RewardError(
-            f"reward function failed on row {i} (data_source={row[0]!r}): {type(error).__name__}: {error}"
-        )
+    def _prompt(self, data: DataProto, i: int) -> str | None:
+        if "prompts" not in data.batch.keys():
+            return None
+        ids = data.batch["prompts"][i]
+        if "attention_mask" in data.batch.keys():
+            ids = ids[data.batch["attention_mask"][i, : ids.shape[0]].bool()]
+        return self.tokenizer.decode(ids.tolist(), skip_special_tokens=True)
 
-    def _per_row(self, rows: list[tuple]) -> tuple[list[Any], int]:
-        if self.name == "prime":
-            return self._parallel(rows)
-        results = []
-        for i, row in enumerate(rows):
-            try:
-                results.append(self.compute_score(*row))
-            except Exception as error:
-                raise self._fail(i, row, error) from error
-        return results, 0
+    def _sample(self, data: DataProto, i: int, row: tuple) -> str:
+        """Where (training / validation, step) and what (row, data_source, prompt, truth, response)."""
+        phase = "validation" if data.meta_info.get("validate", False) else "training"
+        step = data.meta_info.get("global_step")
+        at = phase if step is None else f"{phase} at step {step}"
+        prompt = self._prompt(data, i)
+        shown = "" if prompt is None else f"prompt={_shown(prompt)}, "
+        return f"row {i} (data_source={row[0]!r}) in {at}; sample: {shown}ground_truth={_shown(row[2])}, response={_shown(row[1])}"
 
-    def _parallel(self, rows: list[tuple]) -> tuple[list[Any], int]:
-        results: list[Any] = [0.0] * len(rows)
-        timeouts = 0
-        ctx = multiprocessing.get_context("fork")
-        pool = concurrent.futures.ProcessPoolExecutor(max_workers=PRIME_WORKERS, mp_context=ctx)
+    def _fail(self, data: DataProto, i: int, row: tuple, problem: str, scorer_traceback: str = "") -> RewardError:
+        return RewardError(f"reward function failed on {self._sample(data, i, row)}: {problem}", scorer_traceback)
+
+    def _report_timeout(self, data: DataProto, i: int, row: tuple) -> None:
+        if self._timeout_reported:
+            return
+        self._timeout_reported = True
+        print(f"[megarl] WARNING: reward.timeout={self.timeout_s:g} s: the reward function did not return on "
+              f"{self._sample(data, i, row)}; the call was killed and the sample scores {TIMEOUT_SCORE}. Later "
+              "timeouts are only counted (metric reward/timeouts).", flush=True)
+
+    def _outcomes(self, data: DataProto, rows: list[tuple]) -> list[Outcome]:
+        """One Outcome per row; for ``batch`` the one call's result split per row."""
+        if self.name != "batch":
+            return self.pool.run(rows)
+        columns = tuple(list(c) for c in zip(*rows)) if rows else ([], [], [], [])
+        (outcome,) = self.pool.run([columns])
+        if outcome.kind == "timeout":
+            return [outcome] * len(rows)
+        if outcome.kind == "error":
+            raise RewardError(f"batch reward function failed on the batch of {len(rows)} rows (first: "
+                              f"{self._sample(data, 0, rows[0]) if rows else 'none'}): {outcome.error_type}: "
+                              f"{outcome.error_text}", outcome.traceback)
         try:
-            futures = [pool.submit(_call_one, self.compute_score, row) for row in rows]
-            deadline = time.monotonic() + PRIME_TIMEOUT_S  # rows run in parallel: one shared budget
-            for i, future in enumerate(futures):
-                try:
-                    results[i] = future.result(timeout=max(0.0, deadline - time.monotonic()))
-                except concurrent.futures.TimeoutError:
-                    timeouts += 1
-                except Exception as error:
-                    raise self._fail(i, rows[i], error) from error
-        finally:
-            # A hung scorer must not hold the step: kill the pool's processes instead of joining them.
-            processes = list((getattr(pool, "_processes", None) or {}).values())
-            pool.shutdown(wait=False, cancel_futures=True)
-            for process in processes:
-                if process.is_alive():
-                    process.terminate()
-        return results, timeouts
+            results = list(outcome.value)
+        except TypeError:
+            raise RewardError(f"batch reward function returned {type(outcome.value).__name__}, not a list of scores") from None
+        if len(results) != len(rows):
+            raise RewardError(f"batch reward function returned {len(results)} scores for {len(rows)} rows")
+        return [Outcome("ok", value=r) for r in results]
 
     def __call__(self, data: DataProto) -> tuple[torch.Tensor, dict[str, list[Any]]]:
         """Returns token_level_scores ``[B, R]`` and reward_extra_info (lists of length B)."""
         rows = self._rows(data)
-        timeouts = 0
-        if self.name == "batch":
-            columns = [list(c) for c in zip(*rows)] if rows else [[], [], [], []]
+        scores, timeouts, extra = [], [], {}
+        for i, outcome in enumerate(self._outcomes(data, rows)):
+            if outcome.kind == "timeout":
+                self._report_timeout(data, i, rows[i])
+                scores.append(TIMEOUT_SCORE)
+                timeouts.append(1.0)
+                continue
+            if outcome.kind == "error":
+                raise self._fail(data, i, rows[i], f"{outcome.error_type}: {outcome.error_text}", outcome.traceback)
             try:
-                results = list(self.compute_score(*columns))
-            except Exception as error:
-                raise RewardError(f"batch reward function failed: {type(error).__name__}: {error}") from error
-            if len(results) != len(rows):
-                raise RewardError(f"batch reward function returned {len(results)} scores for {len(rows)} rows")
-        else:
-            results, timeouts = self._per_row(rows)
-        scores, extra = [], {}
-        for i, result in enumerate(results):
-            try:
-                score, more = _split_result(result)
+                score, more = _split_result(outcome.value)
             except (TypeError, ValueError) as error:
-                raise self._fail(i, rows[i], error) from error
+                raise self._fail(data, i, rows[i], str(error)) from None
             if not math.isfinite(score):
-                raise self._fail(i, rows[i], ValueError(
-                    f"score is {score}; a reward must be a finite number (fix the reward function, e.g. "
-                    "reward.custom_reward_function.path, for this row)"))
+                raise self._fail(data, i, rows[i], f"score is {score}; a reward must be a finite number (fix the reward "
+                                                   "function, e.g. reward.custom_reward_function.path, for this row)")
             scores.append(score)
+            timeouts.append(0.0)
             for k, v in more.items():
-                extra.setdefault(k, [None] * len(results))[i] = v
+                extra.setdefault(k, [None] * len(rows))[i] = v
         score_t = torch.tensor(scores, dtype=torch.float32)
         mask = data.batch["response_mask"]
         token_level_scores = place_scores(score_t, mask)
         extra["score"] = scores
+        extra["timeout"] = timeouts
         if self.name == "dapo" and self.overlong is not None:
             from megarl.algorithms import apply_overlong_penalty
 
             buffer_len, factor, max_len = self.overlong
             token_level_scores, penalty = apply_overlong_penalty(token_level_scores, mask, max_len, buffer_len, factor)
             extra["overlong_penalty"] = penalty.tolist()
-        if self.name == "prime":
-            extra["timeouts"] = [timeouts] * len(rows)
         return token_level_scores, extra
 
 
@@ -207,6 +249,7 @@ def build_reward_manager(cfg: Any, tokenizer: Any) -> RewardManager:
         tokenizer,
         load_reward_fn(cfg.reward.custom_reward_function),
         name=name,
+        timeout_s=float(cfg.reward.timeout),
         reward_fn_key=cfg.data.reward_fn_key,
         overlong=overlong,
     )

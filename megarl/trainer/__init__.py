@@ -11,38 +11,56 @@ from omegaconf import DictConfig
 
 
 def run_ppo(cfg: DictConfig) -> dict[str, Any]:
-    """Start (or join) Ray, build the trainer, train; returns the last step's metrics."""
+    """Hold trainer.default_local_dir, build the trainer (data, reward, the checkpoint to resume:
+    all checked before Ray starts), start (or join) Ray and the workers, train; returns the last
+    step's metrics. An exception leaves with ``megarl_context`` (a FailureContext: phase, step,
+    run dir) for megarl.trainer.failures."""
+    import os
+
     import ray
 
+    from megarl.trainer.failures import FailureContext
     from megarl.trainer.ppo_trainer import RayPPOTrainer
+    from megarl.trainer.run_lock import hold_run_dir
 
-    started = False
-    if not ray.is_initialized():
-        # RAY_ADDRESS (set by launch/*.sh) joins a running cluster; otherwise a local Ray
-        # with ray_kwargs.ray_init (num_cpus, runtime_env.py_executable).
-        ray_init = cfg.ray_kwargs.ray_init
-        runtime_env: dict[str, Any] = {"env_vars": {"TOKENIZERS_PARALLELISM": "false"}}
-        if ray_init.runtime_env.py_executable:
-            runtime_env["py_executable"] = ray_init.runtime_env.py_executable
-        num_cpus = None if _cluster_running() else ray_init.num_cpus
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True, runtime_env=runtime_env)
-        started = True
-    trainer = RayPPOTrainer(cfg)
-    failed = True
+    root = os.path.expanduser(cfg.trainer.default_local_dir)
+    trainer = None
     try:
-        trainer.init_workers()
-        result = trainer.fit()
-        failed = False
-        return result
-    finally:
-        # After a failure (a worker error or death, NaN stop, Ctrl-C) the workers are killed,
-        # not asked to shut down: a rank may wait forever in a collective with a dead peer.
-        trainer.close(graceful=not failed)
-        timeline = cfg.ray_kwargs.timeline_json_file
-        if timeline:
-            ray.timeline(filename=timeline)
-        if started:
-            ray.shutdown()
+        with hold_run_dir(root):
+            trainer = RayPPOTrainer(cfg)
+            started = False
+            if not ray.is_initialized():
+                # RAY_ADDRESS (set by launch/*.sh) joins a running cluster; otherwise a local Ray
+                # with ray_kwargs.ray_init (num_cpus, runtime_env.py_executable).
+                ray_init = cfg.ray_kwargs.ray_init
+                runtime_env: dict[str, Any] = {"env_vars": {"TOKENIZERS_PARALLELISM": "false"}}
+                if ray_init.runtime_env.py_executable:
+                    runtime_env["py_executable"] = ray_init.runtime_env.py_executable
+                num_cpus = None if _cluster_running() else ray_init.num_cpus
+                ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True, runtime_env=runtime_env)
+                started = True
+            failed = True
+            try:
+                trainer.init_workers()
+                result = trainer.fit()
+                failed = False
+                return result
+            finally:
+                # After a failure (a worker error or death, NaN stop, Ctrl-C) the workers are killed,
+                # not asked to shut down: a rank may wait forever in a collective with a dead peer.
+                trainer.close(graceful=not failed)
+                timeline = cfg.ray_kwargs.timeline_json_file
+                if timeline:
+                    ray.timeline(filename=timeline)
+                if started:
+                    ray.shutdown()
+    except Exception as error:
+        context = trainer.failure_context() if trainer is not None else FailureContext(phase="start", run_dir=root)
+        try:
+            error.megarl_context = context
+        except AttributeError:  # an exception type without a __dict__
+            pass
+        raise
 
 
 def _cluster_running() -> bool:

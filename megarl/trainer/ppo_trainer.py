@@ -9,7 +9,9 @@ One step, as the algorithm reads:
       -> actor update (after trainer.critic_warmup steps) -> metrics / validation / checkpoint
 
 The controller holds DataProto batches and never model weights; the worker groups
-dispatch by data-parallel rank (training) or rollout replica (generation).
+dispatch by data-parallel rank (training) or rollout replica (generation). ``self.phase``
+names the phase running now (the timing names, plus init_workers, load_checkpoint,
+validate, log_metrics) so a failure can say where it happened (megarl.trainer.failures).
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ import os
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,9 +40,11 @@ from megarl.protocol import DataProto
 from megarl.reward import build_reward_manager
 from megarl.trainer import checkpointing as ckpt
 from megarl.trainer.balance import balance_order
+from megarl.trainer.failures import FailureContext
 from megarl.trainer.fault_points import pause_point
 from megarl.trainer.metrics import compute_data_metrics, num_tokens
 from megarl.trainer.resources import ResourcePool, create_resource_pool
+from megarl.trainer.resume_config import check_resume_config, run_record
 from megarl.trainer.worker_group import WorkerGroup
 from megarl.utils.timer import timed
 from megarl.utils.tracking import Tracking, dump_generations
@@ -102,8 +109,10 @@ def _verify_initial_dist_checkpoints(cfg: MegaRLConfig, use_critic: bool) -> Non
 
 
 class RayPPOTrainer:
-    """Builds the data, reward, worker groups and loggers of ``raw_cfg`` (validated and resolved);
-    ``fit()`` trains. ``close()`` releases the workers.
+    """Builds the data, reward, worker groups and loggers of ``raw_cfg`` (validated and resolved)
+    and chooses the checkpoint to resume (verified, its config compared with ``cfg``), all
+    before Ray starts; ``init_workers()`` starts the workers, ``fit()`` trains. ``close()``
+    releases the workers (and removes a checkpoint left half-written by a failure).
 
     The loop reads the typed config (``self.cfg``, megarl.config.typed); dataset and reward plugins
     get the DictConfig sections, as verl hands them.
@@ -114,6 +123,7 @@ class RayPPOTrainer:
         from megarl.data.tokenizer import load_data_tokenizer
 
         self.cfg = cfg = typed_config(raw_cfg)
+        self.raw_cfg = raw_cfg  # the run's config as stored in checkpoints and compared on resume
         arr = cfg.actor_rollout_ref
         self.tokenizer = load_data_tokenizer(raw_cfg)  # the preflight loaded the same one (custom chat template included)
         self.train_loader = create_dataloader(raw_cfg.data, self.tokenizer, "train")
@@ -137,20 +147,43 @@ class RayPPOTrainer:
                             and not cfg.algorithm.filter_groups.enable else None)
         self.rollout_n = int(arr.rollout.n)
         self.global_step = 0
+        self.phase = "start"
+        self.reward_timeouts = 0  # scoring calls cut by reward.timeout in this step
+        self.saving_step: int | None = None  # set while a checkpoint is being written
         self.pool: ResourcePool | None = None
         self.actor: WorkerGroup | None = None
         self.critic: WorkerGroup | None = None
         root = os.path.expanduser(cfg.trainer.default_local_dir)
         self.ckpt_root = root
+        self.resume_path, self.resume_state = self._plan_resume()
         self.tracking = Tracking(
             list(cfg.trainer.logger), project=cfg.trainer.project_name, experiment=cfg.trainer.experiment_name,
             log_dir=root, total_steps=self.total_steps,
             config=to_dict(cfg),
         )
+        self.reward_fn.start()  # forked now: run_ppo builds the trainer before Ray starts threads here
+
+    @contextmanager
+    def _phase(self, name: str, timings: dict[str, float] | None = None) -> Iterator[None]:
+        """Run a phase: ``self.phase`` names it (and stays so when it raises), timed into ``timings``."""
+        previous, self.phase = self.phase, name
+        with timed(name, timings) if timings is not None else nullcontext():
+            yield
+        self.phase = previous
+
+    def failure_context(self) -> FailureContext:
+        """Where the run is now, for megarl.trainer.failures."""
+        try:
+            step = ckpt.read_tracker(self.ckpt_root)
+        except ValueError:
+            step = None
+        latest = None if step is None else str(ckpt.step_dir(self.ckpt_root, step))
+        return FailureContext(phase=self.phase, step=self.global_step, run_dir=self.ckpt_root, latest=latest)
 
     # ------------------------------------------------------------------ workers
     def init_workers(self) -> None:
         """Placement groups, then the colocated actor/rollout/ref group and the critic group."""
+        self.phase = "init_workers"
         cfg = self.cfg
         _verify_initial_dist_checkpoints(cfg, self.use_critic)
         self.device = resolve_device(cfg)
@@ -182,6 +215,7 @@ class RayPPOTrainer:
         if self.critic is not None:
             self.critic.call_all("init_model")
         self.actor.call_all("init_model")
+        self.phase = "start"
 
     def close(self, graceful: bool = True) -> None:
         """Release workers, placement groups, loggers. ``graceful``: ask the actor group to shut
@@ -195,17 +229,20 @@ class RayPPOTrainer:
                     except Exception as error:
                         print(f"[megarl] {group.name}.shutdown: {error}", flush=True)
                 group.shutdown()
+        if self.saving_step is not None:  # a failed save: its workers are gone now, remove what they wrote
+            ckpt.abort_save(self.ckpt_root, self.saving_step)
         if self.pool is not None:
             self.pool.release()
         if self.reward_pool is not None:
             self.reward_pool.shutdown(wait=False)
+        self.reward_fn.close()
         self.tracking.close()
 
     # ------------------------------------------------------------------ one step
     def _generate(self, prompts: DataProto, timings: dict[str, float], metrics: dict[str, float]) -> DataProto:
         prompts.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
         prompts.meta_info.update(global_step=self.global_step, validate=False)
-        with timed("gen", timings):
+        with self._phase("gen", timings):
             batch = self.actor.call_rollout("generate_sequences", prompts)
         gen_metrics = batch.meta_info.pop("metrics", [])
         gen_metrics = _mean_dicts(gen_metrics if isinstance(gen_metrics, list) else [gen_metrics])
@@ -213,7 +250,7 @@ class RayPPOTrainer:
             gen_metrics["timing_s/gen_engine"] = gen_metrics.pop("timing/generate_s")
         metrics.update(gen_metrics)
         if self.cfg.algorithm.adv_estimator == "remax":
-            with timed("gen_max", timings):
+            with self._phase("gen_max", timings):
                 batch.batch["reward_baselines"] = self._greedy_baselines(prompts, batch)
         return batch
 
@@ -233,7 +270,9 @@ class RayPPOTrainer:
         return torch.tensor([by_uid[u] for u in batch.non_tensor_batch["uid"].tolist()], dtype=torch.float32)
 
     def _reward(self, batch: DataProto) -> tuple[torch.Tensor, dict[str, list[Any]]]:
-        return self.reward_fn(batch)
+        scores, extra = self.reward_fn(batch)
+        self.reward_timeouts += int(sum(extra["timeout"]))
+        return scores, extra
 
     def _filter_groups(self, batch: DataProto, scores: torch.Tensor, extra: dict, metrics: dict) -> DataProto:
         metric = self.cfg.algorithm.filter_groups.metric
@@ -250,7 +289,7 @@ class RayPPOTrainer:
         batch = self._generate(first_prompts, timings, metrics)
         if self.reward_pool is not None:
             return batch  # scored in train_step, in the background
-        with timed("reward", timings):
+        with self._phase("reward", timings):
             scores, extra = self._reward(batch)
         if not cfg.algorithm.filter_groups.enable:
             self._set_scores(batch, scores, extra)
@@ -270,7 +309,7 @@ class RayPPOTrainer:
             if more is None:
                 break
             batch = self._generate(more, timings, metrics)
-            with timed("reward", timings):
+            with self._phase("reward", timings):
                 scores, extra = self._reward(batch)
             kept.append(self._filter_groups(batch, scores, extra, metrics))
             rounds += 1
@@ -293,31 +332,33 @@ class RayPPOTrainer:
     def train_step(self, prompts: DataProto, prompts_iter) -> dict[str, float]:
         cfg, timings, metrics = self.cfg, {}, {}
         start = time.perf_counter()
+        self.reward_timeouts = 0
         batch = self._rollout_batch(prompts, prompts_iter, timings, metrics)
         if cfg.trainer.balance_batch:
             self._balance(batch)
         pending_reward = None
         if self.reward_pool is not None:
-            pending_reward = self.reward_pool.submit(self._reward, batch.select(["responses", "response_mask"]))
+            pending_reward = self.reward_pool.submit(
+                self._reward, batch.select(["responses", "response_mask", "prompts", "attention_mask"]))
 
         rc = cfg.algorithm.rollout_correction
         bypass = bool(rc.bypass_mode)
-        with timed("old_log_prob", timings):
+        with self._phase("old_log_prob", timings):
             if bypass:
                 batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
             else:
                 metrics.update(_merge(batch, self.actor.call_dp("compute_log_prob", batch)))
         if self.use_reference:
-            with timed("ref", timings):
+            with self._phase("ref", timings):
                 _merge(batch, self.actor.call_dp("compute_ref_log_prob", batch))
         if self.use_critic:
-            with timed("values", timings):
+            with self._phase("values", timings):
                 _merge(batch, self.critic.call_dp("compute_values", batch))
 
         if pending_reward is not None:
-            with timed("reward_wait", timings):
+            with self._phase("reward_wait", timings):
                 self._set_scores(batch, *pending_reward.result())
-        with timed("adv", timings):
+        with self._phase("adv", timings):
             mask = batch.batch["response_mask"]
             if self.use_kl_in_reward:
                 rewards, kl_metrics = apply_kl_penalty(
@@ -343,16 +384,17 @@ class RayPPOTrainer:
         # the phase, or (skip) drops that optimizer step (megarl.utils.nonfinite).
         batch.meta_info.update(global_step=self.global_step, nan_policy=cfg.trainer.nan_policy)
         if self.use_critic:
-            with timed("update_critic", timings):
+            with self._phase("update_critic", timings):
                 metrics.update(_mean_dicts(self.critic.call_dp("update_critic", batch, pad=False)))
         if self.global_step > int(cfg.trainer.critic_warmup):
             pause_point("update_actor", self.global_step)
-            with timed("update_actor", timings):
+            with self._phase("update_actor", timings):
                 metrics.update(_mean_dicts(self.actor.call_dp("update_actor", batch, pad=False)))
 
         metrics.update(compute_data_metrics(batch, self.use_critic))
+        metrics["reward/timeouts"] = float(self.reward_timeouts)  # scoring calls cut by reward.timeout (scored 0.0)
         for key, values in batch.non_tensor_batch.items():
-            if key.startswith("reward_extra/") and key != "reward_extra/score":
+            if key.startswith("reward_extra/") and key not in ("reward_extra/score", "reward_extra/timeout"):
                 try:
                     metrics[key.replace("reward_extra/", "reward/") + "/mean"] = float(np.mean(values.astype(float)))
                 except (TypeError, ValueError):
@@ -397,19 +439,22 @@ class RayPPOTrainer:
         scores_by_source: dict[str, list[float]] = defaultdict(list)
         lengths: list[float] = []
         batches = []
+        timeouts = 0
         for prompts in self.val_loader:
             prompts.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
             prompts.meta_info.update(validate=True, do_sample=bool(vk.do_sample), global_step=self.global_step)
             out = self.actor.call_rollout("generate_sequences", prompts)
             out.meta_info.pop("metrics", None)
-            token_scores, _ = self.reward_fn(out)
+            token_scores, extra = self.reward_fn(out)
+            timeouts += int(sum(extra["timeout"]))
             scores = token_scores.sum(-1).tolist()
             for src, s in zip(out.non_tensor_batch[self.reward_fn.reward_fn_key], scores):
                 scores_by_source[str(src)].append(s)
             lengths += out.batch["response_mask"].sum(-1).float().tolist()
             batches.append((out, scores))
         every = [s for v in scores_by_source.values() for s in v]
-        metrics = {"val/reward/mean": float(np.mean(every)), "val/response_length/mean": float(np.mean(lengths))}
+        metrics = {"val/reward/mean": float(np.mean(every)), "val/response_length/mean": float(np.mean(lengths)),
+                   "val/reward/timeouts": float(timeouts)}
         for src, values in scores_by_source.items():
             metrics[f"val/{src}/reward/mean"] = float(np.mean(values))
         if self.cfg.trainer.validation_data_dir:
@@ -424,8 +469,10 @@ class RayPPOTrainer:
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> None:
+        """Write step ``global_step`` aside, then publish it (megarl.trainer.checkpointing)."""
         step, root = self.global_step, self.ckpt_root
         path = ckpt.begin_save(root, step)
+        self.saving_step = step
         self.actor.call_all("save_checkpoint", str(path / "actor"), step)
         if self.critic is not None:
             self.critic.call_all("save_checkpoint", str(path / "critic"), step)
@@ -436,23 +483,46 @@ class RayPPOTrainer:
             "kl_coef": None if self.kl_ctrl is None else self.kl_ctrl.value,
             "rng": ckpt.rng_state(),
         })
+        ckpt.write_run_config(path, run_record(self.raw_cfg, self.use_critic))
         t = self.cfg.trainer
         ckpt.finish_save(root, step, {"actor": t.max_actor_ckpt_to_keep, "critic": t.max_critic_ckpt_to_keep})
+        self.saving_step = None
+
+    def _plan_resume(self) -> tuple[Path | None, dict[str, Any] | None]:
+        """The checkpoint to resume and its trainer state, checked before any worker starts: files
+        against their checksums (auto falls back past a damaged one), nothing that could run code
+        when unpickled, and the stored config against this run's (changes that cannot apply are
+        refused, the others listed)."""
+        t = self.cfg.trainer
+        components = ("actor", "critic") if self.use_critic else ("actor",)
+        path = ckpt.resume_dir(t.resume_mode, self.ckpt_root, t.resume_from_path, components)
+        if path is None:
+            return None, None
+        ckpt.verify_components(path, components)  # nothing a worker loads may run code when unpickled
+        state = ckpt.read_trainer_state(path)
+        record = ckpt.read_run_config(path)
+        if record is None:
+            print(f"[megarl] WARNING: {path} stores no run config (written by an older megarl): changes since it are "
+                  "not checked", flush=True)
+        else:
+            changes = check_resume_config(record, self.raw_cfg, self.use_critic, str(path))
+            if changes:
+                print(f"[megarl] resuming {path}: config changes since that checkpoint:\n  " + "\n  ".join(changes),
+                      flush=True)
+        return path, state
 
     def load_checkpoint(self) -> None:
-        t = self.cfg.trainer
-        path = ckpt.resume_dir(t.resume_mode, self.ckpt_root, t.resume_from_path)
+        path, state = self.resume_path, self.resume_state
         if path is None:
             return
-        state = ckpt.read_trainer_state(path)
-        ckpt.verify_components(path)  # nothing a worker loads may run code when unpickled
-        self.actor.call_all("load_checkpoint", str(path / "actor"))
-        if self.critic is not None:
-            if not (path / "critic").exists():
-                raise FileNotFoundError(f"{path}: no critic/ checkpoint, but this run trains a critic")
-            self.critic.call_all("load_checkpoint", str(path / "critic"))
+        with self._phase("load_checkpoint"):
+            self.actor.call_all("load_checkpoint", str(path / "actor"))
+            if self.critic is not None:
+                self.critic.call_all("load_checkpoint", str(path / "critic"))
         self.train_loader.load_state_dict(state["dataloader"])
-        if self.kl_ctrl is not None and state.get("kl_coef") is not None:
+        # The adaptive controller continues from its stored value; a fixed one takes the config's
+        # kl_coef (a change is listed by check_resume_config).
+        if self.kl_ctrl is not None and state.get("kl_coef") is not None and self.cfg.algorithm.kl_ctrl.type == "adaptive":
             self.kl_ctrl.value = float(state["kl_coef"])
         ckpt.set_rng_state(state["rng"])
         self.global_step = int(state["global_step"])
@@ -465,8 +535,10 @@ class RayPPOTrainer:
         self.load_checkpoint()
         last: dict[str, float] = {}
         if self.val_loader is not None and t.val_before_train and self.global_step == 0:
-            val = self.validate()
-            self.tracking.log(val, step=0)
+            with self._phase("validate"):
+                val = self.validate()
+            with self._phase("log_metrics"):
+                self.tracking.log(val, step=0)
             last.update(val)
         if t.val_only:  # verl: the validation before training (val_before_train) is the whole run
             return last
@@ -479,16 +551,17 @@ class RayPPOTrainer:
                 metrics = self.train_step(prompts, prompts_iter)
                 is_last = self.global_step >= self.total_steps
                 if self.val_loader is not None and test_freq > 0 and (is_last or self.global_step % test_freq == 0):
-                    with timed("testing", metrics_t := {}):
+                    with self._phase("validate"), timed("testing", metrics_t := {}):
                         metrics.update(self.validate())
                     metrics["timing_s/testing"] = metrics_t["testing"]
                 if save_freq > 0 and (is_last or self.global_step % save_freq == 0):
-                    with timed("save_checkpoint", metrics_t := {}):
+                    with self._phase("save_checkpoint", metrics_t := {}):
                         self.save_checkpoint()
                     metrics["timing_s/save_checkpoint"] = metrics_t["save_checkpoint"]
                 metrics["training/global_step"] = float(self.global_step)
                 metrics["training/epoch"] = float(self.train_loader.sampler.epoch)
-                self.tracking.log(metrics, step=self.global_step)
+                with self._phase("log_metrics"):
+                    self.tracking.log(metrics, step=self.global_step)
                 last = metrics
                 if is_last:
                     return last

@@ -28,7 +28,16 @@ DEFAULT_CALL_TIMEOUT_S = 3 * 3600.0  # one phase of one step; a hang beyond this
 
 
 class WorkerError(RuntimeError):
-    """A worker method raised; the message has the group, rank and the worker's traceback."""
+    """A worker method raised, its process died, or it hung; the message has the group, rank and
+    the worker's traceback. Attributes (None when unknown): group, rank, pid, method,
+    error_type / error_text (the worker's exception), remote_traceback, died (process died)."""
+
+    def __init__(self, message: str, *, group: str | None = None, rank: int | None = None, pid: int | None = None,
+                 method: str | None = None, error_type: str | None = None, error_text: str | None = None,
+                 remote_traceback: str | None = None, died: bool = False) -> None:
+        super().__init__(message)
+        self.group, self.rank, self.pid, self.method = group, rank, pid, method
+        self.error_type, self.error_text, self.remote_traceback, self.died = error_type, error_text, remote_traceback, died
 
 
 def _free_port() -> int:
@@ -75,9 +84,11 @@ class WorkerHost:
         try:
             return getattr(self.worker, method)(*args, **kwargs)
         except Exception as error:
+            trace = traceback.format_exc()
             raise WorkerError(
-                f"rank {os.environ.get('RANK')}: {type(self.worker).__name__}.{method} failed:\n"
-                f"{traceback.format_exc()}"
+                f"rank {os.environ.get('RANK')}: {type(self.worker).__name__}.{method} failed:\n{trace}",
+                rank=int(os.environ.get("RANK", "-1")), pid=os.getpid(), method=method, error_type=type(error).__name__,
+                error_text=str(error), remote_traceback=trace,
             ) from error
 
 
@@ -156,8 +167,11 @@ class WorkerGroup:
         while pending:
             left = deadline - time.monotonic()
             if left <= 0:
+                ranks = sorted(refs.index(ref) for ref in pending)
                 raise WorkerError(
-                    f"{self.name}.{method}: {len(pending)} of {len(refs)} ranks did not finish within {timeout:.0f} s"
+                    f"{self.name}.{method}: {len(pending)} of {len(refs)} ranks did not finish within {timeout:.0f} s",
+                    group=self.name, rank=ranks[0], pid=self._pid(ranks[0]), method=method, error_type="Timeout",
+                    error_text=f"ranks {ranks} did not finish {method} within {timeout:.0f} s",
                 )
             done, pending = ray.wait(pending, num_returns=1, timeout=min(left, 60.0))
             for ref in done:
@@ -165,12 +179,21 @@ class WorkerGroup:
                     ray.get(ref)
                 except ray.exceptions.RayTaskError as error:
                     cause = error.cause if isinstance(getattr(error, "cause", None), BaseException) else error
-                    raise WorkerError(f"{self.name}.{method}: {cause}") from None
+                    rank = refs.index(ref)
+                    raise WorkerError(
+                        f"{self.name}.{method}: {cause}", group=self.name, rank=rank, pid=self._pid(rank), method=method,
+                        error_type=getattr(cause, "error_type", None) or type(cause).__name__,
+                        error_text=getattr(cause, "error_text", None) or str(cause),
+                        remote_traceback=getattr(cause, "remote_traceback", None) or str(error),
+                    ) from None
                 except ray.exceptions.RayActorError as error:
                     rank = refs.index(ref)
                     raise WorkerError(
                         f"{self.name} rank {rank} (pid {self._pid(rank)}): the worker process died during "
-                        f"{self.name}.{method} ({type(error).__name__}); the run stops. Ray's report:\n{error}"
+                        f"{self.name}.{method} ({type(error).__name__}); the run stops. Ray's report:\n{error}",
+                        group=self.name, rank=rank, pid=self._pid(rank), method=method, error_type=type(error).__name__,
+                        error_text=f"the worker process died during {self.name}.{method}", remote_traceback=str(error),
+                        died=True,
                     ) from None
         return ray.get(list(refs))
 

@@ -2,13 +2,19 @@
 
 Layout under ``trainer.default_local_dir``::
 
-    global_step_N/actor/        actor (Megatron dist checkpoint, written by the workers)
+    global_step_N/actor/        actor (Megatron dist checkpoint + checksums.json, written by the workers)
     global_step_N/critic/       critic, when trained
     global_step_N/trainer.pt    controller state: step, dataloader, KL controller, RNG
+    global_step_N/run_config.json   the run's resolved config (compared on resume)
+    global_step_N/checksums.json    sizes + sha256 of the files above (megarl.utils.checksums)
     latest_checkpointed_iteration.txt   "N", written last (temp file + fsync + rename)
 
-A crash anywhere before the tracker is renamed leaves the tracker pointing at the previous
-complete checkpoint, so ``find_latest`` never picks a partial one.
+A step is written into ``global_step_N.saving`` and renamed to ``global_step_N`` only once
+complete (``publish``), so a ``global_step_N`` directory is never written into: re-saving a
+step that exists (after resuming from an earlier one) moves the old one to
+``global_step_N.replaced`` for the instant between the two renames and deletes it after.
+``recover`` undoes a crash inside that instant. A crash anywhere before the tracker is
+renamed leaves the tracker pointing at the previous complete checkpoint.
 """
 
 from __future__ import annotations
@@ -19,11 +25,57 @@ import shutil
 from pathlib import Path
 
 TRACKER = "latest_checkpointed_iteration.txt"
+SAVING, REPLACED = ".saving", ".replaced"
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
+_SIDE_DIR = re.compile(r"^global_step_(\d+)(\.saving|\.replaced)$")
 
 
 def step_dir(root: str | os.PathLike, step: int) -> Path:
     return Path(root) / f"global_step_{step}"
+
+
+def staging_dir(root: str | os.PathLike, step: int) -> Path:
+    """Where step ``step`` is written before it is complete."""
+    return Path(root) / f"global_step_{step}{SAVING}"
+
+
+def _replaced_dir(root: str | os.PathLike, step: int) -> Path:
+    return Path(root) / f"global_step_{step}{REPLACED}"
+
+
+def publish(root: str | os.PathLike, step: int) -> Path:
+    """Rename the complete ``global_step_N.saving`` to ``global_step_N`` (an existing one is
+    moved aside first and deleted after). Returns the published directory."""
+    final, staged, replaced = step_dir(root, step), staging_dir(root, step), _replaced_dir(root, step)
+    if final.exists():
+        if replaced.exists():
+            shutil.rmtree(replaced)
+        os.rename(final, replaced)
+    os.rename(staged, final)
+    _fsync_dir(Path(root))
+    return final
+
+
+def discard_replaced(root: str | os.PathLike, step: int) -> None:
+    """Delete the old copy ``publish`` moved aside (once the tracker names the new one)."""
+    shutil.rmtree(_replaced_dir(root, step), ignore_errors=True)
+
+
+def recover(root: str | os.PathLike) -> None:
+    """After a crash: put back a ``global_step_N.replaced`` whose new copy never arrived, and
+    delete unfinished ``.saving`` and superseded ``.replaced`` directories."""
+    root = Path(root)
+    if not root.is_dir():
+        return
+    for path in sorted(root.iterdir()):
+        match = _SIDE_DIR.match(path.name)
+        if not match or not path.is_dir():
+            continue
+        final = step_dir(root, int(match.group(1)))
+        if match.group(2) == REPLACED and not final.exists():
+            os.rename(path, final)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def write_tracker(root: str | os.PathLike, step: int) -> None:
@@ -103,7 +155,6 @@ def prune(root: str | os.PathLike, component: str, keep: int | None, protect: in
         shutil.rmtree(target, ignore_errors=True)
         deleted.append(target)
         parent = step_dir(root, s)
-        leftovers = [p for p in parent.iterdir() if p.name != "trainer.pt"]
-        if not leftovers:
+        if not any(p.is_dir() for p in parent.iterdir()):  # no component left, only controller files
             shutil.rmtree(parent, ignore_errors=True)
     return deleted

@@ -2,8 +2,9 @@
 continues from the last complete checkpoint and gives the uninterrupted run's metrics.
 
 One run directory goes through: (1) killed in step 2 before the actor update (checkpoint 1
-complete), (2) resumed, killed in the middle of saving checkpoint 2 (`actor/` written, no
-`trainer.pt`, tracker still 1), (3) resumed to the end. Reference: 3 steps straight.
+complete), (2) resumed, killed in the middle of saving checkpoint 2 (`actor/` written into
+`global_step_2.saving`, no `trainer.pt`, tracker still 1), (3) resumed to the end.
+Reference: 3 steps straight.
 No Ray process of a killed run may survive it.
 """
 
@@ -64,15 +65,15 @@ def test_kill_mid_iteration_and_mid_save_then_resume(demo_dir, tmp_path):
     # (2) resume, then die while checkpoint 2 is half written
     _kill_at(demo_dir, run, "save_checkpoint@2")
     assert _resumed_from_log(run, 1).endswith("global_step_1")
-    partial = ckpt / "global_step_2"
+    partial = ckpt / "global_step_2.saving"
     assert (partial / "actor").is_dir() and not (partial / "trainer.pt").exists()
-    assert read_tracker(ckpt) == 1
+    assert not (ckpt / "global_step_2").exists() and read_tracker(ckpt) == 1
 
-    # (3) resume to the end: from checkpoint 1 (the partial step-2 dir is ignored, then replaced)
+    # (3) resume to the end: from checkpoint 1 (the partial step-2 dir is removed, step 2 saved anew)
     final = Driver(demo_dir, run, STEPS)
     assert final.wait() == 0, final.text()[-4000:]
     assert _resumed_from(final).endswith("global_step_1")
-    assert read_tracker(ckpt) == 3 and (partial / "trainer.pt").exists()
+    assert read_tracker(ckpt) == 3 and (ckpt / "global_step_2" / "trainer.pt").exists() and not partial.exists()
     got = read_metrics(run)
     assert [r["step"] for r in got] == [1, 2, 3]  # each step logged once: the killed attempts logged nothing
     got = {r["step"]: r for r in got}

@@ -27,15 +27,15 @@ def _batch():
 def test_nonfinite_score_names_the_row(manager, bad):
     fn = lambda ds, text, gt, extra: bad if text == "d" else 1.0  # noqa: E731  row 1 decodes to "d"
     with pytest.raises(RewardError, match=r"row 1 \(data_source='s1'\).*score is -?(nan|inf).*finite number"):
-        RewardManager(_CharTokenizer(), fn, manager)(_batch())
+        RewardManager(_CharTokenizer(), fn, manager, timeout_s=30.0)(_batch())
 
 
 def test_batch_manager_nonfinite_score_names_the_row():
     fn = lambda ds, texts, gts, extras: [1.0, 0.5, float("nan")]  # noqa: E731
     with pytest.raises(RewardError, match=r"row 2 \(data_source='s2'\).*score is nan"):
-        RewardManager(_CharTokenizer(), fn, "batch")(_batch())
+        RewardManager(_CharTokenizer(), fn, "batch", timeout_s=30.0)(_batch())
 
 
 def test_finite_scores_pass():
-    scores, extra = RewardManager(_CharTokenizer(), lambda *a: 0.5, "naive")(_batch())
+    scores, extra = RewardManager(_CharTokenizer(), lambda *a: 0.5, "naive", timeout_s=30.0)(_batch())
     assert extra["score"] == [0.5, 0.5, 0.5] and torch.isfinite(scores).all()

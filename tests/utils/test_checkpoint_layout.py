@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from megarl.trainer import checkpointing as ckpt
-from megarl.utils.checkpoint import TRACKER, find_latest, prune, read_tracker, saved_steps, step_dir, write_tracker
+from megarl.utils.checkpoint import TRACKER, find_latest, prune, read_tracker, saved_steps, staging_dir, step_dir, write_tracker
+from megarl.utils.checksums import write_manifest
 
 
 def _save(root, step, keep=None, crash_after=None):
@@ -15,10 +16,12 @@ def _save(root, step, keep=None, crash_after=None):
     path = ckpt.begin_save(str(root), step)
     (path / "actor").mkdir()
     (path / "actor" / "weights.bin").write_bytes(b"a" * 16)
+    write_manifest(path / "actor")
     if crash_after == "actor":
         raise KeyboardInterrupt
     (path / "critic").mkdir()
     (path / "critic" / "weights.bin").write_bytes(b"c" * 16)
+    write_manifest(path / "critic")
     if crash_after == "critic":
         raise KeyboardInterrupt
     ckpt.write_trainer_state(path, {"global_step": step})
@@ -32,14 +35,16 @@ def test_crash_mid_save_resumes_previous_complete(tmp_path, crash_after):
     _save(tmp_path, 2)
     with pytest.raises(KeyboardInterrupt):
         _save(tmp_path, 4, crash_after=crash_after)
-    assert (tmp_path / "global_step_4").exists()  # the partial dir is there...
-    assert find_latest(tmp_path) == step_dir(tmp_path, 2)  # ...but resume picks step 2
+    assert staging_dir(tmp_path, 4).exists() and not step_dir(tmp_path, 4).exists()  # the partial dir is aside...
+    assert find_latest(tmp_path) == step_dir(tmp_path, 2)  # ...and resume picks step 2
     assert ckpt.resume_dir("auto", str(tmp_path), None) == step_dir(tmp_path, 2)
+    assert not staging_dir(tmp_path, 4).exists()  # resuming cleans it up
     assert ckpt.read_trainer_state(step_dir(tmp_path, 2))["global_step"] == 2
-    # Saving step 4 again replaces the partial dir instead of mixing with it.
-    (tmp_path / "global_step_4" / "stale.txt").write_text("partial")
+    # Saving step 4 again never mixes with a partial dir left by a crash.
+    staging_dir(tmp_path, 4).mkdir()
+    (staging_dir(tmp_path, 4) / "stale.txt").write_text("partial")
     _save(tmp_path, 4)
-    assert not (tmp_path / "global_step_4" / "stale.txt").exists()
+    assert not (tmp_path / "global_step_4" / "stale.txt").exists() and not staging_dir(tmp_path, 4).exists()
     assert read_tracker(tmp_path) == 4
 
 

@@ -7,6 +7,13 @@ distributed optimizer's reshardable format). RNG states are per (PP, TP) rank an
 only when the layout is unchanged. `contents` (verl `checkpoint.save_contents` /
 `load_contents`): "model", "optimizer", "extra" (lr scheduler, RNG), "hf_model" (an HF
 export under `<path>/huggingface`, save only).
+
+A save ends with `<path>/checksums.json` (size + sha256 of every file under `path`; each
+rank hashes a share of the files), which the controller verifies before a resume. A full
+disk is raised as `StorageError` naming the directory, mount and free space. A resume
+applies the current config's optimizer hyperparameters: the lr schedule per
+`optim.use_checkpoint_opt_param_scheduler` (megarl.workers.megatron.optim.build_scheduler),
+everything else (Adam's betas, ...) always from the config.
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ from megatron.core import dist_checkpointing, parallel_state
 from megatron.core.dist_checkpointing.mapping import ShardedObject
 
 from megarl.models import save_hf_checkpoint, unwrap_chunk
+from megarl.utils.checksums import digest_files, list_files, write_manifest
+from megarl.utils.storage import raise_if_storage_error
 
 __all__ = ["save_checkpoint", "load_checkpoint", "load_model_only"]
 
@@ -100,11 +109,30 @@ def save_checkpoint(engine, path: str, *, contents: Sequence[str], global_step: 
         if engine.scheduler is not None:
             state["lr_scheduler"] = engine.scheduler.state_dict()
         state["rng_state"] = _rng_sharded_object(_rng_state())
-    dist_checkpointing.save(state, ckpt_dir)
-    if "hf_model" in contents:
-        save_hf_checkpoint(engine.chunks, engine.hf_config, os.path.join(path, "huggingface"),
-                           tokenizer_dir=engine.model_path)
+    try:
+        dist_checkpointing.save(state, ckpt_dir)
+        if "hf_model" in contents:
+            save_hf_checkpoint(engine.chunks, engine.hf_config, os.path.join(path, "huggingface"),
+                               tokenizer_dir=engine.model_path)
+        torch.distributed.barrier()
+        _write_checksums(path)
+    except BaseException as error:  # torch's CheckpointException is a BaseException
+        raise_if_storage_error(error, path)
+        raise
     torch.distributed.barrier()
+
+
+def _write_checksums(path: str) -> None:
+    """`<path>/checksums.json` of every file under `path`: rank 0 lists them, every rank
+    hashes its share (file i on rank i % world), rank 0 writes the merged manifest."""
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    names = [list_files(path) if rank == 0 else None]
+    torch.distributed.broadcast_object_list(names, src=0)
+    mine = digest_files(path, names[0][rank::world])
+    shares: list[Any] = [None] * world
+    torch.distributed.all_gather_object(shares, mine)
+    if rank == 0:
+        write_manifest(path, {name: entry for share in shares for name, entry in share.items()})
 
 
 def load_checkpoint(engine, path: str, *, contents: Sequence[str]) -> dict[str, Any]:
@@ -130,17 +158,37 @@ def load_checkpoint(engine, path: str, *, contents: Sequence[str]) -> dict[str, 
         request["rng_state"] = _rng_sharded_object(None)
     elif "extra" in contents:
         logger.info("checkpoint layout %s differs from %s: RNG state not restored", meta.get("layout"), _layout())
-    loaded = dist_checkpointing.load(request, ckpt_dir)
+    try:
+        loaded = dist_checkpointing.load(request, ckpt_dir)
+    except Exception as error:  # e.g. megatron's "Global shape mismatch": name the checkpoint
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0][:500]
+        raise RuntimeError(f"{ckpt_dir}: loading the checkpoint into this model failed ({type(error).__name__}: {first}); "
+                           "it was written for another model or is damaged") from error
     if "model" in contents:
         _load_model_state(engine.chunks, loaded)
     if "optimizer" in contents and engine.optimizer is not None:
+        configured = [{k: v for k, v in group.items() if k != "params"} for group in engine.optimizer.param_groups]
         engine.optimizer.load_state_dict(loaded["optimizer"])
+        _restore_configured_hyperparams(engine, configured)
     if "extra" in contents:
         if engine.scheduler is not None and "lr_scheduler" in common:
             engine.scheduler.load_state_dict(common["lr_scheduler"])
+            engine.scheduler.step(increment=0)  # megatron sets weight decay before its loaded values: redo
         if same_layout:
             _set_rng_state(loaded["rng_state"])
     return meta
+
+
+def _restore_configured_hyperparams(engine, configured: list[dict[str, Any]]) -> None:
+    """A loaded optimizer state replaces every param-group setting (lr, betas, weight decay and
+    megatron's per-group max_lr / min_lr, which the scheduler reads) with the checkpoint's:
+    put back the ones built from the current config (``configured``, one dict per group), except
+    max_lr / min_lr when `optim.use_checkpoint_opt_param_scheduler` keeps the checkpoint's schedule."""
+    keep_schedule = bool(engine.optim_cfg["use_checkpoint_opt_param_scheduler"])
+    for group, settings in zip(engine.optimizer.param_groups, configured):
+        for key, value in settings.items():
+            if not (keep_schedule and key in ("max_lr", "min_lr")):
+                group[key] = value
 
 
 def _load_model_state(chunks: Sequence[torch.nn.Module], loaded: dict[str, Any]) -> None:

@@ -1,0 +1,198 @@
+"""Issue 15 end to end: the real driver (`python -m megarl.main_ppo`), one run directory
+taken through the failures in order.
+
+1. 4 steps, checkpoints 2 and 4; the first scoring call hangs: reward.timeout cuts it, the
+   sample scores 0, reward/timeouts counts it, one warning shows it.
+2. resume_path=global_step_2, killed while step 4 is saved again: the complete step 4 is
+   untouched (the new one was written aside).
+3. 4 KiB of a step-4 shard zeroed: resume_path to it exits 4 naming the file (before Ray);
+   another model.path exits 2 naming the key (before Ray); the directory locked by another
+   process exits 3 naming pid and host (before Ray).
+4. resume_mode=auto falls back to step 2 with a warning naming the file, and applies a new
+   actor lr from step 3 on, saying so.
+Separately: a reward function that raises during validation exits 5 naming the phase and
+the sample, its traceback in the log file; a checkpoint on a full disk (a 1 MiB tmpfs,
+needs root to mount) exits 6 naming the mount and leaves no partial step directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from fault_driver import Driver, read_metrics
+
+pytestmark = pytest.mark.slow
+
+# The fault driver's text-hash reward, plus: the first call ever made (marker file absent)
+# never returns; every call raises when `fail` is set.
+REWARD_FILE = """
+import os, time
+
+def score(data_source, solution_str, ground_truth, extra_info, hang_marker=None, fail=False, scale=1.0):
+    if fail:
+        raise KeyError("no 'answer' field in " + repr(solution_str))
+    if hang_marker and not os.path.exists(hang_marker):
+        open(hang_marker, "w").close()
+        time.sleep(10**6)
+    return scale * ((sum(map(ord, solution_str)) + int(ground_truth)) % 10) / 10.0
+"""
+NO_RAY = "Started a local Ray instance"
+
+
+@pytest.fixture(scope="module")
+def demo_dir(tmp_path_factory):
+    demo = tmp_path_factory.mktemp("demo")
+    (demo / "rel_reward.py").write_text(REWARD_FILE)
+    return demo
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("run")
+
+
+def _args(demo_dir, *extra, **kwargs):
+    reward = [f"custom_reward_function.path={demo_dir / 'rel_reward.py'}", "custom_reward_function.name=score"]
+    reward += [f"+custom_reward_function.reward_kwargs.{k}={v}" for k, v in kwargs.items()]
+    return [*reward, *extra]
+
+
+def _run(demo_dir, run_dir, *extra, env=None, timeout=900, **kwargs) -> tuple[int, str]:
+    driver = Driver(demo_dir, run_dir, _args(demo_dir, *extra, **kwargs), env=env)
+    code = driver.wait(timeout=timeout)
+    return code, driver.text()
+
+
+def _digests(path: Path) -> dict[str, str]:
+    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def _assert_one_message(text: str, code: int, want_code: int) -> None:
+    """Exit code and no traceback from the driver (Ray forwards worker logs as "(WorkerHost pid=...)" lines:
+    vLLM logs a harmless traceback at start-up)."""
+    assert code == want_code, text[-4000:]
+    driver = "\n".join(line for line in text.splitlines() if "pid=" not in line)
+    assert "Traceback" not in driver and "HYDRA_FULL_ERROR" not in driver, driver[-4000:]
+
+
+@pytest.fixture(scope="module")
+def first_run(demo_dir, run_dir):
+    marker = run_dir / "hung_once"
+    code, text = _run(demo_dir, run_dir, "trainer.total_training_steps=4", "trainer.save_freq=2", "reward.timeout=3",
+                      hang_marker=marker)
+    assert code == 0, text[-4000:]
+    return text
+
+
+def test_1_a_hung_reward_call_is_cut_and_counted(first_run, run_dir):
+    metrics = {r["step"]: r for r in read_metrics(run_dir)}
+    assert [metrics[s]["reward/timeouts"] for s in (1, 2, 3, 4)] == [1.0, 0.0, 0.0, 0.0]
+    warnings = [line for line in first_run.splitlines() if "reward.timeout" in line]
+    assert len(warnings) == 1 and "step 1" in warnings[0] and "training" in warnings[0] and "0.0" in warnings[0], warnings
+    ckpt = run_dir / "ckpt"
+    assert (ckpt / "global_step_2" / "checksums.json").is_file() and (ckpt / "global_step_4" / "actor" / "checksums.json").is_file()
+
+
+def test_2_resaving_a_complete_step_after_resume_path_never_touches_it(first_run, demo_dir, run_dir):
+    from megarl.trainer import checkpointing as ckpt
+
+    root = run_dir / "ckpt"
+    four = root / "global_step_4"
+    before = _digests(four)
+    driver = Driver(demo_dir, run_dir, _args(demo_dir, "trainer.total_training_steps=4", "trainer.save_freq=2",
+                                             "trainer.resume_mode=resume_path", f"trainer.resume_from_path={root / 'global_step_2'}"),
+                    env={"MEGARL_PAUSE_AT": "save_checkpoint@4"})
+    try:
+        driver.wait_for(r"\[megarl\] paused at save_checkpoint of step 4")
+    finally:
+        driver.kill()
+    assert (root / "global_step_4.saving" / "actor").is_dir()  # the new step 4, written aside
+    assert _digests(four) == before
+    assert ckpt.resume_dir("auto", str(root), None) == four  # complete and verified
+
+
+def _zero_4k_of_a_shard(four: Path) -> Path:
+    shard = sorted((four / "actor" / "dist_ckpt").glob("*.distcp"))[0]
+    data = bytearray(shard.read_bytes())
+    data[4096:8192] = bytes(4096)
+    shard.write_bytes(bytes(data))
+    return shard
+
+
+def test_3_damage_lock_and_model_changes_fail_before_ray(first_run, demo_dir, run_dir):
+    from megarl.trainer.run_lock import hold_run_dir
+
+    root = run_dir / "ckpt"
+    shard = _zero_4k_of_a_shard(root / "global_step_4")
+    code, text = _run(demo_dir, run_dir, "trainer.resume_mode=resume_path", f"trainer.resume_from_path={root / 'global_step_4'}")
+    _assert_one_message(text, code, 4)
+    assert str(shard) in text and NO_RAY not in text, text[-4000:]
+
+    other_model = run_dir / "other_model"
+    shutil.copytree(demo_dir / "model", other_model)
+    code, text = _run(demo_dir, run_dir, f"actor_rollout_ref.model.path={other_model}")
+    _assert_one_message(text, code, 2)
+    assert "actor_rollout_ref.model.path" in text and str(other_model) in text and str(demo_dir / "model") in text, text[-4000:]
+    assert NO_RAY not in text
+
+    metrics_before = (root / "metrics.jsonl").read_bytes()
+    with hold_run_dir(str(root)):
+        code, text = _run(demo_dir, run_dir)
+    _assert_one_message(text, code, 3)
+    assert str(root) in text and f"pid {os.getpid()}" in text and os.uname().nodename in text and NO_RAY not in text, text[-4000:]
+    assert (root / "metrics.jsonl").read_bytes() == metrics_before
+
+
+def test_4_auto_resume_falls_back_and_applies_the_new_lr(first_run, demo_dir, run_dir):
+    root = run_dir / "ckpt"
+    shard = sorted((root / "global_step_4" / "actor" / "dist_ckpt").glob("*.distcp"))[0]
+    code, text = _run(demo_dir, run_dir, "trainer.total_training_steps=5", "trainer.save_freq=2",
+                      "actor_rollout_ref.actor.optim.lr=0.01")
+    assert code == 0, text[-4000:]
+    warning = next(line for line in text.splitlines() if "WARNING" in line and str(shard) in line)
+    assert "global_step_2" in warning
+    assert re.search(r"\[megarl\] resumed from \S+global_step_2 \(step 2\)", text), text[-4000:]
+    assert re.search(r"actor_rollout_ref\.actor\.optim\.lr: 0\.003 -> 0\.01: applied", text), text[-4000:]
+    records = read_metrics(run_dir)
+    lrs = {r["step"]: r["actor/lr"] for r in records}
+    assert lrs[3] == pytest.approx(0.01) and lrs[5] == pytest.approx(0.01)
+    assert not (root / "global_step_4.saving").exists() and (root / "global_step_5" / "checksums.json").is_file()
+
+
+def test_reward_exception_in_validation_is_one_message_with_the_sample(demo_dir, tmp_path):
+    code, text = _run(demo_dir, tmp_path, "trainer.val_before_train=true", "trainer.total_training_steps=1", fail=True)
+    _assert_one_message(text, code, 5)
+    for word in ("validation", "step 0", "row 0", "prompt=", "ground_truth=", "KeyError", "fix:"):
+        assert word in text, (word, text[-4000:])
+    log = re.search(r"full traceback: (\S+)", text).group(1)
+    assert 'rel_reward.py", line 6, in score' in Path(log).read_text()
+
+
+def _mount_tmpfs(path: Path, size: str) -> bool:
+    path.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        return False
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True).returncode == 0
+
+
+def test_disk_full_during_save_is_named_and_leaves_no_partial_step(demo_dir, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    if not _mount_tmpfs(ckpt, "1m"):
+        pytest.skip("needs root to mount a 1 MiB tmpfs")
+    try:
+        code, text = _run(demo_dir, tmp_path, "trainer.total_training_steps=1", "trainer.save_freq=1")
+        _assert_one_message(text, code, 6)
+        assert f"no space left on {ckpt}" in text and "save_checkpoint" in text and "global step 1" in text, text[-4000:]
+        assert not [p.name for p in ckpt.iterdir() if p.name.startswith("global_step")], list(ckpt.iterdir())
+        log = re.search(r"full traceback: (\S+)", text).group(1)
+        assert "Traceback" in Path(log).read_text()
+    finally:
+        subprocess.run(["umount", str(ckpt)], check=False)

@@ -1,0 +1,132 @@
+"""Failures after start-up are reported like config errors: one message naming the phase,
+step, worker, file and the fix, a documented exit code, the traceback in a log file."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from megarl.protocol import DataProto
+
+
+def _explain(error, phase="update_actor", step=3, run_dir=None, tmp_path=None):
+    from megarl.trainer.failures import FailureContext, explain
+
+    return explain(error, FailureContext(phase=phase, step=step, run_dir=str(run_dir or tmp_path)))
+
+
+def _report(failure, capsys):
+    """What python -m megarl.main_ppo does with it: stderr message + exit code."""
+    from megarl.main_ppo import exit_with
+
+    with pytest.raises(SystemExit) as info:
+        exit_with(failure)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    return info.value.code, err
+
+
+def _worker_error(error_type, error_text, method="update_actor"):
+    from megarl.trainer.worker_group import WorkerError
+
+    remote = f'Traceback (most recent call last):\n  File "engine.py", line 9, in step\n{error_type}: {error_text}\n'
+    return WorkerError(f"actor_rollout_ref.{method}: rank 1: ActorRolloutRefWorker.{method} failed:\n{remote}",
+                       group="actor_rollout_ref", rank=1, pid=4242, method=method, error_type=error_type,
+                       error_text=error_text, remote_traceback=remote)
+
+
+def test_worker_exception_names_phase_step_worker_and_keeps_the_traceback_in_a_log(tmp_path, capsys):
+    failure = _explain(_worker_error("ZeroDivisionError", "float division by zero"), tmp_path=tmp_path)
+    code, err = _report(failure, capsys)
+    assert code == 7
+    for word in ("phase update_actor", "global step 3", "actor_rollout_ref rank 1 (pid 4242)",
+                 "ZeroDivisionError: float division by zero", "fix:", "trainer.resume_mode=auto"):
+        assert word in err, (word, err)
+    log = failure.log_file
+    assert log and log in err and log.startswith(str(tmp_path))
+    assert 'File "engine.py", line 9, in step' in open(log).read()
+
+
+def test_disk_full_in_a_worker_save_is_a_storage_failure(tmp_path, capsys):
+    text = f"no space left on /mnt (12 KiB free) while writing {tmp_path}/global_step_2.saving/actor"
+    failure = _explain(_worker_error("StorageError", text, "save_checkpoint"), phase="save_checkpoint", step=2, tmp_path=tmp_path)
+    code, err = _report(failure, capsys)
+    assert code == 6 and "no space left on /mnt" in err and "trainer.default_local_dir" in err, err
+    assert "[enforce fail" not in err
+
+
+def test_disk_full_in_the_controller_is_reported_with_the_path_not_torch_words(tmp_path, capsys):
+    from megarl.trainer import checkpointing as ckpt
+    from megarl.utils.storage import StorageError
+
+    step = tmp_path / "global_step_2.saving"
+    step.mkdir()
+    os.symlink("/dev/full", step / ".trainer.pt.tmp")  # the kernel's ENOSPC on every write
+    with pytest.raises(StorageError) as info:
+        ckpt.write_trainer_state(step, {"global_step": 2, "w": torch.zeros(10000)})
+    assert info.value.errno == errno.ENOSPC and "no space left on" in str(info.value) and str(step) in str(info.value)
+    code, err = _report(_explain(info.value, phase="save_checkpoint", step=2, tmp_path=tmp_path), capsys)
+    assert code == 6 and "no space left on" in err, err
+
+
+def test_metrics_file_on_a_full_disk_is_a_storage_failure(tmp_path, capsys):
+    code, err = _report(_explain(OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "metrics.jsonl")),
+                                 phase="log_metrics", tmp_path=tmp_path), capsys)
+    assert code == 6 and str(tmp_path / "metrics.jsonl") in err, err
+
+
+def test_reward_failure_names_validation_and_the_sample(tmp_path, capsys):
+    from megarl.reward import RewardError, RewardManager
+
+    class Tok:
+        def decode(self, ids, skip_special_tokens=True):
+            return "".join(chr(ord("a") + i) for i in ids)
+
+    def fn(ds, text, gt, extra):
+        raise KeyError("answer")
+
+    data = DataProto.from_dict(
+        {"responses": torch.tensor([[1]]), "response_mask": torch.ones(1, 1, dtype=torch.long),
+         "prompts": torch.tensor([[2]]), "attention_mask": torch.ones(1, 2, dtype=torch.long)},
+        non_tensors={"data_source": np.array(["src"], dtype=object), "reward_model": np.array([{"ground_truth": "9"}], dtype=object),
+                     "extra_info": np.array([{}], dtype=object)},
+        meta_info={"validate": True, "global_step": 0},
+    )
+    manager = RewardManager(Tok(), fn, "naive", timeout_s=30.0)
+    try:
+        with pytest.raises(RewardError) as info:
+            manager(data)
+    finally:
+        manager.close()
+    failure = _explain(info.value, phase="validate", step=0, tmp_path=tmp_path)
+    code, err = _report(failure, capsys)
+    assert code == 5
+    for word in ("validation", "row 0", "ground_truth='9'", "KeyError", "custom_reward_function"):
+        assert word in err, (word, err)
+    assert "in fn" in open(failure.log_file).read()
+
+
+def test_checkpoint_lock_config_and_unknown_errors_have_their_codes(tmp_path, capsys):
+    from megarl.config import ConfigError, Issue
+    from megarl.trainer.checkpointing import CheckpointError
+    from megarl.trainer.run_lock import RunDirLockedError
+
+    cases = [
+        (CheckpointError(f"{tmp_path}/global_step_4/trainer.pt", "sha256 mismatch", "fix it"), 4),
+        (RunDirLockedError(f"{tmp_path}", "pid 1 on host h"), 3),
+        (ConfigError([Issue("actor_rollout_ref.model.path", "/x", "differs from the checkpoint", "set it back")]), 2),
+        (RuntimeError("an unforeseen bug"), 1),
+    ]
+    for error, want in cases:
+        code, err = _report(_explain(error, tmp_path=tmp_path), capsys)
+        assert code == want, (error, err)
+        assert str(error).splitlines()[0][:40] in err, err
+
+
+def test_log_file_falls_back_to_the_temp_dir_when_the_run_dir_cannot_be_written(tmp_path, capsys):
+    failure = _explain(RuntimeError("x"), run_dir="/proc/megarl-cannot-write-here")
+    assert failure.log_file and os.path.isfile(failure.log_file) and not failure.log_file.startswith("/proc")
