@@ -60,11 +60,10 @@ def _manager(tmp_path, manager: str, timeout: float, name: str = "compute_score"
 
     scorer = tmp_path / "scorer.py"
     scorer.write_text(SCORER)
-    cfg = OmegaConf.load(CONFIG)
-    cfg.reward_model.reward_manager = manager
-    cfg.custom_reward_function.path = str(scorer)
-    cfg.custom_reward_function.name = name
-    cfg.reward.timeout = timeout
+    from megarl.config import load_config
+
+    cfg = load_config([f"reward.reward_manager.name={manager}", f"reward.custom_reward_function.path={scorer}",
+                       f"reward.custom_reward_function.name={name}", f"reward.timeout={timeout}"])
     return build_reward_manager(cfg, CharTokenizer())
 
 
@@ -128,9 +127,10 @@ def test_scores_and_errors_are_unchanged_by_the_process_boundary(tmp_path):
     finally:
         reward.close()
     (tmp_path / "boom.py").write_text("def compute_score(*a, **k):\n    raise KeyError('no such field')\n")
-    cfg = OmegaConf.load(CONFIG)
-    cfg.custom_reward_function.path = str(tmp_path / "boom.py")
+    from megarl.config import load_config
     from megarl.reward import build_reward_manager
+
+    cfg = load_config([f"reward.custom_reward_function.path={tmp_path / 'boom.py'}"])
 
     reward = build_reward_manager(cfg, CharTokenizer())
     try:

@@ -48,7 +48,7 @@ def test_unchanged_config_reports_nothing(tmp_path):
 def test_lr_change_is_applied_by_default_and_says_so(tmp_path):
     model = _model(tmp_path / "m")
     lines = _check(_cfg(model), _cfg(model, f"{LR}=1.0"))
-    assert len(lines) == 1 and LR in lines[0] and "0.003 -> 1.0" in lines[0] and "applied" in lines[0], lines
+    assert len(lines) == 1 and LR in lines[0] and "1e-06 -> 1.0" in lines[0] and "applied" in lines[0], lines
     assert "use_checkpoint_opt_param_scheduler=false" in lines[0]
 
 
@@ -56,7 +56,7 @@ def test_lr_change_is_kept_from_the_checkpoint_when_asked_and_says_so(tmp_path):
     model = _model(tmp_path / "m")
     flag = "actor_rollout_ref.actor.optim.use_checkpoint_opt_param_scheduler=true"
     lines = _check(_cfg(model, flag), _cfg(model, f"{LR}=1.0", flag))
-    assert len(lines) == 1 and "0.003 -> 1.0" in lines[0] and "not applied" in lines[0] and "checkpoint" in lines[0], lines
+    assert len(lines) == 1 and "1e-06 -> 1.0" in lines[0] and "not applied" in lines[0] and "checkpoint" in lines[0], lines
 
 
 def test_other_changes_are_listed_as_applied(tmp_path):

@@ -20,6 +20,7 @@ def _trainer(val_only: bool) -> RayPPOTrainer:
     trainer.cfg = SimpleNamespace(trainer=SimpleNamespace(val_only=val_only, val_before_train=True, test_freq=-1,
                                                           save_freq=-1, total_epochs=1))
     trainer.global_step, trainer.total_steps = 0, 3
+    trainer.phase = None
     trainer.val_loader = object()
     trainer.tracking = _Tracking()
     trainer.load_checkpoint = lambda: None
