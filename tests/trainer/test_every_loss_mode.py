@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import OmegaConf, open_dict
+from omegaconf import OmegaConf
 
 from cpu_config import CPU_SMALL
 from dist_utils import run_distributed
@@ -206,9 +206,8 @@ def _reference_advantages(estimator: str, groups: list[list[float]]) -> torch.Te
 @pytest.mark.parametrize("estimator", sorted(ADV_ESTIMATORS))
 def test_controller_step_with_every_estimator(controller, estimator):
     trainer, run_dir = controller
-    with open_dict(trainer.cfg):
-        trainer.cfg.algorithm.adv_estimator = estimator
-        trainer.cfg.algorithm.gdpo_reward_keys = ESTIMATOR_NEEDS.get(estimator, {}).get("algorithm.gdpo_reward_keys")
+    trainer.cfg.algorithm.adv_estimator = estimator  # the trainer's typed config
+    trainer.cfg.algorithm.gdpo_reward_keys = ESTIMATOR_NEEDS.get(estimator, {}).get("algorithm.gdpo_reward_keys")
     prompts_iter = iter(trainer.train_loader)
     prompts = next(prompts_iter)
     greedy_scores = _greedy_scores(trainer, prompts) if estimator == "remax" else None
