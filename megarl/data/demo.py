@@ -141,14 +141,16 @@ def _current_stamp(name: str) -> object:
 
 def build_asset(name: str, root: Path | None = None) -> Path:
     """Build asset ``name`` under ``root`` (default ``demo_dir()``) unless it exists and is
-    current (splits: stamped with ``DATA_VERSION``); return its path."""
+    stamped with the current versions (``DATA_VERSION``; the model also ``MODEL_VERSION``);
+    return its path."""
     root = root or demo_dir()
     target = root / name
     if _is_current(name, target):
         return target
     if target.exists():
-        logger.warning("demo asset %s has version %s, not %s: rebuilding it",
-                       target, _stamp_of(name, target), _current_stamp(name))
+        found = _stamp_of(name, target)
+        logger.warning("demo asset %s has %s, not version %s: rebuilding it", target,
+                       "no version stamp" if found is None else f"version {found}", _current_stamp(name))
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))
     try:

@@ -42,7 +42,7 @@ def test_vllm_generates_like_transformers(tmp_path, monkeypatch):
     model_dir = tmp_path / "model"
     ensure_demo_assets({"actor_rollout_ref": {"model": {"path": str(model_dir)}}})
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    chats = [[{"role": "user", "content": make_prompt_text(d)}] for d in ([3, 7, 1, 5, 2], [9, 0, 0, 4, 8])]
+    chats = [[{"role": "user", "content": make_prompt_text(*p)}] for p in ((7, "-", 9), (3, "+", 8))]
     prompts = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]
 
     script = tmp_path / "child.py"
