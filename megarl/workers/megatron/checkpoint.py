@@ -184,7 +184,7 @@ def _restore_configured_hyperparams(engine, configured: list[dict[str, Any]]) ->
     megatron's per-group max_lr / min_lr, which the scheduler reads) with the checkpoint's:
     put back the ones built from the current config (``configured``, one dict per group), except
     max_lr / min_lr when `optim.use_checkpoint_opt_param_scheduler` keeps the checkpoint's schedule."""
-    keep_schedule = bool(engine.optim_cfg["use_checkpoint_opt_param_scheduler"])
+    keep_schedule = bool(engine.optim_cfg.use_checkpoint_opt_param_scheduler)
     for group, settings in zip(engine.optimizer.param_groups, configured):
         for key, value in settings.items():
             if not (keep_schedule and key in ("max_lr", "min_lr")):
