@@ -35,42 +35,27 @@ def write_random_hf_dir(shape: dict, path: str, seed: int = 0) -> str:
 
 def actor_config(
     model_path: str, tp: int, micro_bs: int, n_micro: int, remove_padding: bool, dist_opt: bool,
-    impl: str = "local",
+    impl: str = "local", overrides: dict | None = None,
 ):
-    """`actor_rollout_ref` DictConfig: one mini-batch of micro_bs*n_micro rows per step;
-    ``impl`` is megatron's ``transformer_impl`` (layer spec)."""
-    from omegaconf import OmegaConf
+    """The resolved `actor_rollout_ref` node of a real run's config (verl's defaults, as
+    `python -m megarl.main_ppo` composes it): one mini-batch of micro_bs*n_micro rows per
+    step, vanilla PPO loss, no KL, constant lr. ``impl`` is megatron's ``transformer_impl``
+    (layer spec); ``overrides`` further TransformerConfig fields."""
+    from megarl.config import load_config, resolve_config
 
-    megatron = {
-        "tensor_model_parallel_size": tp,
-        "pipeline_model_parallel_size": 1,
-        "use_distributed_optimizer": dist_opt,
-        "seed": 42,
-        "override_transformer_config": {"transformer_impl": impl},
-    }
     dp = dist.get_world_size() // tp
-    actor = {
-        "ppo_mini_batch_size": micro_bs * n_micro * dp,
-        "ppo_micro_batch_size_per_gpu": micro_bs,
-        "use_dynamic_bsz": False,
-        "ppo_epochs": 1,
-        "shuffle": False,
-        "clip_ratio": 0.2,
-        "policy_loss": {"loss_mode": "vanilla"},
-        "loss_agg_mode": "token-mean",
-        "entropy_coeff": 0.0,
-        "use_kl_loss": False,
-        "optim": {"optimizer": "adam", "lr": 1e-6, "weight_decay": 0.0, "clip_grad": 1.0, "lr_decay_style": "constant"},
-        "megatron": megatron,
-    }
-    return OmegaConf.create(
-        {
-            "model": {"path": model_path, "override_config": {}, "use_remove_padding": remove_padding},
-            "actor": actor,
-            "ref": {"megatron": megatron},
-            "rollout": {"n": 1, "temperature": 1.0, "log_prob_micro_batch_size_per_gpu": micro_bs},
-        }
-    )
+    a = "actor_rollout_ref.actor"
+    cfg = load_config([
+        f"actor_rollout_ref.model.path={model_path}", f"actor_rollout_ref.model.use_remove_padding={remove_padding}",
+        f"{a}.megatron.tensor_model_parallel_size={tp}", f"{a}.megatron.use_distributed_optimizer={dist_opt}",
+        f"{a}.megatron.sequence_parallel=false", f"{a}.ppo_mini_batch_size={micro_bs * n_micro * dp}",
+        f"{a}.ppo_micro_batch_size_per_gpu={micro_bs}", f"{a}.shuffle=false", f"{a}.use_kl_loss=false",
+        f"{a}.optim.lr_decay_style=constant", f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro_bs}",
+        "actor_rollout_ref.rollout.n=1",
+        *[f"+{a}.megatron.override_transformer_config.{k}={v}" for k, v in {"transformer_impl": impl, **(overrides or {})}.items()],
+        *([] if torch.cuda.is_available() else [f"{a}.megatron.dtype=float32"]),
+    ])
+    return resolve_config(cfg).actor_rollout_ref
 
 
 def full_length_batch(batches: list[torch.Tensor], response_len: int, seed: int = 0):
@@ -123,15 +108,16 @@ def legacy_lm_head_hooks(worker, vocab_size: int) -> None:
 
 def build_actor_step(
     shape, seq_len, tp, micro_bs, n_micro, device, batches, *, remove_padding=False, model_dir=None, legacy=False,
-    impl="local",
+    impl="local", overrides=None,
 ):
     """(step callable running one update_policy, the worker). ``legacy``: the LM-head
     hooks of the previous version (see :func:`legacy_lm_head_hooks`)."""
     from megarl.workers.actor import ActorWorker
 
-    model_dir = model_dir or os.path.join(os.environ.get("TMPDIR", "/tmp"), f"megarl_bench_{shape['hidden_size']}")
+    model_dir = model_dir or os.path.join(os.environ.get("TMPDIR", "/tmp"), f"megarl_bench_{shape['hidden_size']}_{shape['num_hidden_layers']}")
     write_random_hf_dir(shape, model_dir)
-    cfg = actor_config(model_dir, tp, micro_bs, n_micro, remove_padding, dist_opt=device.type == "cuda", impl=impl)
+    cfg = actor_config(model_dir, tp, micro_bs, n_micro, remove_padding, dist_opt=device.type == "cuda", impl=impl,
+                       overrides=overrides)
     worker = ActorWorker(cfg, role="actor", device=device.type)
     worker.init_model()
     if legacy:

@@ -267,9 +267,11 @@ def plain_transformer_config(shape: dict, tp: int, dtype: torch.dtype, on_cpu: b
     )
 
 
-def plain_gpt_model(shape: dict, seq_len: int, tp: int, dtype: torch.dtype, device, impl: str = "local"):
+def plain_gpt_model(shape: dict, seq_len: int, tp: int, dtype: torch.dtype, device, impl: str = "local",
+                    overrides: dict | None = None):
     """Megatron GPTModel for the current TP rank. ``impl`` (megatron's ``transformer_impl``):
-    ``local`` = local spec with SDPA core attention, ``transformer_engine`` = megatron's TE spec."""
+    ``local`` = local spec with SDPA core attention, ``transformer_engine`` = megatron's TE spec.
+    ``overrides``: further TransformerConfig fields (e.g. ``fp8``), as megarl's arm gets them."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import (
         get_gpt_layer_local_spec,
@@ -285,6 +287,8 @@ def plain_gpt_model(shape: dict, seq_len: int, tp: int, dtype: torch.dtype, devi
     else:
         raise ValueError(f"impl {impl!r}: transformer_engine or local")
     cfg.transformer_impl = impl
+    for key, value in (overrides or {}).items():
+        setattr(cfg, key, value)
     with torch.device(device):
         model = GPTModel(
             config=cfg,

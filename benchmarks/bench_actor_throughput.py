@@ -32,6 +32,7 @@ from _common import (  # noqa: E402
     H200_BF16_PEAK_TFLOPS,
     QWEN2_TINY,
     QWEN25_1P5B,
+    QWEN25_7B,
     init_process_group,
     median,
     plain_gpt_model,
@@ -53,7 +54,7 @@ def make_batches(shape: dict, n_micro: int, micro_bs: int, seq_len: int, device,
     ]
 
 
-def plain_trainer(shape: dict, seq_len: int, tp: int, device, dtype, impl: str = "local"):
+def plain_trainer(shape: dict, seq_len: int, tp: int, device, dtype, impl: str = "local", overrides: dict | None = None):
     """(model wrapped in megatron DDP, distributed optimizer) for the plain loop."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -62,7 +63,7 @@ def plain_trainer(shape: dict, seq_len: int, tp: int, device, dtype, impl: str =
 
     # megatron-core's distributed optimizer needs CUDA tensors; CPU dry runs use the plain one.
     dist_opt = torch.device(device).type == "cuda"
-    model = plain_gpt_model(shape, seq_len, tp, dtype, device, impl=impl)
+    model = plain_gpt_model(shape, seq_len, tp, dtype, device, impl=impl, overrides=overrides)
     config = model.config
     if dtype != torch.float32:  # as Megatron-LM's get_model does
         model = Float16Module(config, model)
@@ -138,7 +139,7 @@ def profile_step(step, device, label: str, top: int = 30) -> str:
 def install_cpu_compat() -> None:
     """CPU dry runs only: megarl's CPU compatibility layer (points megatron's CUDA calls
     at the CPU)."""
-    from megarl.parallel import apply_cpu_compat
+    from megarl.parallel.cpu_compat import apply_cpu_compat
     from megarl.workers.megatron.optim import apply_cpu_optimizer_compat
 
     apply_cpu_compat()
@@ -178,6 +179,11 @@ def main() -> None:
                         "where two 1.5B workers do not fit on one GPU")
     p.add_argument("--impl", default="local", choices=["local", "transformer_engine"],
                    help="layer spec of both arms (megatron's transformer_impl)")
+    p.add_argument("--shape", default="1.5b", choices=["1.5b", "7b"])
+    p.add_argument("--layers", type=int, default=0, help="keep the shape's layer size, use this many layers "
+                   "(a 7B shape with Adam state does not fit one 80 GB GPU at 28 layers)")
+    p.add_argument("--fp8", action="store_true", help="both arms: TE FP8 (fp8=hybrid, delayed scaling); needs --impl "
+                   "transformer_engine")
     p.add_argument("--out", default="actor_throughput.json")
     args = p.parse_args()
 
@@ -189,7 +195,10 @@ def main() -> None:
     mpu.initialize_model_parallel(tensor_model_parallel_size=args.tp)
     world = dist.get_world_size()
     dp = mpu.get_data_parallel_world_size()
-    shape = QWEN2_TINY if args.tiny else QWEN25_1P5B
+    shape = QWEN2_TINY if args.tiny else {"1.5b": QWEN25_1P5B, "7b": QWEN25_7B}[args.shape]
+    if args.layers:
+        shape = dict(shape, num_hidden_layers=args.layers)
+    overrides = {"fp8": "hybrid", "fp8_recipe": "delayed"} if args.fp8 else {}
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     seq = 64 if args.tiny else args.seq
     fpt = train_flops_per_token(shape, seq)
@@ -205,6 +214,9 @@ def main() -> None:
         micro_bs=args.micro_bs,
         n_micro=args.n_micro,
         impl=args.impl,
+        shape=args.shape,
+        layers=shape["num_hidden_layers"] if not args.tiny else None,
+        fp8=args.fp8,
         flops_per_token=fpt,
         flops_formula="6*N_matmul + 6*L*s*d (causal attention)",
         runs=[],
@@ -214,7 +226,7 @@ def main() -> None:
 
     # (a) plain megatron-core loop
     seed_everything(1234, device)
-    model, optimizer = plain_trainer(shape, seq, args.tp, device, dtype, impl=args.impl)
+    model, optimizer = plain_trainer(shape, seq, args.tp, device, dtype, impl=args.impl, overrides=overrides)
     step = plain_step_fn(model, optimizer, batches, seq, device)
     times = time_it(step, device, args.warmup, args.iters)
     results["runs"].append(report("a_plain_megatron", times, tokens_per_step, fpt, world))
@@ -239,7 +251,7 @@ def main() -> None:
             try:
                 step_b, worker = build_actor_step(
                     shape, seq, args.tp, args.micro_bs, args.n_micro, device, batches, remove_padding=remove_padding,
-                    legacy=legacy, impl=args.impl,
+                    legacy=legacy, impl=args.impl, overrides=overrides,
                 )
                 times = time_it(step_b, device, args.warmup, args.iters)
                 results["runs"].append(report(label, times, tokens_per_step, fpt, world))

@@ -88,24 +88,10 @@ def hf_log_probs(model_dir: str, batch: dict, response_len: int, use_mask: bool,
 
 
 def actor_cfg(model_dir: str, impl: str, packed: bool, rows: int, micro: int):
-    from omegaconf import OmegaConf
+    """A real run's actor config (verl's defaults): one mini-batch of `rows`, micro-batches of `micro`."""
+    from _actor_path import actor_config
 
-    megatron = {
-        "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "seed": 42,
-        "use_distributed_optimizer": True, "override_transformer_config": {"transformer_impl": impl},
-    }
-    actor = {
-        "ppo_mini_batch_size": rows, "ppo_micro_batch_size_per_gpu": micro, "use_dynamic_bsz": False,
-        "ppo_epochs": 1, "shuffle": False, "clip_ratio": 0.2, "policy_loss": {"loss_mode": "vanilla"},
-        "loss_agg_mode": "token-mean", "entropy_coeff": 0.0, "use_kl_loss": False,
-        "optim": {"optimizer": "adam", "lr": 1e-6, "weight_decay": 0.0, "clip_grad": 1.0, "lr_decay_style": "constant"},
-        "megatron": megatron,
-    }
-    return OmegaConf.create({
-        "model": {"path": model_dir, "override_config": {}, "use_remove_padding": packed},
-        "actor": actor, "ref": {"megatron": megatron},
-        "rollout": {"n": 1, "temperature": 1.0, "log_prob_micro_batch_size_per_gpu": micro},
-    })
+    return actor_config(model_dir, 1, micro, rows // micro, packed, dist_opt=torch.cuda.is_available(), impl=impl)
 
 
 def nonfinite_grads(worker) -> list[str]:
@@ -172,6 +158,8 @@ def main() -> None:
     p.add_argument("--no-hf", action="store_true", help="skip the HF reference (timing runs)")
     p.add_argument("--round-len", type=int, default=1,
                    help="padded layout: round each micro-batch's length up to this multiple (fewer distinct shapes)")
+    p.add_argument("--thd-bucket", type=int, default=1,
+                   help="packed layout: round the token count and max_seqlen up to this multiple (fewer distinct shapes)")
     p.add_argument("--time-iters", type=int, default=0, help="also time N update_policy calls per variant")
     args = p.parse_args()
 
@@ -187,6 +175,23 @@ def main() -> None:
                                 pad_multiple=pad_multiple, length=length)
 
         engine_mod.build_inputs = bucketed
+    if args.thd_bucket > 1:  # experiment: bucket the packed micro-batch shapes (TE's cuDNN graphs are per shape)
+        import math
+
+        import megarl.workers.megatron.engine as engine_mod
+        from megarl.workers.megatron.inputs import build_inputs
+
+        def thd_bucketed(input_ids, attention_mask, position_ids, *, remove_padding, pad_multiple=1, length=None):
+            if not remove_padding:
+                return build_inputs(input_ids, attention_mask, position_ids, remove_padding=False,
+                                    pad_multiple=pad_multiple, length=length)
+            out = build_inputs(input_ids, attention_mask, position_ids, remove_padding=True,
+                               pad_multiple=math.lcm(pad_multiple, args.thd_bucket), length=length)
+            p = out.packed_seq_params
+            p.max_seqlen_q = p.max_seqlen_kv = -(-p.max_seqlen_q // 64) * 64
+            return out
+
+        engine_mod.build_inputs = thd_bucketed
     from _actor_path import write_random_hf_dir
 
     from megarl.protocol import DataProto

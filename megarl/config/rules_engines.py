@@ -49,6 +49,20 @@ def _unknown(section: str, names: Iterable[str], known: frozenset[str], what: st
         yield Issue(f"{section}.{name}", no_value(), f"not a {what}", f"{hint}remove {section}.{name}")
 
 
+def _fp8_needs_te(key: str, overrides, device: str) -> Iterator[Issue]:
+    """FP8 runs only in transformer-engine's layers (megatron's fp8 autocast is TE's)."""
+    if not overrides.get("fp8"):
+        return
+    import importlib.util
+
+    impl = overrides.get("transformer_impl", "transformer_engine")
+    why = ("transformer_impl=local" if impl == "local" else "transformer-engine is not installed"
+           if importlib.util.find_spec("transformer_engine") is None else "trainer.device=cpu" if device == "cpu" else "")
+    if why:
+        yield Issue(f"{key}.fp8", overrides.get("fp8"), f"FP8 training needs transformer-engine's layers on CUDA ({why})",
+                    f"remove {key}.fp8, or run on GPUs with transformer-engine and transformer_impl=transformer_engine")
+
+
 def engine_overrides(v: View) -> Iterator[Issue]:
     seen: set[str] = set()
     for role in active_roles(v):
@@ -60,6 +74,7 @@ def engine_overrides(v: View) -> Iterator[Issue]:
         if overrides and key not in seen and (fields := transformer_config_fields()) is not None:
             seen.add(key)
             yield from _unknown(key, overrides, fields, "Megatron TransformerConfig field")
+            yield from _fp8_needs_te(key, overrides, v.get("trainer.device"))
     extra = v.get(VLLM_KEY) or {}
     if extra and (known := vllm_engine_args()) is not None:
         yield from _unknown(VLLM_KEY, extra, known, "vllm.LLM engine argument")

@@ -112,6 +112,16 @@ def precision_aware(v: View, section: str, role: Role) -> Iterator[Issue]:
                     f"set {key}=false, or provide {', '.join(need)}")
 
 
+@_each_section
+def distributed_needs_adam(v: View, section: str, role: Role) -> Iterator[Issue]:
+    """Megatron's distributed optimizer shards only Adam's state (its checkpoint format);
+    on CPU megarl runs the plain optimizer anyway."""
+    o = f"{section}.optim.optimizer"
+    if v.get("trainer.device") != "cpu" and v.get(f"{role.megatron}.use_distributed_optimizer") and v.get(o) != "adam":
+        yield Issue(o, v.get(o), f"Megatron's distributed optimizer ({role.megatron}.use_distributed_optimizer=true) "
+                                 "supports only adam", f"set {o}=adam, or {role.megatron}.use_distributed_optimizer=false")
+
+
 @functools.cache
 def optimizer_config_fields() -> dict[str, object] | None:
     """Megatron OptimizerConfig field name -> type, or None when megatron is not importable here."""
@@ -146,4 +156,4 @@ def optimizer_overrides(v: View, section: str, role: Role) -> Iterator[Issue]:
             yield Issue(f"{key}.{name}", value, "a dtype field: give a dtype name", f"set {key}.{name} to one of {list(OPTIM_STATE_DTYPES)}")
 
 
-RULES = (schedule, precision_aware, optimizer_overrides)
+RULES = (schedule, precision_aware, distributed_needs_adam, optimizer_overrides)

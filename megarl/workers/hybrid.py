@@ -21,7 +21,8 @@ Dispatch the trainer must use (W = world size, t = ``rollout.tensor_model_parall
 
 Weights: ``update_actor`` and ``load_checkpoint`` mark the actor's weights as changed;
 the next ``generate_sequences`` first streams them into vLLM (export over TP/PP/EP ->
-plan buckets -> checked -> ``reload_weights``), and returns the sync metrics in its
+plan buckets -> checked -> ``reload_weights``, or straight into vLLM's parameters where
+that is exact: :mod:`megarl.weight_sync.direct`), and returns the sync metrics in its
 ``meta_info["metrics"]``.
 """
 
@@ -34,12 +35,24 @@ import torch
 
 from megarl.protocol import DataProto
 from megarl.weight_sync import SyncStats, log_prob_gap, plan_for_model, stream_in_process
+from megarl.weight_sync.direct import direct_targets
 
 if TYPE_CHECKING:
     from megarl.config.schema_algorithm import RolloutCorrectionConfig
 
 ROLES = ("actor_rollout_ref", "actor_rollout")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def gpu_memory(phase: str) -> dict[str, float]:
+    """``memory/{phase}_peak_gib`` (torch allocator peak since the last phase) and
+    ``memory/{phase}_device_used_gib`` (whole device, vLLM's pools included) on CUDA."""
+    if not torch.cuda.is_available():
+        return {}
+    free, total = torch.cuda.mem_get_info()
+    peak = torch.cuda.max_memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    return {f"memory/{phase}_peak_gib": peak / 2**30, f"memory/{phase}_device_used_gib": (total - free) / 2**30}
 
 
 class ActorRolloutRefWorker:
@@ -78,6 +91,7 @@ class ActorRolloutRefWorker:
         self.ref = ActorWorker(config, role="ref", device=device) if role == "actor_rollout_ref" else None
         self.rollout = None
         self.plan = None
+        self.direct = None  # DirectTargets when vLLM's parameters take the export as is
         sync_cfg = config.rollout.weight_sync
         bucket_mb = float(sync_cfg.bucket_size_mb)
         if bucket_mb <= 0:
@@ -110,6 +124,10 @@ class ActorRolloutRefWorker:
             bucket_size_bytes=self.bucket_size_bytes,
             dtype=dtype,
         )
+        self.direct, why = direct_targets(
+            self.rollout.model(), self.plan, rollout_tp=int(self.config.rollout.tensor_model_parallel_size))
+        print(f"[megarl] weight sync into vLLM: {'direct into its parameters' if self.direct else 'reload_weights (' + why + ')'}",
+              flush=True)
 
     # ------------------------------------------------------------------ rollout
     def sync_weights(self) -> dict[str, float]:
@@ -120,20 +138,25 @@ class ActorRolloutRefWorker:
         from megarl.weight_sync.tp_gather import export_hf_weights_bucketed
 
         stats = SyncStats()
+        engine = self.actor.engine
         start = time.perf_counter()
         self.actor.onload()
         try:
-            # One all_gather per bucket for TP-only layouts (per-tensor export for PP/EP).
-            export = export_hf_weights_bucketed(
-                self.actor.engine.chunks, self.actor.engine.hf_config, bucket_size_bytes=self.bucket_size_bytes
-            )
-            stream = stream_in_process(export, self.plan, integrity_check=self.integrity_check, stats=stats)
-            self.rollout.update_weights(stream)
+            if self.direct:
+                self.rollout.wake_up()  # vLLM's parameters back on the device, at the same addresses
+                self.direct.load_from(engine.chunks, engine.hf_config, bucket_size_bytes=self.bucket_size_bytes,
+                                      integrity_check=self.integrity_check, stats=stats)
+                self.rollout.reset_prefix_cache()
+            else:
+                # One all_gather per bucket for TP-only layouts (per-tensor export for PP/EP).
+                export = export_hf_weights_bucketed(engine.chunks, engine.hf_config, bucket_size_bytes=self.bucket_size_bytes)
+                stream = stream_in_process(export, self.plan, integrity_check=self.integrity_check, stats=stats)
+                self.rollout.update_weights(stream)
         finally:
             self.actor.offload()
         stats.seconds = time.perf_counter() - start
         self._synced_version = self._weights_version
-        return stats.as_metrics()
+        return {**stats.as_metrics(), "weight_sync/direct": float(self.direct is not None)}
 
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """This replica's share of prompts -> ``B * n`` rows (see RolloutWorker), after
@@ -145,6 +168,9 @@ class ActorRolloutRefWorker:
         start = time.perf_counter()
         out = self.rollout.generate_sequences(prompts)
         metrics["timing/generate_s"] = time.perf_counter() - start
+        metrics.update(gpu_memory("rollout"))
+        if self.rollout.sleep_freed_bytes is not None:
+            metrics["memory/vllm_sleep_freed_gib"] = self.rollout.sleep_freed_bytes / 2**30
         out.meta_info["metrics"] = {**out.meta_info.get("metrics", {}), **metrics}
         return out
 
@@ -155,9 +181,12 @@ class ActorRolloutRefWorker:
         from megarl.workers.megatron.inputs import response_mask_of
 
         out = self.actor.compute_log_prob(data)
+        metrics = gpu_memory("old_log_prob")
         if "rollout_log_probs" in data.batch.keys():
             mask = response_mask_of(data)
-            out.meta_info["metrics"] = log_prob_gap(data.batch["rollout_log_probs"], out.batch["old_log_probs"], mask)
+            metrics.update(log_prob_gap(data.batch["rollout_log_probs"], out.batch["old_log_probs"], mask))
+        if metrics:
+            out.meta_info["metrics"] = metrics
         return out
 
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
@@ -168,7 +197,7 @@ class ActorRolloutRefWorker:
 
     def update_actor(self, data: DataProto) -> dict[str, float]:
         """PPO update; the rollout engine is re-synced before the next generation."""
-        metrics = self.actor.update_policy(data)
+        metrics = {**self.actor.update_policy(data), **gpu_memory("update_actor")}
         self._weights_version += 1
         return metrics
 

@@ -104,6 +104,10 @@ def _reprepack_cpu_moe(vllm_worker) -> int:
     return fixed
 
 
+def _vllm_model(vllm_worker) -> torch.nn.Module:
+    return vllm_worker.model_runner.get_model()
+
+
 class RolloutWorker:
     """One vLLM engine (a rollout replica, or this rank's part of one).
 
@@ -123,6 +127,7 @@ class RolloutWorker:
         self.calculate_log_probs = bool(self.rollout_cfg.calculate_log_probs)
         self.free_cache_engine = bool(self.rollout_cfg.free_cache_engine)
         self.is_sleeping = False
+        self.sleep_freed_bytes: int | None = None  # device memory the last sleep gave back (CUDA)
         self.llm = self._start_engine()
 
     # ------------------------------------------------------------------ engine
@@ -364,6 +369,14 @@ class RolloutWorker:
         self.llm.reset_prefix_cache()
         return count
 
+    def model(self) -> torch.nn.Module:
+        """vLLM's model (the engine core runs in this process)."""
+        return self.llm.collective_rpc(_vllm_model)[0]
+
+    def reset_prefix_cache(self) -> None:
+        """After the weights changed in place: cached KV came from the old weights."""
+        self.llm.reset_prefix_cache()
+
     # ------------------------------------------------------------ memory/state
     def sleep(self) -> None:
         """Free the KV cache (vLLM sleep level 1: weights stay). No-op on CPU."""
@@ -371,7 +384,9 @@ class RolloutWorker:
             return
         self.llm.reset_prefix_cache()
         if torch.cuda.is_available():
+            free_before = torch.cuda.mem_get_info()[0]
             self.llm.sleep(level=1)
+            self.sleep_freed_bytes = torch.cuda.mem_get_info()[0] - free_before
         self.is_sleeping = True
 
     def wake_up(self) -> None:

@@ -78,3 +78,19 @@ def test_vllm_engine_kwargs_are_checked(make):
     no_issues(make({key: {"enable_prefix_caching": True, "seed": 3}}))  # an EngineArgs field, an LLM parameter
     issue_for(make({key: {"enable_prefix_cache": True}}), f"{key}.enable_prefix_cache", "not a vllm.LLM engine argument",
               "did you mean enable_prefix_caching")
+
+
+def test_fp8_is_refused_without_transformer_engine_layers(make):
+    key = "actor_rollout_ref.actor.megatron.override_transformer_config"
+    # this machine: CPU and no transformer-engine; local layers are refused anywhere
+    issue_for(make({key: {"fp8": "hybrid"}}), f"{key}.fp8", "FP8 training needs transformer-engine")
+    issue_for(make({key: {"fp8": "hybrid", "transformer_impl": "local"}}), f"{key}.fp8", "transformer_impl=local")
+    no_issues(make({key: {"fp8": None}}))
+
+
+def test_distributed_optimizer_on_cuda_needs_adam(make):
+    o, m = "actor_rollout_ref.actor.optim.optimizer", "actor_rollout_ref.actor.megatron.use_distributed_optimizer"
+    cuda = {"trainer.device": "cuda", m: True}
+    issue_for(make({**cuda, o: "sgd"}), o, "supports only adam", f"{m}=false")
+    no_issues(make({**cuda, o: "sgd", m: False}))
+    no_issues(make({"trainer.device": "cpu", m: True, o: "sgd"}))  # CPU runs the plain optimizer

@@ -100,3 +100,51 @@ def weight_sync_bitwise(model_path: str, bucket_bytes: int, device: str = "cuda"
     )
     return {"per_tensor": per_tensor, "bucketed": bucketed, "bucketed_dest": bucketed_dest,
             "bucketed_small": bucketed_small, "in_process": in_process, "broadcast": broadcast}
+
+
+def direct_sync_into_vllm(hf_dir: str, actor_tp: int) -> dict:
+    """ActorRolloutRefWorker on CUDA (bf16 actor at TP=``actor_tp``, one vLLM TP=1 engine per
+    rank). Sync 1 (direct) of the unchanged checkpoint: vLLM's parameters vs the checkpoint
+    fused by hand. Then the actor is perturbed; sync 2 (direct) and sync 3 (vLLM's
+    reload_weights, the generic path) of the same weights must leave the same bits."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "weight_sync"))
+    from safetensors.torch import load_file
+    from sync_body import perturb_
+    from tiny_hf import actor_rollout_ref_config as sync_config
+
+    from megarl.protocol import DataProto
+    from megarl.workers.hybrid import ActorRolloutRefWorker
+
+    cfg = sync_config(hf_dir, 8, 6, **{"actor.megatron.tensor_model_parallel_size": actor_tp,
+                                       "rollout.gpu_memory_utilization": 0.2,
+                                       "rollout.weight_sync.bucket_size_mb": 0.05})
+    worker = ActorRolloutRefWorker(cfg, role="actor_rollout", device="cuda")
+    worker.init_model()
+    ids = torch.tensor([[0, 0, 0, 5, 6, 7, 8, 9]])
+    mask = (ids > 0).long()
+    prompts = DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)},
+                                  {"uid": ["0"]}, meta_info={"do_sample": False})
+
+    def vllm_params():
+        worker.rollout.wake_up()  # generate_sequences ends with vLLM asleep (weights off the device)
+        return {n: p.detach().cpu().clone() for n, p in worker.rollout.model().named_parameters()}
+
+    direct = worker.direct is not None
+    metrics = worker.sync_weights()
+    loaded = vllm_params()
+    checkpoint = {}
+    for f in sorted(os.listdir(hf_dir)):
+        if f.endswith(".safetensors"):
+            checkpoint.update(load_file(os.path.join(hf_dir, f)))
+    perturb_(worker.actor.engine.unwrapped_chunks(), 1.02, -0.002)
+    worker._weights_version += 1
+    greedy_direct = worker.generate_sequences(prompts).batch["responses"]
+    after_direct = vllm_params()
+    worker.direct = None
+    worker._weights_version += 1
+    greedy_reload = worker.generate_sequences(prompts).batch["responses"]
+    after_reload = vllm_params()
+    worker.shutdown()
+    return {"direct": direct, "metrics": metrics, "loaded": loaded, "checkpoint": checkpoint,
+            "after_direct": after_direct, "after_reload": after_reload,
+            "greedy": (greedy_direct.tolist(), greedy_reload.tolist())}

@@ -76,7 +76,7 @@ def actor_config(model_dir: str, impl: str, packed: bool, rows: int, dtype: str 
     from tiny import actor_rollout_ref_config, megatron_node
 
     cfg = actor_rollout_ref_config(
-        model_dir, megatron_node(dtype=dtype, use_distributed_optimizer=dtype != "float32"),
+        model_dir, megatron_node(dtype=dtype, use_distributed_optimizer=False),  # SGD: Megatron shards only Adam
         ppo_mini_batch_size=rows, ppo_micro_batch_size_per_gpu=rows // 2, entropy_coeff=0.0, use_kl_loss=False,
     )
     with open_dict(cfg):

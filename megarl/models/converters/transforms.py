@@ -103,6 +103,25 @@ def from_shards(kind: str, shards: list[torch.Tensor], dims: Dims) -> list[torch
     raise ValueError(f"unknown layout kind {kind!r}; known: {KINDS}")
 
 
+def views_of_unsharded(kind: str, param: torch.Tensor, dims: Dims) -> list[torch.Tensor]:
+    """The HF tensor(s) of a TP=1 megatron parameter as views of it (no copy), for a consumer
+    that copies them into HF-layout memory (``dest.view(v.shape).copy_(v)``). A view holds its
+    HF tensor's elements in row-major order; qkv views are ``[groups, rows per group, *rest]``
+    (megatron interleaves q, k, v per query group, so merging those dims would need a copy)."""
+    if kind in ("replicated", "split0", "split1"):
+        return [param]
+    if kind == "vocab":
+        return [param[: dims.vocab_size]]
+    if kind == "gate_up":
+        return list(param.chunk(2, dim=0))
+    if kind == "qkv":
+        groups, hd = dims.num_query_groups, dims.head_dim
+        per_group = dims.num_heads // groups
+        grouped = param.view(groups, (per_group + 2) * hd, *param.shape[1:])
+        return list(torch.split(grouped, [per_group * hd, hd, hd], dim=1))
+    raise ValueError(f"unknown layout kind {kind!r}; known: {KINDS}")
+
+
 def is_split(kind: str) -> bool:
     """Whether the megatron parameter differs across TP ranks (needs a gather on export)."""
     return kind != "replicated"

@@ -12,6 +12,7 @@ broadcast to every pipeline stage, so every rank returns the same values.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -215,8 +216,10 @@ class MegatronEngine:
             )
         tp = parallel_state.get_tensor_model_parallel_world_size()
         sequence_parallel = bool(self.megatron_cfg.sequence_parallel) and tp > 1
-        # Sequence parallelism splits the sequence over the TP ranks.
-        pad_multiple = tp if sequence_parallel else 1
+        # Sequence parallelism splits the sequence over the TP ranks; TE's FP8 GEMMs need a token
+        # count divisible by 16 (padded: the row length, packed: the total).
+        fp8 = bool(self.unwrapped_chunks()[0].config.fp8)
+        pad_multiple = math.lcm(tp if sequence_parallel else 1, 16 if fp8 else 1)
         # The interleaved schedule needs one shape for every micro-batch (see run_schedule).
         length = valid_length(attention_mask, pad_multiple) if len(self.chunks) > 1 else None
         micro = []

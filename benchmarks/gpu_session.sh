@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# One device call on a machine where ../shared/gpu-stack put vLLM + Ray + megatron-core in /tmp/site and
+# transformer-engine in /tmp/site-te. Runs the named steps from the repo root, logs and JSON under $OUT:
+#   bash benchmarks/gpu_session.sh tests hybrid hybrid_eager      (issue 16: GPU tests, sync + rollout)
+#   bash benchmarks/gpu_session.sh e2e e2e_fp8 actor7b            (issues 16/23: GRPO end to end, FP8, 7B actor)
+# Steps:
+#   tests        pytest -m gpu tests/gpu (TE spec, direct sync into vLLM, 2-GPU tests skip on one GPU)
+#   hybrid       benchmarks/bench_hybrid_gpu.py 1.5B, CUDA graphs on: sync direct/reload vs d2d copy, rollout vs vLLM
+#   hybrid_eager the same rollout comparison with enforce_eager=true (graphs off)
+#   e2e          3 GRPO steps through `python -m megarl.main_ppo`, random Qwen2.5-0.5B shape (TE spec, graphs on)
+#   e2e_fp8      the same with override_transformer_config.fp8=hybrid (train/rollout log-prob gap, step time)
+#   shapes       update_policy time on the e2e batch shape: TE/SDPA x padded/packed, and TE packed bucketed
+#   actor7b      actor update vs plain megatron-core, Qwen2.5-7B layer shape (8 layers), TE spec, bf16 then FP8
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/site:/tmp/site-te:$PWD
+OUT=${OUT:-$PWD/outputs}; mkdir -p "$OUT"
+TR="torchrun --nproc_per_node=1"
+python3 -c "import torch, vllm, megatron.core as mc; import transformer_engine as te; print('torch', torch.__version__, 'vllm', vllm.__version__, 'mcore', mc.__version__, 'te', te.__version__, torch.cuda.get_device_name())" 2>&1 | tail -1
+
+e2e() {  # $1 = log name, rest = extra overrides
+  local name=$1; shift
+  export MEGARL_DEMO_DIR=/tmp/gpu-demo
+  [ -f /tmp/q05/model.safetensors ] || python3 benchmarks/grpo_model_dir.py /tmp/q05 > "$OUT/e2e_model.log" 2>&1
+  rm -rf /tmp/e2e_run
+  timeout 280 python3 -m megarl.main_ppo actor_rollout_ref.model.path=/tmp/q05 trainer.device=cuda \
+    trainer.n_gpus_per_node=1 actor_rollout_ref.rollout.tensor_model_parallel_size=1 data.train_batch_size=64 \
+    data.max_prompt_length=32 data.max_response_length=224 actor_rollout_ref.rollout.n=8 \
+    actor_rollout_ref.actor.ppo_mini_batch_size=64 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16 \
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 data.train_files=/tmp/gpu-demo/train.parquet \
+    data.val_files=/tmp/gpu-demo/val.parquet trainer.total_training_steps=3 trainer.val_before_train=false \
+    trainer.test_freq=-1 trainer.save_freq=-1 algorithm.adv_estimator=grpo trainer.logger=[console] \
+    trainer.default_local_dir=/tmp/e2e_run ray_kwargs.ray_init.num_cpus=8 \
+    actor_rollout_ref.actor.megatron.sequence_parallel=false actor_rollout_ref.rollout.calculate_log_probs=true \
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.3 "$@" > "$OUT/$name.log" 2>&1
+  echo rc $?
+  cp /tmp/e2e_run/metrics.jsonl "$OUT/$name.metrics.jsonl" 2>/dev/null
+  grep -iE "layer spec|weight sync into|non-finite|Traceback|Error|step [0-9]/" "$OUT/$name.log" | cut -c1-300 | tail -12
+  python3 - "$OUT/$name.metrics.jsonl" <<'EOF'
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    keys = [k for k in r if k.startswith(("timing_s/", "weight_sync/", "memory/", "rollout/log_prob_gap"))]
+    print(r.get("step"), {k: round(r[k], 4) for k in sorted(keys)})
+EOF
+}
+
+for step in "$@"; do
+  echo "=== $step $(date -u +%T)"
+  case $step in
+    tests)   timeout 330 python3 -m pytest -q -m gpu tests/gpu -rA -p no:cacheprovider > "$OUT/pytest_gpu.log" 2>&1; echo rc $?
+             grep -E "passed|failed|PASSED|FAILED|SKIPPED|Error" "$OUT/pytest_gpu.log" | tail -20 ;;
+    hybrid)  timeout 300 $TR benchmarks/bench_hybrid_gpu.py --shape 1.5b --iters 3 --response-len 256 --out hybrid_1p5b.json \
+               > "$OUT/hybrid.log" 2>&1; echo rc $?
+             grep -A12 "^# hybrid" "$OUT/hybrid.log"; grep -E "Error|error:" "$OUT/hybrid.log" | tail -5 ;;
+    hybrid_eager) timeout 240 $TR benchmarks/bench_hybrid_gpu.py --shape 1.5b --iters 3 --response-len 256 --enforce-eager \
+               --skip-sync --out hybrid_1p5b_eager.json > "$OUT/hybrid_eager.log" 2>&1; echo rc $?
+             grep -A6 "^# hybrid" "$OUT/hybrid_eager.log"; grep -E "Error|error:" "$OUT/hybrid_eager.log" | tail -5 ;;
+    e2e)     e2e e2e ;;
+    e2e_fp8) e2e e2e_fp8 +actor_rollout_ref.actor.megatron.override_transformer_config.fp8=hybrid \
+               +actor_rollout_ref.actor.megatron.override_transformer_config.fp8_recipe=delayed ;;
+    shapes)  # update_policy on the e2e run's batch shape (0.5B, 512 rows, <= 32 + 224 tokens, micro 16): spec x layout,
+             # then TE packed with token count and max_seqlen bucketed (cuDNN builds a graph per shape)
+             for extra in "" "--variants transformer_engine:packed --thd-bucket 256"; do
+               timeout 200 $TR benchmarks/check_te_padded.py --shape 0.5b --rows 512 --prompt 32 --response 224 --micro 16 \
+                 --no-hf --time-iters 3 $extra > "$OUT/shapes${extra:+_bucket}.log" 2>&1; echo rc $?
+               grep -E "update_policy s|^(local|transformer_engine):(padded|packed)  |Error" "$OUT/shapes${extra:+_bucket}.log" | cut -c1-160
+             done ;;
+    actor7b) for fp8 in "" --fp8; do
+               CUDA_DEVICE_MAX_CONNECTIONS=1 timeout 200 $TR benchmarks/bench_actor_throughput.py --tp 1 --shape 7b --layers 8 \
+                 --micro-bs 1 --n-micro 4 --iters 4 --impl transformer_engine $fp8 --out "actor_7b_te${fp8:+_fp8}.json" \
+                 > "$OUT/actor7b${fp8}.log" 2>&1; echo rc $?
+               grep -A7 "^# actor throughput" "$OUT/actor7b${fp8}.log"; grep -E "failed|Error" "$OUT/actor7b${fp8}.log" | head -5
+             done ;;
+  esac
+done
