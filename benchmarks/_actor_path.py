@@ -52,7 +52,9 @@ def actor_config(
         f"{a}.ppo_micro_batch_size_per_gpu={micro_bs}", f"{a}.shuffle=false", f"{a}.use_kl_loss=false",
         f"{a}.optim.lr_decay_style=constant", f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro_bs}",
         "actor_rollout_ref.rollout.n=1",
-        *[f"+{a}.megatron.override_transformer_config.{k}={v}" for k, v in {"transformer_impl": impl, **(overrides or {})}.items()],
+        # auto: TE picks its kernels (verl's default `flash` needs the flash-attn package, absent on the GPU machine)
+        *[f"++{a}.megatron.override_transformer_config.{k}={v}"
+          for k, v in {"transformer_impl": impl, "attention_backend": "auto", **(overrides or {})}.items()],
         *([] if torch.cuda.is_available() else [f"{a}.megatron.dtype=float32"]),
     ])
     return resolve_config(cfg).actor_rollout_ref

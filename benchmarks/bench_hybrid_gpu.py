@@ -85,6 +85,7 @@ def main() -> None:
         f"actor_rollout_ref.rollout.n={args.n}", "actor_rollout_ref.rollout.gpu_memory_utilization=0.35",
         f"actor_rollout_ref.rollout.enforce_eager={str(args.enforce_eager).lower()}",
         "actor_rollout_ref.rollout.ignore_eos=true",  # every response runs to the full length
+        "actor_rollout_ref.actor.megatron.override_transformer_config.attention_backend=auto",  # no flash-attn here
         "actor_rollout_ref.actor.megatron.sequence_parallel=false", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
     ]))
     worker = ActorRolloutRefWorker(cfg.actor_rollout_ref, role="actor_rollout", device="cuda")

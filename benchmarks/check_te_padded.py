@@ -39,7 +39,8 @@ QWEN25_3B: dict = dict(
     QWEN25_1P5B, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
     num_attention_heads=16, num_key_value_heads=2, vocab_size=151936,
 )
-SHAPES = {"0.5b": QWEN25_0P5B, "1.5b": QWEN25_1P5B, "3b": QWEN25_3B, "tiny": QWEN2_TINY}
+SHAPES = {"0.5b": QWEN25_0P5B, "1.5b": QWEN25_1P5B, "3b": QWEN25_3B, "tiny": QWEN2_TINY,
+          "0.5b-v1k": dict(QWEN25_0P5B, vocab_size=1024)}  # the GPU e2e run's model: the demo tokenizer's small vocabulary
 PAD_ID = 151643 % 512  # any id inside every shape's vocabulary
 
 
@@ -160,6 +161,7 @@ def main() -> None:
                    help="padded layout: round each micro-batch's length up to this multiple (fewer distinct shapes)")
     p.add_argument("--thd-bucket", type=int, default=1,
                    help="packed layout: round the token count and max_seqlen up to this multiple (fewer distinct shapes)")
+    p.add_argument("--profile", action="store_true", help="torch profiler table of one log-prob + update")
     p.add_argument("--time-iters", type=int, default=0, help="also time N update_policy calls per variant")
     args = p.parse_args()
 
@@ -249,6 +251,15 @@ def main() -> None:
                 sync(device)
                 times.append(time.perf_counter() - t0)
             rank0_print(f"   update_policy s: {' '.join(f'{t:.3f}' for t in times)}")
+        if args.profile:
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                worker.compute_log_prob(data)
+                worker.update_policy(data)
+                sync(device)
+            table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=18, max_name_column_width=60)
+            rank0_print(f"   profile (compute_log_prob + update_policy):\n{table}")
         del worker, out
         if device.type == "cuda":
             torch.cuda.empty_cache()

@@ -32,6 +32,7 @@ e2e() {  # $1 = log name, rest = extra overrides
     trainer.test_freq=-1 trainer.save_freq=-1 algorithm.adv_estimator=grpo trainer.logger=[console] \
     trainer.default_local_dir=/tmp/e2e_run ray_kwargs.ray_init.num_cpus=8 \
     actor_rollout_ref.actor.megatron.sequence_parallel=false actor_rollout_ref.rollout.calculate_log_probs=true \
+    actor_rollout_ref.actor.megatron.override_transformer_config.attention_backend=auto \
     actor_rollout_ref.rollout.gpu_memory_utilization=0.3 "$@" > "$OUT/$name.log" 2>&1
   echo rc $?
   cp /tmp/e2e_run/metrics.jsonl "$OUT/$name.metrics.jsonl" 2>/dev/null
@@ -66,6 +67,13 @@ for step in "$@"; do
                  --no-hf --time-iters 3 $extra > "$OUT/shapes${extra:+_bucket}.log" 2>&1; echo rc $?
                grep -E "update_policy s|^(local|transformer_engine):(padded|packed)  |Error" "$OUT/shapes${extra:+_bucket}.log" | cut -c1-160
              done ;;
+    profile) # the e2e model (small vocabulary): TE packed vs SDPA padded, timed and profiled
+             timeout 240 $TR benchmarks/check_te_padded.py --shape 0.5b-v1k --rows 512 --prompt 32 --response 224 --micro 16 \
+               --no-hf --time-iters 3 --profile --variants transformer_engine:packed,local:padded > "$OUT/profile.log" 2>&1; echo rc $?
+             grep -E "update_policy s|^(local|transformer_engine):(padded|packed)  |Error" "$OUT/profile.log"
+             grep -A22 "profile (compute_log_prob" "$OUT/profile.log" | cut -c1-62,100-175 ;;
+    e2e_sdpa) e2e e2e_sdpa ++actor_rollout_ref.actor.megatron.override_transformer_config.transformer_impl=local \
+               actor_rollout_ref.model.use_remove_padding=false ;;
     actor7b) for fp8 in "" --fp8; do
                CUDA_DEVICE_MAX_CONNECTIONS=1 timeout 200 $TR benchmarks/bench_actor_throughput.py --tp 1 --shape 7b --layers 8 \
                  --micro-bs 1 --n-micro 4 --iters 4 --impl transformer_engine $fp8 --out "actor_7b_te${fp8:+_fp8}.json" \

@@ -63,6 +63,30 @@ def _fp8_needs_te(key: str, overrides, device: str) -> Iterator[Issue]:
                     f"remove {key}.fp8, or run on GPUs with transformer-engine and transformer_impl=transformer_engine")
 
 
+_BACKENDS = ("flash", "fused", "unfused", "local", "auto")
+
+
+def _attention_backend(key: str, overrides, device: str) -> Iterator[Issue]:
+    """Megatron's attention_backend picks transformer-engine's attention kernels: ``flash`` needs
+    the flash-attn package (TE finds no kernel otherwise, deep in the first forward)."""
+    import importlib.util
+
+    backend = overrides.get("attention_backend")
+    if backend is None:
+        return
+    if backend not in _BACKENDS:
+        yield Issue(f"{key}.attention_backend", backend, f"not one of {list(_BACKENDS)}",
+                    f"set {key}.attention_backend to one of {list(_BACKENDS)}")
+        return
+    te_runs = (device != "cpu" and overrides.get("transformer_impl", "transformer_engine") == "transformer_engine"
+               and importlib.util.find_spec("transformer_engine") is not None)
+    has_flash = any(importlib.util.find_spec(m) is not None for m in ("flash_attn", "flash_attn_3", "flash_attn_interface"))
+    if te_runs and backend == "flash" and not has_flash:
+        yield Issue(f"{key}.attention_backend", backend, "transformer-engine's flash attention needs the flash-attn "
+                    "package, which is not installed", f"set {key}.attention_backend=auto (TE then runs cuDNN's fused "
+                    "attention), or install flash-attn")
+
+
 def engine_overrides(v: View) -> Iterator[Issue]:
     seen: set[str] = set()
     for role in active_roles(v):
@@ -75,6 +99,7 @@ def engine_overrides(v: View) -> Iterator[Issue]:
             seen.add(key)
             yield from _unknown(key, overrides, fields, "Megatron TransformerConfig field")
             yield from _fp8_needs_te(key, overrides, v.get("trainer.device"))
+            yield from _attention_backend(key, overrides, v.get("trainer.device"))
     extra = v.get(VLLM_KEY) or {}
     if extra and (known := vllm_engine_args()) is not None:
         yield from _unknown(VLLM_KEY, extra, known, "vllm.LLM engine argument")

@@ -85,6 +85,25 @@ def gpt_model_kwargs(hf_config, *, value_head: bool = False) -> dict[str, Any]:
     }
 
 
+def transformer_overrides(overrides) -> dict[str, Any]:
+    """``megatron.override_transformer_config`` as TransformerConfig keyword arguments: plain
+    values, known fields only, and verl's ``attention_backend: flash`` as Megatron's enum (a
+    string compares unequal to every ``AttnBackend`` member, so it would do nothing)."""
+    if hasattr(overrides, "_metadata"):  # an omegaconf DictConfig: plain containers
+        from omegaconf import OmegaConf
+
+        overrides = OmegaConf.to_container(overrides, resolve=True)
+    overrides = dict(overrides)
+    unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(TransformerConfig)})
+    if unknown:
+        raise ValueError(f"megatron.override_transformer_config has unknown TransformerConfig fields: {unknown}")
+    if isinstance(overrides.get("attention_backend"), str):
+        from megatron.core.transformer.enums import AttnBackend
+
+        overrides["attention_backend"] = AttnBackend[overrides["attention_backend"]]
+    return overrides
+
+
 def hf_to_transformer_config(
     hf_config,
     megatron_cfg: Mapping[str, Any] | None,
@@ -161,17 +180,6 @@ def hf_to_transformer_config(
     if kwargs["sequence_parallel"] and kwargs["tensor_model_parallel_size"] == 1:
         kwargs["sequence_parallel"] = False
 
-    overrides = megatron_cfg.get("override_transformer_config", None) or {}
-    if hasattr(overrides, "_metadata"):  # an omegaconf DictConfig: plain containers
-        from omegaconf import OmegaConf
-
-        overrides = OmegaConf.to_container(overrides, resolve=True)
-    overrides = dict(overrides)
-    fields = {f.name for f in dataclasses.fields(TransformerConfig)}
-    unknown = sorted(set(overrides) - fields)
-    if unknown:
-        raise ValueError(
-            f"megatron.override_transformer_config has unknown TransformerConfig fields: {unknown}"
-        )
+    overrides = transformer_overrides(megatron_cfg.get("override_transformer_config", None) or {})
     kwargs.update(overrides)
     return TransformerConfig(**kwargs)

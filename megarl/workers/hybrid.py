@@ -139,11 +139,13 @@ class ActorRolloutRefWorker:
 
         stats = SyncStats()
         engine = self.actor.engine
+        wake_s = 0.0
+        if self.direct:  # vLLM's parameters back on the device, at the same addresses (not sync time)
+            wake_s = self.rollout.wake_up()
         start = time.perf_counter()
         self.actor.onload()
         try:
             if self.direct:
-                self.rollout.wake_up()  # vLLM's parameters back on the device, at the same addresses
                 self.direct.load_from(engine.chunks, engine.hf_config, bucket_size_bytes=self.bucket_size_bytes,
                                       integrity_check=self.integrity_check, stats=stats)
                 self.rollout.reset_prefix_cache()
@@ -156,7 +158,7 @@ class ActorRolloutRefWorker:
             self.actor.offload()
         stats.seconds = time.perf_counter() - start
         self._synced_version = self._weights_version
-        return {**stats.as_metrics(), "weight_sync/direct": float(self.direct is not None)}
+        return {**stats.as_metrics(), "weight_sync/direct": float(self.direct is not None), "timing_s/vllm_wake": wake_s}
 
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """This replica's share of prompts -> ``B * n`` rows (see RolloutWorker), after

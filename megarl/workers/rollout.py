@@ -27,6 +27,7 @@ import gc
 import json
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -389,13 +390,16 @@ class RolloutWorker:
             self.sleep_freed_bytes = torch.cuda.mem_get_info()[0] - free_before
         self.is_sleeping = True
 
-    def wake_up(self) -> None:
-        """Re-allocate the KV cache after :meth:`sleep`."""
+    def wake_up(self) -> float:
+        """Bring the weights back and re-allocate the KV cache after :meth:`sleep`; returns the
+        seconds it took (0.0 when awake)."""
         if not self.is_sleeping:
-            return
+            return 0.0
+        start = time.perf_counter()
         if torch.cuda.is_available():
             self.llm.wake_up()
         self.is_sleeping = False
+        return time.perf_counter() - start
 
     def shutdown(self) -> None:
         """Stop the engine and free its memory.

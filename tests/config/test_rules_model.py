@@ -94,3 +94,9 @@ def test_distributed_optimizer_on_cuda_needs_adam(make):
     issue_for(make({**cuda, o: "sgd"}), o, "supports only adam", f"{m}=false")
     no_issues(make({**cuda, o: "sgd", m: False}))
     no_issues(make({"trainer.device": "cpu", m: True, o: "sgd"}))  # CPU runs the plain optimizer
+
+
+def test_attention_backend_values(make):
+    key = "actor_rollout_ref.actor.megatron.override_transformer_config"
+    issue_for(make({key: {"attention_backend": "flsh"}}), f"{key}.attention_backend", "not one of")
+    no_issues(make({key: {"attention_backend": "flash"}}))  # CPU: the SDPA spec runs, no TE kernels involved

@@ -117,6 +117,7 @@ def direct_sync_into_vllm(hf_dir: str, actor_tp: int) -> dict:
 
     cfg = sync_config(hf_dir, 8, 6, **{"actor.megatron.tensor_model_parallel_size": actor_tp,
                                        "rollout.gpu_memory_utilization": 0.2,
+                                       "actor.megatron.override_transformer_config.attention_backend": "auto",
                                        "rollout.weight_sync.bucket_size_mb": 0.05})
     worker = ActorRolloutRefWorker(cfg, role="actor_rollout", device="cuda")
     worker.init_model()

@@ -84,7 +84,8 @@ def actor_config(model_dir: str, impl: str, packed: bool, rows: int, dtype: str 
         cfg.rollout.temperature = TEMPERATURE
         for node in (cfg.actor.megatron, cfg.ref.megatron):
             overrides = dict(node.get("override_transformer_config") or {})
-            node.override_transformer_config = {**overrides, "transformer_impl": impl}
+            # auto: TE picks its kernels (verl's default `flash` needs flash-attn, absent on the GPU machine)
+            node.override_transformer_config = {**overrides, "transformer_impl": impl, "attention_backend": "auto"}
     return cfg
 
 

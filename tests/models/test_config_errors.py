@@ -19,3 +19,15 @@ def test_padded_vocab_size():
     assert padded_vocab_size(96, 2) == 96
     assert padded_vocab_size(97, 2) == 98
     assert padded_vocab_size(97, 4) == 100
+
+
+@pytest.mark.parametrize("name", ["flash", "fused", "unfused", "local", "auto"])
+def test_attention_backend_reaches_megatron_as_its_enum(name):
+    from megatron.core.transformer.enums import AttnBackend
+
+    from megarl.models.config import transformer_overrides
+
+    got = transformer_overrides({"attention_backend": name, "recompute_granularity": None})
+    assert got == {"attention_backend": AttnBackend[name], "recompute_granularity": None}
+    with pytest.raises(ValueError, match="recompute_granularty"):
+        transformer_overrides({"recompute_granularty": "full"})
