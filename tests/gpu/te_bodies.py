@@ -16,25 +16,11 @@ TEMPERATURE = 0.7
 
 
 def make_model(out_dir: str, name: str = "qwen2", seed: int = 0) -> str:
-    """Random Qwen2 / Qwen3 (head_dim 64, GQA 4:2, 2 layers) saved as fp32 safetensors, with
-    non-default norms and biases so a wrong weight mapping cannot hide."""
-    cls = transformers.Qwen2Config if name == "qwen2" else transformers.Qwen3Config
-    extra = {} if name == "qwen2" else {"head_dim": 64}
-    config = cls(
-        vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6,
-        tie_word_embeddings=False, dtype="float32", **extra,
-    )
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with torch.no_grad():
-        for pname, param in model.named_parameters():
-            if pname.endswith("norm.weight"):
-                param.uniform_(0.5, 1.5)
-            elif pname.endswith(".bias"):
-                param.normal_(0, 0.1)
-    model.save_pretrained(out_dir, safe_serialization=True)
-    return out_dir
+    """Random Qwen2 / Qwen3 (head_dim 64, GQA 4:2, 2 layers) saved as fp32 safetensors."""
+    from tiny import make_tiny_model
+
+    return make_tiny_model(out_dir, name, vocab_size=VOCAB, num_layers=2, hidden_size=256, intermediate_size=512,
+                           max_positions=256, head_dim=64 if name == "qwen3" else None, seed=seed)
 
 
 def grpo_batch(rows: int = 12, seed: int = 1) -> dict[str, torch.Tensor]:

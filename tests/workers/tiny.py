@@ -11,16 +11,22 @@ from omegaconf import DictConfig, OmegaConf
 PROMPT_LEN, RESPONSE_LEN, VOCAB = 6, 5, 97  # 97: not divisible by TP=2 (vocab padding)
 
 
-def make_tiny_qwen2(out_dir: str, *, vocab_size: int = VOCAB, num_layers: int = 4, seed: int = 0) -> str:
-    """Random-init Qwen2 (QKV bias, untied head) saved as safetensors; no downloads."""
-    config = transformers.Qwen2Config(
-        vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=num_layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6,
-        tie_word_embeddings=False, attention_dropout=0.0, dtype="float32",
+def make_tiny_model(out_dir: str, family: str = "qwen2", *, vocab_size: int = VOCAB, num_layers: int = 4,
+                    hidden_size: int = 32, intermediate_size: int = 64, max_positions: int = 64,
+                    head_dim: int | None = None, seed: int = 0) -> str:
+    """Random-init Qwen2 (QKV bias) or Qwen3 (q/k norms), untied head, 4 heads GQA 4:2, saved as
+    fp32 safetensors, with non-default norms and biases so a wrong weight mapping cannot hide;
+    no downloads."""
+    cls = {"qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}[family]
+    config = cls(
+        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=max_positions, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        attention_dropout=0.0, dtype="float32", **({"head_dim": head_dim} if head_dim else {}),
     )
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with torch.no_grad():  # non-default norms/biases so a wrong mapping cannot hide
+    with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
                 param.uniform_(0.5, 1.5)
@@ -28,6 +34,10 @@ def make_tiny_qwen2(out_dir: str, *, vocab_size: int = VOCAB, num_layers: int = 
                 param.normal_(0, 0.1)
     model.save_pretrained(out_dir, safe_serialization=True)
     return out_dir
+
+
+def make_tiny_qwen2(out_dir: str, *, vocab_size: int = VOCAB, num_layers: int = 4, seed: int = 0) -> str:
+    return make_tiny_model(out_dir, "qwen2", vocab_size=vocab_size, num_layers=num_layers, seed=seed)
 
 
 def rollout_batch(batch_size: int = 8, seed: int = 1) -> dict[str, torch.Tensor]:
