@@ -78,7 +78,7 @@ def full_length_batch(batches: list[torch.Tensor], response_len: int, seed: int 
             "old_log_probs": -torch.rand(B, response_len, generator=g) * 2 - 10,
             "advantages": torch.randn(B, response_len, generator=g),
         },
-        meta_info={"temperature": 1.0},
+        meta_info={"temperature": 1.0, "nan_policy": "stop"},
     )
 
 

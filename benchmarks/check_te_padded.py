@@ -224,7 +224,7 @@ def main() -> None:
             names = [n for n, _ in unwrap_chunk(worker.engine.chunks[0]).named_parameters() if ".layers." not in n
                      or ".layers.0." in n]
             rank0_print(f"TE parameter names (layer 0 and outside layers): {names}")
-        data = DataProto.from_dict(dict(batch), meta_info={"temperature": 1.0})
+        data = DataProto.from_dict(dict(batch), meta_info={"temperature": 1.0, "nan_policy": "stop"})
         out = worker.compute_log_prob(data)
         logp = out.batch["old_log_probs"]
         data.batch["old_log_probs"] = logp

@@ -37,15 +37,6 @@ def layout(v: View, role: Role) -> Iterator[Issue]:
 
 def kernels(v: View, role: Role) -> Iterator[Issue]:
     m = role.megatron
-    # At TP=1 sequence parallelism is a no-op (the engine turns it off), as verl's default layout has it.
-    if v.get(f"{m}.sequence_parallel") and v.get(f"{m}.tensor_model_parallel_size") > 1 and not (
-        has_module("transformer_engine") or has_module("apex")
-    ):
-        yield Issue(
-            f"{m}.sequence_parallel", True,
-            "sequence parallelism needs transformer-engine or apex norms (Megatron's torch norm refuses it); neither is installed",
-            f"set {m}.sequence_parallel=false, or install transformer-engine",
-        )
     cp = v.get(f"{m}.context_parallel_size")
     if cp > 1:  # megarl/workers/megatron/engine.py refuses it at init_model
         yield Issue(

@@ -29,7 +29,7 @@ from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel
 
 from megarl.models.config import gpt_model_kwargs, hf_to_transformer_config
-from megarl.models.spec import get_layer_spec, have_transformer_engine, resolve_transformer_impl
+from megarl.models.spec import get_layer_spec, have_transformer_engine, local_block, resolve_transformer_impl
 from megarl.models.value_head import ValueHead
 from megarl.models.weights import export_hf_weights, load_hf_weights, save_hf_checkpoint, unwrap_chunk
 
@@ -131,11 +131,6 @@ def build_model(
         logger.warning("layer spec local instead of %s: %s", config.transformer_impl, why)
     config.transformer_impl = impl
     use_te = impl == "transformer_engine"
-    if config.sequence_parallel and not use_te:
-        raise ValueError(
-            "megatron.sequence_parallel=True needs the transformer-engine layer spec on CUDA "
-            "(megatron's torch norms do not support it); set it to False"
-        )
     spec = get_layer_spec(config, use_te=use_te, num_experts=config.num_moe_experts)
     model_kwargs = gpt_model_kwargs(hf_config, value_head=value_head)
     vpp = parallel_state.get_virtual_pipeline_model_parallel_world_size()
@@ -146,7 +141,7 @@ def build_model(
         post_process = parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=stage)
         model = GPTModel(
             config=config,
-            transformer_layer_spec=spec,
+            transformer_layer_spec=spec if use_te else local_block(spec, config, stage),
             pre_process=pre_process,
             post_process=post_process,
             parallel_output=True,

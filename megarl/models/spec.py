@@ -6,7 +6,7 @@ to TransformerConfig too): ``transformer_engine`` (megatron's default) or ``loca
 ``transformer_engine`` falls back to ``local`` where TE cannot run (CPU, or CUDA without
 transformer-engine installed; see :func:`resolve_transformer_impl`). Measured on one H100
 (benchmarks/RESULTS.md, issue 23): at 1.5B, TE is 2-5 % faster on full-length 4k rows and
-~10 % slower on RL-shaped variable-length batches; TE is needed for sequence parallelism.
+~10 % slower on RL-shaped variable-length batches; sequence parallelism runs on both (the local spec through :class:`SequenceParallelTorchNorm`).
 
 megatron's local ``DotProductAttention`` allocates its score buffer on CUDA and has no
 packed-sequence support, so the local spec uses :class:`SDPACoreAttention`.
@@ -14,6 +14,7 @@ packed-sequence support, so the local spec uses :class:`SDPACoreAttention`.
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Optional
 
@@ -29,7 +30,8 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-__all__ = ["SDPACoreAttention", "get_layer_spec", "have_transformer_engine", "resolve_transformer_impl"]
+__all__ = ["SDPACoreAttention", "SequenceParallelTorchNorm", "get_layer_spec", "have_transformer_engine", "local_block",
+           "resolve_transformer_impl"]
 
 _IMPL_KEY = "megatron.override_transformer_config.transformer_impl"
 TRANSFORMER_IMPLS = ("transformer_engine", "local")
@@ -252,4 +254,46 @@ def get_layer_spec(
         normalization=config.normalization,
     )
     spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
+    _swap_norms(spec)
     return spec
+
+
+class SequenceParallelTorchNorm:
+    """megatron's torch norm (``WrappedTorchNorm``: torch ``RMSNorm`` / ``LayerNorm``) that also
+    runs under sequence parallelism, as TE's norms do. A norm is per token, so on a rank's
+    sequence shard it computes exactly what it computes on the whole sequence; only its weight
+    gradient comes from that shard, so the weight is marked ``sequence_parallel`` and megatron's
+    ``finalize_model_grads`` all-reduces it over the TP group (what TE marks on its norms).
+    ``WrappedTorchNorm`` refuses sequence parallelism because it does not mark them."""
+
+    def __new__(cls, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, persist_layer_norm: bool = False,
+                zero_centered_gamma: bool = False, normalization: str = "LayerNorm"):
+        from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+        plain = copy.copy(config)
+        plain.sequence_parallel = False
+        norm = WrappedTorchNorm(plain, hidden_size, eps, persist_layer_norm, zero_centered_gamma, normalization)
+        for param in norm.parameters():
+            setattr(param, "sequence_parallel", config.sequence_parallel)
+        return norm
+
+
+def _swap_norms(spec) -> None:
+    """Every ``WrappedTorchNorm`` of a local layer spec -> :class:`SequenceParallelTorchNorm`."""
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    fields = vars(spec.submodules) if spec.submodules is not None and hasattr(spec.submodules, "__dict__") else {}
+    for name, value in fields.items():
+        if value is WrappedTorchNorm:
+            setattr(spec.submodules, name, SequenceParallelTorchNorm)
+        elif isinstance(value, ModuleSpec):
+            _swap_norms(value)
+
+
+def local_block(layer_spec: ModuleSpec, config: TransformerConfig, vp_stage: Optional[int]):
+    """The local spec's decoder block for one (virtual) pipeline stage: megatron builds the same
+    from a layer spec, but with ``WrappedTorchNorm`` as the final norm."""
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+
+    layers = get_num_layers_to_build(config, vp_stage=vp_stage)
+    return TransformerBlockSubmodules(layer_specs=[layer_spec] * layers, layer_norm=SequenceParallelTorchNorm)

@@ -98,6 +98,12 @@ def apply_cpu_compat() -> None:
     from megatron.core.pipeline_parallel import schedules
 
     schedules.torch = _TorchCudaToCpu()
+    # Sequence-parallel regions (the embedding's dropout) fork megatron's CUDA RNG tracker, which
+    # CPU runs never seed (model_parallel_cuda_manual_seed asserts CUDA): run them on the CPU
+    # generator instead.
+    from megatron.core.tensor_parallel.random import CudaRNGStatesTracker
+
+    CudaRNGStatesTracker.fork = lambda self, name=None: contextlib.nullcontext()
     LanguageModule.setup_embeddings_and_output_layer = _without_cuda_moves(
         LanguageModule.setup_embeddings_and_output_layer
     )

@@ -16,8 +16,6 @@ from collections.abc import Mapping
 
 from megarl.config.names import NAN_POLICIES  # stop | skip
 
-DEFAULT_NAN_POLICY = "stop"
-
 
 class NonFiniteError(FloatingPointError):
     """A loss or gradient norm was NaN/Inf; the message names the global step and phase."""

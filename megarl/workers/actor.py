@@ -158,7 +158,7 @@ class ActorWorker(MegatronWorker):
         use_kl_loss), grad_norm, lr.
 
         NaN/Inf loss or grad norm in a mini-batch step (never applied to the weights):
-        meta_info["nan_policy"] "stop" (default) raises NonFiniteError naming
+        meta_info["nan_policy"] (required; the trainer sets trainer.nan_policy) "stop" raises NonFiniteError naming
         meta_info["global_step"] and phase update_actor; "skip" drops that step and reports
         actor/nonfinite_skipped_steps.
         """

@@ -186,8 +186,7 @@ VERL_KEYS = _verl_keys()
 
 def classify(issue: Issue, script: str, added: set[str]) -> str:
     """The issue's category (see the module docstring); `added`: keys given as `+key=`."""
-    if issue.key in HARDWARE_KEYS or (issue.key.endswith(".megatron.sequence_parallel") and "neither is installed" in issue.problem) \
-            or (issue.key.endswith(".optim.use_precision_aware_optimizer") and "cannot run here" in issue.problem):
+    if issue.key in HARDWARE_KEYS or (issue.key.endswith(".optim.use_precision_aware_optimizer") and "cannot run here" in issue.problem):
         return "hardware"
     rule = rule_for(issue.key)
     if rule is not None and rule.kind == "refuse":

@@ -10,7 +10,7 @@ from tiny import actor_rollout_ref_config, critic_config, megatron_node, optim_n
 def _data(batch: dict, rows=slice(None), **meta):
     from megarl.protocol import DataProto
 
-    return DataProto.from_dict({k: v[rows] for k, v in batch.items()}, meta_info={"temperature": 0.7, **meta})
+    return DataProto.from_dict({k: v[rows] for k, v in batch.items()}, meta_info={"temperature": 0.7, "nan_policy": "stop", **meta})
 
 
 def _weights(worker) -> dict[str, torch.Tensor]:

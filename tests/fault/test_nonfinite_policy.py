@@ -52,11 +52,14 @@ def test_worker_check_counts_skips_and_treats_fp16_overflow_as_a_normal_skip():
         check.drop({"actor/pg_loss": math.nan, "actor/grad_norm": math.nan}, overflow)
 
 
-def test_worker_check_defaults_to_stop_without_meta_info():
+def test_worker_check_needs_the_trainers_nan_policy():
+    """One source for the policy (trainer.nan_policy, sent in meta_info): no second default in the worker."""
     from megarl.workers.megatron.ppo_loop import NonFiniteCheck
 
+    with pytest.raises(KeyError, match="trainer.nan_policy"):
+        NonFiniteCheck({}, "critic", "update_critic", 1)
     with pytest.raises(NonFiniteError, match="global step \\?"):
-        NonFiniteCheck({}, "critic", "update_critic", 1).drop({"critic/grad_norm": math.inf})
+        NonFiniteCheck({"nan_policy": "stop"}, "critic", "update_critic", 1).drop({"critic/grad_norm": math.inf})
 
 
 def test_config_refuses_an_unknown_nan_policy():

@@ -20,7 +20,7 @@ def _data(batch: dict, rows: slice | None = None):
     from megarl.protocol import DataProto
 
     tensors = {k: (v[rows] if rows is not None else v) for k, v in batch.items()}
-    return DataProto.from_dict(tensors, meta_info={"temperature": TEMPERATURE})
+    return DataProto.from_dict(tensors, meta_info={"temperature": TEMPERATURE, "nan_policy": "stop"})
 
 
 def _dp_rows(batch: dict) -> slice:

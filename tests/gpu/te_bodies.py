@@ -94,7 +94,7 @@ def actor_runs(
         worker = ActorWorker(actor_config(model_dir, impl, packed, rows, dtype), role="actor", device=device)
         worker.init_model()
         exported = {n: t.detach().to("cpu", copy=True) for n, t in worker.export_hf_weights()}
-        data = DataProto.from_dict(dict(batch), meta_info={"temperature": TEMPERATURE})
+        data = DataProto.from_dict(dict(batch), meta_info={"temperature": TEMPERATURE, "nan_policy": "stop"})
         log_probs = worker.compute_log_prob(data).batch["old_log_probs"].cpu()
         metrics = worker.update_policy(data)
         model = unwrap_chunk(worker.engine.chunks[0])

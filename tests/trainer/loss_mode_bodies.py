@@ -59,7 +59,7 @@ def one_step_per_loss_mode(model_path: str, batch: dict[str, torch.Tensor],
     for name, (mode, policy_loss, rollout_correction) in cases.items():
         actor.config.actor.policy_loss = OmegaConf.merge(yaml_policy_loss, {"loss_mode": mode, **policy_loss})
         actor.rollout_correction = dataclasses.replace(yaml_rollout_correction, **rollout_correction)
-        data = DataProto.from_dict(dict(batch), meta_info={"temperature": TEMPERATURE})
+        data = DataProto.from_dict(dict(batch), meta_info={"temperature": TEMPERATURE, "nan_policy": "stop"})
         log_prob = actor.compute_log_prob(data).batch["old_log_probs"]
         old = (log_prob + OLD_LOGP_NOISE * torch.randn(log_prob.shape, generator=gen)) * mask
         data.batch["old_log_probs"] = old

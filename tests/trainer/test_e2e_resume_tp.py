@@ -105,9 +105,7 @@ def test_actor_2way_parallel_matches_tp1(demo_dir, straight, tmp_path, layout):
     _, tp1 = straight
     two = _run(demo_dir, tmp_path, [
         "trainer.total_training_steps=2", "trainer.n_gpus_per_node=2",
-        f"actor_rollout_ref.actor.megatron.{layout}=2",
-        # verl's default is on; without transformer-engine megarl refuses it (issue 18)
-        "actor_rollout_ref.actor.megatron.sequence_parallel=false",
+        f"actor_rollout_ref.actor.megatron.{layout}=2",  # sequence_parallel: verl's default (on)
     ])
     _assert_same(tp1, two, (1, 2))
 
@@ -122,7 +120,6 @@ def test_critic_own_layout_tp2_with_actor_dp2(demo_dir, tmp_path):
     one = _run(demo_dir, tmp_path / "one", gae)
     two = _run(demo_dir, tmp_path / "two", gae + [
         "trainer.n_gpus_per_node=2", "critic.megatron.tensor_model_parallel_size=2",
-        "critic.megatron.sequence_parallel=false",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
     ])
     for step in (1, 2):

@@ -37,7 +37,7 @@ def _body(model_path: str, batch: dict, root: str) -> dict:
 
     multiprocessing.current_process()._config["daemon"] = False  # megatron's writer starts processes
     out: dict = {}
-    data = DataProto.from_dict(dict(batch))
+    data = DataProto.from_dict(dict(batch), meta_info={"nan_policy": "stop"})
     actor = _worker(model_path, optimizer="adam", lr=0.01, betas=[0.9, 0.999])
     actor.update_policy(data)
     actor.save_checkpoint(os.path.join(root, "actor"), 1)

@@ -4,8 +4,8 @@ Checks (fp32, gloo, tiny Qwen2 with vocab 97 so TP=2 pads the vocabulary):
   * log-probs / entropy / ref log-probs and the actor's sum_pi_squared (sum over the vocabulary
     of softmax^2, actor.calculate_sum_pi_squared) at TP=1, TP=2, PP=2, PP=2 x VPP=2 equal HF
     transformers' forward with logits / temperature (temperature 0.7), atol 1e-5;
-  * one PPO step (clip + entropy bonus + in-loss KL, grad clipping active) at TP=2,
-    PP=2 and DP=2 gives the same HF-exported weights and grad norm as TP=1 (VPP=2 as well). The tests use
+  * one PPO step (clip + entropy bonus + in-loss KL, grad clipping active) at TP=2 (also with
+    sequence parallelism on megatron's torch norms), PP=2 and DP=2 gives the same HF-exported weights and grad norm as TP=1 (VPP=2 as well). The tests use
     SGD with momentum: Adam's first step is sign(grad) * lr and would hide a wrongly
     scaled gradient (e.g. a per-micro-batch instead of a global denominator);
   * micro-batch 1 vs 4 vs token-budget (thd packed) micro-batches: same weights;
@@ -33,6 +33,9 @@ pytestmark = pytest.mark.slow
 # name -> (world size, megatron node, actor overrides)
 LAYOUTS = {
     "tp2": (2, megatron_node(tensor_model_parallel_size=2), {}),
+    # sequence parallel with megatron's torch norms (no transformer-engine): norm weights get a
+    # gradient from their rank's sequence shard only and must be all-reduced over TP
+    "tp2sp": (2, megatron_node(tensor_model_parallel_size=2, sequence_parallel=True), {}),
     "pp2": (2, megatron_node(pipeline_model_parallel_size=2), {}),
     "dp2": (2, megatron_node(), {}),
     # Interleaved schedule: 2 stages x 2 model chunks of the 4 layers; it needs at least
@@ -89,7 +92,7 @@ def _assert_weights_close(got: dict, want: dict):
         torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-5, msg=name)
 
 
-@pytest.mark.parametrize("layout", ["tp1", "tp2", "pp2", "vpp2"])
+@pytest.mark.parametrize("layout", ["tp1", "tp2", "tp2sp", "pp2", "vpp2"])
 def test_log_probs_match_hf(setup, runs, layout):
     want_logp, want_ent = hf_response_log_probs(setup["model_path"], setup["batch"], TEMPERATURE)
     want_spp = hf_response_sum_pi_squared(setup["model_path"], setup["batch"], TEMPERATURE)
@@ -101,7 +104,7 @@ def test_log_probs_match_hf(setup, runs, layout):
         assert rank_out["ref_keys"] == ["ref_log_prob"]  # calculate_sum_pi_squared is the actor's
 
 
-@pytest.mark.parametrize("layout", ["tp2", "pp2", "dp2", "vpp2"])
+@pytest.mark.parametrize("layout", ["tp2", "tp2sp", "pp2", "dp2", "vpp2"])
 def test_ppo_step_matches_tp1(setup, runs, layout):
     from safetensors.torch import load_file
 
@@ -135,7 +138,7 @@ def test_checkpoint_tp2_to_tp1(runs):
     torch.testing.assert_close(resumed["ref_from_ckpt"], saved["log_probs_after_step"], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("layout", ["tp1", "tp2"])
+@pytest.mark.parametrize("layout", ["tp1", "tp2", "tp2sp"])
 def test_critic_values_match_hf(setup, runs, layout):
     outs = _main(runs, layout)
     head = outs[0]["value_head"]
@@ -144,9 +147,10 @@ def test_critic_values_match_hf(setup, runs, layout):
         torch.testing.assert_close(rank_out["values"], want, atol=1e-5, rtol=1e-5)
 
 
-def test_critic_step_tp2_matches_tp1(runs):
+@pytest.mark.parametrize("layout", ["tp2", "tp2sp"])
+def test_critic_step_tp2_matches_tp1(runs, layout):
     want = _main(runs, "tp1")[0]
-    got = _main(runs, "tp2")[0]
+    got = _main(runs, layout)[0]
     torch.testing.assert_close(got["value_head"], want["value_head"])
     assert not torch.allclose(want["critic_values_after"], want["values"], atol=1e-4)
     torch.testing.assert_close(got["critic_values_after"], want["critic_values_after"], atol=1e-5, rtol=1e-5)

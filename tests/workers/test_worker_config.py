@@ -38,7 +38,7 @@ def _update_batch(rows: int = 4, response_len: int = 3) -> DataProto:
         "input_ids": torch.ones(rows, 5, dtype=torch.long), "attention_mask": torch.ones(rows, 5, dtype=torch.long),
         "position_ids": torch.arange(5).repeat(rows, 1), "responses": torch.ones(rows, response_len, dtype=torch.long),
         "response_mask": ones, "values": ones, "returns": ones, "old_log_probs": ones, "advantages": ones,
-    })
+    }, meta_info={"nan_policy": "stop"})
 
 
 @pytest.mark.parametrize("n", [1, 3])

@@ -13,7 +13,7 @@ from megatron.core import parallel_state
 
 from megarl.algorithms import GlobalDenominator
 from megarl.protocol import DataProto
-from megarl.utils.nonfinite import DEFAULT_NAN_POLICY, check_update
+from megarl.utils.nonfinite import check_update
 from megarl.workers.megatron.inputs import response_mask_of
 from megarl.workers.megatron.schedule import MicroBatch, broadcast_from_last_stage
 
@@ -177,7 +177,9 @@ class NonFiniteCheck:
     """
 
     def __init__(self, meta_info: dict, role: str, phase: str, num_mini_batches: int) -> None:
-        self.policy = str(meta_info.get("nan_policy", DEFAULT_NAN_POLICY))
+        if "nan_policy" not in meta_info:  # one source: trainer.nan_policy (the trainer sets it every update)
+            raise KeyError(f"{role}: {phase} got no meta_info['nan_policy']; the trainer sets it from trainer.nan_policy")
+        self.policy = str(meta_info["nan_policy"])
         self.global_step = meta_info.get("global_step")
         self.role, self.phase, self.num = role, phase, num_mini_batches
         self.seen = 0
