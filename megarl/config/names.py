@@ -1,8 +1,7 @@
 """Allowed names for string keys, in one place.
 
 Algorithm names come from the live registries in `megarl.algorithms` (so a newly
-registered estimator or loss is accepted without touching this file); the fallback
-tuples are used only when that package cannot be imported.
+registered estimator or loss is accepted without touching this file).
 """
 
 from __future__ import annotations
@@ -22,31 +21,10 @@ GROUP_ADV_ESTIMATORS: tuple[str, ...] = (
     "optimal_token_baseline",
 )
 
-_FALLBACK = {
-    "ADV_ESTIMATORS": ("gae", "remax", "reinforce_plus_plus", *GROUP_ADV_ESTIMATORS),
-    "POLICY_LOSSES": ("vanilla", "clip_cov", "kl_cov", "gpg"),
-    "LOSS_AGG_MODES": (
-        "token-mean",
-        "token-sum",
-        "seq-mean-token-sum",
-        "seq-mean-token-mean",
-        "seq-mean-token-sum-norm",
-    ),
-    "KL_PENALTIES": ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full"),
-    "KL_CTRL_TYPES": ("fixed", "adaptive"),
-    "ROLLOUT_IS_LEVELS": ("token", "sequence", "geometric"),
-    "ROLLOUT_RS_OPTIONS": ("token", "sequence", "geometric"),
-    "ROLLOUT_CORR_LOSS_TYPES": ("ppo_clip", "reinforce"),
-}
-
-
 def _registry(name: str) -> tuple[str, ...]:
-    try:
-        import megarl.algorithms as algorithms
+    import megarl.algorithms as algorithms  # here, not at the top: algorithms read config's schema
 
-        return tuple(getattr(algorithms, name))
-    except (ImportError, AttributeError):
-        return _FALLBACK[name]
+    return tuple(getattr(algorithms, name))
 
 
 def adv_estimators() -> tuple[str, ...]:
