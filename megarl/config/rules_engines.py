@@ -13,6 +13,7 @@ import inspect
 from collections.abc import Iterable, Iterator
 
 from megarl.config.errors import Issue, no_value
+from megarl.config.rules_parallel import has_module
 from megarl.config.roles import active_roles
 from megarl.config.view import Skip, View
 
@@ -53,11 +54,9 @@ def _fp8_needs_te(key: str, overrides, device: str) -> Iterator[Issue]:
     """FP8 runs only in transformer-engine's layers (megatron's fp8 autocast is TE's)."""
     if not overrides.get("fp8"):
         return
-    import importlib.util
-
     impl = overrides.get("transformer_impl", "transformer_engine")
     why = ("transformer_impl=local" if impl == "local" else "transformer-engine is not installed"
-           if importlib.util.find_spec("transformer_engine") is None else "trainer.device=cpu" if device == "cpu" else "")
+           if not has_module("transformer_engine") else "trainer.device=cpu" if device == "cpu" else "")
     if why:
         yield Issue(f"{key}.fp8", overrides.get("fp8"), f"FP8 training needs transformer-engine's layers on CUDA ({why})",
                     f"remove {key}.fp8, or run on GPUs with transformer-engine and transformer_impl=transformer_engine")
@@ -69,8 +68,6 @@ _BACKENDS = ("flash", "fused", "unfused", "local", "auto")
 def _attention_backend(key: str, overrides, device: str) -> Iterator[Issue]:
     """Megatron's attention_backend picks transformer-engine's attention kernels: ``flash`` needs
     the flash-attn package (TE finds no kernel otherwise, deep in the first forward)."""
-    import importlib.util
-
     backend = overrides.get("attention_backend")
     if backend is None:
         return
@@ -79,8 +76,8 @@ def _attention_backend(key: str, overrides, device: str) -> Iterator[Issue]:
                     f"set {key}.attention_backend to one of {list(_BACKENDS)}")
         return
     te_runs = (device != "cpu" and overrides.get("transformer_impl", "transformer_engine") == "transformer_engine"
-               and importlib.util.find_spec("transformer_engine") is not None)
-    has_flash = any(importlib.util.find_spec(m) is not None for m in ("flash_attn", "flash_attn_3", "flash_attn_interface"))
+               and has_module("transformer_engine"))
+    has_flash = any(has_module(m) for m in ("flash_attn", "flash_attn_3", "flash_attn_interface"))
     if te_runs and backend == "flash" and not has_flash:
         yield Issue(f"{key}.attention_backend", backend, "transformer-engine's flash attention needs the flash-attn "
                     "package, which is not installed", f"set {key}.attention_backend=auto (TE then runs cuDNN's fused "

@@ -162,22 +162,21 @@ def direct_targets(model: torch.nn.Module, plan: ReshardPlan, *, rollout_tp: int
         fits = not param.dim() or (tuple(param.shape[1:]) == tuple(shapes[parts[0]][1:]) and row <= param.shape[0])
         if not fits:
             return None, f"vLLM parameter {pname!r} {tuple(param.shape)} does not hold {parts} {[shapes[p] for p in parts]}"
-    for pname, param in params.items():  # every row belongs to a tensor, except padded vocab rows
-        if param.dim() and filled[pname] < param.shape[0]:
-            if not pname.endswith(("embed_tokens.weight", "lm_head.weight")):
-                return None, f"vLLM parameter {pname!r} has {param.shape[0]} rows, the export fills {filled[pname]}"
-            param.data[filled[pname]:].zero_()
-    extra = sorted(set(shapes) - set(views) - _tied_lm_head(model, shapes))
+    padded = [name for name, param in params.items() if param.dim() and filled[name] < param.shape[0]]
+    for pname in padded:  # every row belongs to a tensor, except padded vocab rows
+        if not pname.endswith(("embed_tokens.weight", "lm_head.weight")):
+            return None, f"vLLM parameter {pname!r} has {params[pname].shape[0]} rows, the export fills {filled[pname]}"
+    # tied embeddings: vLLM has one parameter for both
+    tied_head = "lm_head.weight" in shapes and "model.embed_tokens.weight" in shapes and "lm_head.weight" not in params
+    tied = {"lm_head.weight"} if tied_head else set()
+    extra = sorted(set(shapes) - set(views) - tied)
     if extra:
         return None, f"exported tensors with no vLLM parameter: {extra[:8]}"
-    for name in _tied_lm_head(model, shapes):  # tied: vLLM has one parameter for both
+    for name in tied:
         views[name] = views["model.embed_tokens.weight"]
+    for pname in padded:  # only once every check passed: vLLM's own loader zeroes them too
+        params[pname].data[filled[pname]:].zero_()
     return DirectTargets(views), ""
-
-
-def _tied_lm_head(model: torch.nn.Module, shapes: dict) -> set[str]:
-    tied = "lm_head.weight" in shapes and "lm_head.weight" not in dict(model.named_parameters())
-    return {"lm_head.weight"} if tied and "model.embed_tokens.weight" in shapes else set()
 
 
 def _quantized(model: torch.nn.Module) -> bool:
