@@ -7,7 +7,8 @@ Builds ``ActorRolloutRefWorker`` (Megatron actor bf16 + vLLM engine, ``free_cach
 on, as in a run) on a random model of the shape, then times, alternating, ``--iters`` each:
 
 * weight sync: the direct path (export written into vLLM's parameters; integrity check
-  on and off), the generic path (bucketed stream into vLLM's ``reload_weights``), and the
+  on and off; ``direct_first_checked``: views rebuilt, copies captured and checked, as on
+  a run's first sync), the generic path (bucketed stream into vLLM's ``reload_weights``), and the
   baseline: a device-to-device ``copy_`` of every vLLM parameter from a clone (the same
   bytes, the same tensor count);
 * rollout: ``generate_sequences`` (megarl's DataProto in/out, wake + sleep of the KV
@@ -76,6 +77,7 @@ def main() -> None:
 
     from megarl.config import load_config, resolve_config
     from megarl.protocol import DataProto
+    from megarl.weight_sync.transport import SyncStats
     from megarl.workers.hybrid import ActorRolloutRefWorker
 
     path = model_dir(args.shape, args.root)
@@ -103,14 +105,18 @@ def main() -> None:
             for dst, src in zip(vllm_params, clones):
                 dst.copy_(src)
 
-        def sync(path: str, check: bool):
+        def sync(path: str, check: bool, rebuild: bool = False):
             worker.direct = direct if path == "direct" else None
+            if rebuild:  # as on the first sync: views, graph capture and the bitwise check
+                direct._pairs = None
             worker.integrity_check = check
             worker._weights_version += 1
             return worker.sync_weights()
 
         variants = {"d2d_copy": lambda: d2d(), "direct_checked": lambda: sync("direct", True),
-                    "direct_unchecked": lambda: sync("direct", False), "reload_checked": lambda: sync("reload", True)}
+                    "direct_unchecked": lambda: sync("direct", False),
+                    "direct_first_checked": lambda: sync("direct", True, rebuild=True),
+                    "reload_checked": lambda: sync("reload", True)}
         for fn in variants.values():  # warm-up (exporter buffers, vLLM reload machinery)
             fn()
         times: dict[str, list[float]] = {k: [] for k in variants}
@@ -128,6 +134,17 @@ def main() -> None:
                                  "vs_d2d": d2d_s / statistics.median(t), "peak_extra_gib": peaks[name] / 2**30,
                                  "all_s": t} for name, t in times.items()}
         result["sync_bytes"] = nbytes
+        # where a direct sync's time goes (each part timed alone, CUDA-synchronised)
+        engine = worker.actor.engine
+        parts = {"graph_replay": lambda: direct._graph.replay(),
+                 "load_from": lambda: direct.load_from(engine.chunks, engine.hf_config, bucket_size_bytes=worker.bucket_size_bytes,
+                                                       integrity_check=False, stats=SyncStats()),
+                 "reset_prefix_cache": lambda: worker.rollout.reset_prefix_cache(),
+                 "actor_onload_offload": lambda: (worker.actor.onload(), worker.actor.offload()),
+                 "wake_up_awake": lambda: worker.rollout.wake_up()}
+        result["sync_parts_ms"] = {name: 1e3 * statistics.median([timed(fn) for _ in range(args.iters)])
+                                   for name, fn in parts.items()}
+        print("# direct sync parts (ms):", {k: round(v, 2) for k, v in result["sync_parts_ms"].items()}, flush=True)
         worker.direct, worker.integrity_check = direct, True
         worker._weights_version += 1
         worker.sync_weights()

@@ -4,13 +4,18 @@
 #   bash benchmarks/gpu_session.sh tests hybrid hybrid_eager      (issue 16: GPU tests, sync + rollout)
 #   bash benchmarks/gpu_session.sh e2e e2e_fp8 actor7b            (issues 16/23: GRPO end to end, FP8, 7B actor)
 # Steps:
-#   tests        pytest -m gpu tests/gpu (TE spec, direct sync into vLLM, 2-GPU tests skip on one GPU)
+#   tests        pytest -m gpu tests/gpu but the e2e module (TE spec, direct sync into vLLM; 2-GPU tests skip on one GPU)
+#   e2e_tests    pytest -m gpu tests/gpu/test_gpu_e2e.py (main_ppo: GRPO demo learns, PPO + critic + resume)
 #   hybrid       benchmarks/bench_hybrid_gpu.py 1.5B, CUDA graphs on: sync direct/reload vs d2d copy, rollout vs vLLM
 #   hybrid_eager the same rollout comparison with enforce_eager=true (graphs off)
 #   e2e          3 GRPO steps through `python -m megarl.main_ppo`, random Qwen2.5-0.5B shape (TE spec, graphs on)
 #   e2e_fp8      the same with override_transformer_config.fp8=hybrid (train/rollout log-prob gap, step time)
 #   shapes       update_policy time on the e2e batch shape: TE/SDPA x padded/packed, and TE packed bucketed
 #   actor7b      actor update vs plain megatron-core, Qwen2.5-7B layer shape (8 layers), TE spec, bf16 then FP8
+# Two GPUs (issue 20):
+#   tests2       the 2-GPU tests (TP=2 log-probs / update vs TP=1 and HF, sync bitwise, direct sync gathering into vLLM)
+#   e2e_tp2      the e2e run with actor TP=2 and one vLLM TP=2 replica;  e2e_tp2_r1: actor TP=2, two vLLM TP=1 replicas
+#   e2e_pp2      actor PP=2, two vLLM TP=1 replicas;  e2e_ep2: a Qwen3-MoE of the same size (8 experts, top 2), EP=2
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export PYTHONPATH=/tmp/site:/tmp/site-te:$PWD
@@ -18,13 +23,15 @@ OUT=${OUT:-$PWD/outputs}; mkdir -p "$OUT"
 TR="torchrun --nproc_per_node=1"
 python3 -c "import torch, vllm, megatron.core as mc; import transformer_engine as te; print('torch', torch.__version__, 'vllm', vllm.__version__, 'mcore', mc.__version__, 'te', te.__version__, torch.cuda.get_device_name())" 2>&1 | tail -1
 
-e2e() {  # $1 = log name, rest = extra overrides
+e2e() {  # $1 = log name, rest = extra overrides; MODEL (q05 | qmoe), GPUS, RTP (rollout TP) from the environment
   local name=$1; shift
+  local model=/tmp/${MODEL:-q05}
   export MEGARL_DEMO_DIR=/tmp/gpu-demo
-  [ -f /tmp/q05/model.safetensors ] || python3 benchmarks/grpo_model_dir.py /tmp/q05 > "$OUT/e2e_model.log" 2>&1
+  [ -f $model/model.safetensors ] || python3 benchmarks/grpo_model_dir.py $model $([ "${MODEL:-}" = qmoe ] && echo --moe) \
+    > "$OUT/e2e_model_${MODEL:-q05}.log" 2>&1
   rm -rf /tmp/e2e_run
-  timeout 280 python3 -m megarl.main_ppo actor_rollout_ref.model.path=/tmp/q05 trainer.device=cuda \
-    trainer.n_gpus_per_node=1 actor_rollout_ref.rollout.tensor_model_parallel_size=1 data.train_batch_size=64 \
+  timeout 280 python3 -m megarl.main_ppo actor_rollout_ref.model.path=$model trainer.device=cuda \
+    trainer.n_gpus_per_node=${GPUS:-1} actor_rollout_ref.rollout.tensor_model_parallel_size=${RTP:-1} data.train_batch_size=64 \
     data.max_prompt_length=32 data.max_response_length=224 actor_rollout_ref.rollout.n=8 \
     actor_rollout_ref.actor.ppo_mini_batch_size=64 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16 \
     actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 data.train_files=/tmp/gpu-demo/train.parquet \
@@ -49,11 +56,15 @@ EOF
 for step in "$@"; do
   echo "=== $step $(date -u +%T)"
   case $step in
-    tests)   timeout 330 python3 -m pytest -q -m gpu tests/gpu -rA -p no:cacheprovider > "$OUT/pytest_gpu.log" 2>&1; echo rc $?
+    tests)   timeout 330 python3 -m pytest -q -m gpu tests/gpu --ignore=tests/gpu/test_gpu_e2e.py -rA -p no:cacheprovider \
+               > "$OUT/pytest_gpu.log" 2>&1; echo rc $?
              grep -E "passed|failed|PASSED|FAILED|SKIPPED|Error" "$OUT/pytest_gpu.log" | tail -20 ;;
+    e2e_tests) timeout 570 python3 -m pytest -q -m gpu tests/gpu/test_gpu_e2e.py -rA -p no:cacheprovider --durations=5 \
+               > "$OUT/pytest_gpu_e2e.log" 2>&1; echo rc $?
+             grep -E "passed|failed|PASSED|FAILED|SKIPPED|Error|slowest|call " "$OUT/pytest_gpu_e2e.log" | tail -20 ;;
     hybrid)  timeout 300 $TR benchmarks/bench_hybrid_gpu.py --shape 1.5b --iters 3 --response-len 256 --out hybrid_1p5b.json \
                > "$OUT/hybrid.log" 2>&1; echo rc $?
-             grep -A12 "^# hybrid" "$OUT/hybrid.log"; grep -E "Error|error:" "$OUT/hybrid.log" | tail -5 ;;
+             grep -A12 -E "^# (hybrid|direct sync parts)" "$OUT/hybrid.log"; grep -E "Error|error:" "$OUT/hybrid.log" | tail -5 ;;
     hybrid_eager) timeout 240 $TR benchmarks/bench_hybrid_gpu.py --shape 1.5b --iters 3 --response-len 256 --enforce-eager \
                --skip-sync --out hybrid_1p5b_eager.json > "$OUT/hybrid_eager.log" 2>&1; echo rc $?
              grep -A6 "^# hybrid" "$OUT/hybrid_eager.log"; grep -E "Error|error:" "$OUT/hybrid_eager.log" | tail -5 ;;
@@ -72,6 +83,14 @@ for step in "$@"; do
                --no-hf --time-iters 3 --profile --variants transformer_engine:packed,local:padded > "$OUT/profile.log" 2>&1; echo rc $?
              grep -E "update_policy s|^(local|transformer_engine):(padded|packed)  |Error" "$OUT/profile.log"
              grep -A22 "profile (compute_log_prob" "$OUT/profile.log" | cut -c1-62,100-175 ;;
+    # two GPUs (issue 20): colocated GRPO with the actor split in two, vLLM one TP=2 replica or two TP=1 replicas
+    e2e_tp2) GPUS=2 RTP=2 e2e e2e_tp2 actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 ;;
+    e2e_tp2_r1) GPUS=2 RTP=1 e2e e2e_tp2_r1 actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 ;;
+    e2e_pp2) GPUS=2 RTP=1 e2e e2e_pp2 actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2 ;;
+    e2e_ep2) MODEL=qmoe GPUS=2 RTP=1 e2e e2e_ep2 actor_rollout_ref.actor.megatron.expert_model_parallel_size=2 ;;
+    tests2)  timeout 300 python3 -m pytest -q -m gpu tests/gpu/test_gpu_paths.py tests/gpu/test_vllm_direct_sync.py -rA \
+               -p no:cacheprovider > "$OUT/pytest_gpu2.log" 2>&1; echo rc $?
+             grep -E "passed|failed|PASSED|FAILED|SKIPPED|Error" "$OUT/pytest_gpu2.log" | tail -12 ;;
     e2e_sdpa) e2e e2e_sdpa ++actor_rollout_ref.actor.megatron.override_transformer_config.transformer_impl=local \
                actor_rollout_ref.model.use_remove_padding=false ;;
     actor7b) for fp8 in "" --fp8; do

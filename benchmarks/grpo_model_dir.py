@@ -1,10 +1,12 @@
 """Write a random Qwen2.5-0.5B-shaped policy with the demo tokenizer (issue 23's GRPO run).
 
-  MEGARL_DEMO_DIR=/tmp/demo python benchmarks/grpo_model_dir.py /tmp/q05 [--config-only]
+  MEGARL_DEMO_DIR=/tmp/demo python benchmarks/grpo_model_dir.py /tmp/q05 [--config-only] [--moe]
 
 Builds the demo assets (tokenizer, data) if missing, then saves a randomly initialised
 Qwen2 of Qwen2.5-0.5B's shape (vocabulary = the demo tokenizer's) in bf16 with the tokenizer
 files, so `actor_rollout_ref.model.path=/tmp/q05` runs the demo task at that size.
+``--moe``: a Qwen3-MoE of about the same active size instead (8 experts, top 2, 12 layers),
+for expert-parallel runs.
 """
 
 from __future__ import annotations
@@ -20,17 +22,22 @@ from megarl.data.demo import MODEL_NAME, build_asset
 
 
 def main() -> None:
-    out = Path(sys.argv[1])
+    out = Path(sys.argv[1])  # flags after it
     demo_model = build_asset(MODEL_NAME)
     for split in ("train.parquet", "val.parquet"):
         build_asset(split)
     tok = transformers.AutoTokenizer.from_pretrained(demo_model)
-    cfg = transformers.Qwen2Config(
-        vocab_size=len(tok), hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-        num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=1024, rope_theta=1e6,
-        rms_norm_eps=1e-6, tie_word_embeddings=True, bos_token_id=tok.eos_token_id,
-        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, dtype="bfloat16",
-    )
+    common = dict(vocab_size=len(tok), max_position_embeddings=1024, rope_theta=1e6, rms_norm_eps=1e-6,
+                  tie_word_embeddings=True, bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id,
+                  pad_token_id=tok.pad_token_id, dtype="bfloat16")
+    if "--moe" in sys.argv:
+        cfg = transformers.Qwen3MoeConfig(
+            hidden_size=896, intermediate_size=2432, moe_intermediate_size=1216, num_hidden_layers=12,
+            num_attention_heads=14, num_key_value_heads=2, head_dim=64, num_experts=8, num_experts_per_tok=2,
+            norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], **common)
+    else:
+        cfg = transformers.Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                                       num_attention_heads=14, num_key_value_heads=2, **common)
     out.mkdir(parents=True, exist_ok=True)
     if "--config-only" in sys.argv:
         cfg.save_pretrained(out)

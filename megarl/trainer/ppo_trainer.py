@@ -390,6 +390,10 @@ class RayPPOTrainer:
             pause_point("update_actor", self.global_step)
             with self._phase("update_actor", timings):
                 metrics.update(_mean_dicts(self.actor.call_dp("update_actor", batch, pad=False)))
+            # The new weights go into the rollout engines now, a phase of its own: the next
+            # generation (training or validation) starts from synced engines.
+            with self._phase("weight_sync", timings):
+                metrics.update(_mean_dicts(self.actor.call_all("sync_weights")))
 
         metrics.update(compute_data_metrics(batch, self.use_critic))
         metrics["reward/timeouts"] = float(self.reward_timeouts)  # scoring calls cut by reward.timeout (scored 0.0)
