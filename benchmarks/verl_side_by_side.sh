@@ -81,7 +81,7 @@ for b in "${BACKENDS[@]}"; do
   say "=== verl $b (timeout ${LIMIT}s)"
   timeout "$LIMIT" python3 -m verl.trainer.main_ppo "${ARGS[@]}" > "$OUT/verl_$b.log" 2>&1
   say "rc $?"
-  grep -aE "Traceback|Error|error:|step:[0-9]+ " "$OUT/verl_$b.log" | cut -c1-300 | grep -v "step:" | tail -8
+  grep -aE "Traceback|Error|error:" "$OUT/verl_$b.log" | cut -c1-300 | tail -8
   python3 - "$OUT/verl_$b.log" <<'EOF'
 import re, sys
 keep = ("timing_s/", "timing_per_token_ms/", "perf/throughput", "perf/time_per_step", "response_length/mean",
