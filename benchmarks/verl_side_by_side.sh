@@ -79,8 +79,10 @@ for b in "${BACKENDS[@]}"; do
   overrides "$b" > /dev/null || exit 2
   mapfile -t ARGS < <(overrides "$b")
   say "=== verl $b (timeout ${LIMIT}s)"
-  timeout "$LIMIT" python3 -m verl.trainer.main_ppo "${ARGS[@]}" > "$OUT/verl_$b.log" 2>&1
+  timeout -k 15 "$LIMIT" python3 -m verl.trainer.main_ppo "${ARGS[@]}" > "$OUT/verl_$b.log" 2>&1
   say "rc $?"
+  # a timed-out run leaves Ray's workers and vLLM holding the GPU (the image has no `ray` script on PATH)
+  python3 -m ray.scripts.scripts stop --force > /dev/null 2>&1
   grep -aE "Traceback|Error|error:" "$OUT/verl_$b.log" | cut -c1-300 | tail -8
   python3 - "$OUT/verl_$b.log" <<'EOF'
 import re, sys
