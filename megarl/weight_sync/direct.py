@@ -161,14 +161,21 @@ class DirectTargets:
                                       f"for {len(bad)} tensors: {bad[:8]}")
 
 
-def direct_targets(model: torch.nn.Module, plan: ReshardPlan, *, rollout_tp: int) -> tuple[DirectTargets | None, str]:
+def direct_targets(model: torch.nn.Module, plan: ReshardPlan, *, rollout_tp: int,
+                   actor_sharded: bool) -> tuple[DirectTargets | None, str]:
     """Views into ``model`` (vLLM's ``nn.Module``) for every tensor of ``plan``, or ``None``
-    and why the direct path does not apply. Zeroes the padded vocab rows (once)."""
+    and why the direct path does not apply. Zeroes the padded vocab rows (once).
+
+    ``actor_sharded`` (actor TP, PP or EP > 1): the exporter's gather straight into vLLM's
+    parameters hit an illegal memory access on two H200s (actor TP=2, two vLLM TP=1
+    replicas, 2026-11-24); such layouts take the bucketed path until it is fixed and tested.
+    """
     arch = type(model).__name__
     params = dict(model.named_parameters())
     device = next(iter(params.values())).device if params else torch.device("cpu")
     why = ("vLLM's CPU kernels repack weights after loading" if device.type != "cuda" else
            f"rollout tensor_model_parallel_size={rollout_tp} (each vLLM parameter holds a shard)" if rollout_tp != 1 else
+           "the actor is sharded (TP/PP/EP > 1): gathering into vLLM's parameters is not verified on GPUs" if actor_sharded else
            f"architecture {arch} is not one of {DIRECT_ARCHITECTURES}" if arch not in DIRECT_ARCHITECTURES else
            "the engine is quantized" if _quantized(model) else "")
     if why:

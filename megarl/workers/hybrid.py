@@ -124,8 +124,11 @@ class ActorRolloutRefWorker:
             bucket_size_bytes=self.bucket_size_bytes,
             dtype=dtype,
         )
+        mc = self.config.actor.megatron
         self.direct, why = direct_targets(
-            self.rollout.model(), self.plan, rollout_tp=int(self.config.rollout.tensor_model_parallel_size))
+            self.rollout.model(), self.plan, rollout_tp=int(self.config.rollout.tensor_model_parallel_size),
+            actor_sharded=max(mc.tensor_model_parallel_size, mc.pipeline_model_parallel_size,
+                              mc.expert_model_parallel_size) > 1)
         print(f"[megarl] weight sync into vLLM: {'direct into its parameters' if self.direct else 'reload_weights (' + why + ')'}",
               flush=True)
 

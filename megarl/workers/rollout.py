@@ -14,6 +14,8 @@ Where the engine lives:
   independent replica per rank; ``> 1`` uses vLLM's ``external_launcher`` executor,
   where every run of ``tensor_model_parallel_size`` consecutive ranks is one replica
   and all of its ranks must call :meth:`generate_sequences` with the same prompts.
+  On CUDA with several ranks TP = 1 replicas use ``external_launcher`` too: it places
+  the engine on the rank's own GPU (``LOCAL_RANK``), the in-process executor on cuda:0.
 
 Log-probs: the engine runs with ``logprobs_mode="processed_logprobs"``, so
 ``rollout_log_probs`` are the log-probs of the distribution the token was sampled
@@ -185,7 +187,9 @@ class RolloutWorker:
                     f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} must divide "
                     f"the world size {replicas.world_size}"
                 )
-            if tp > 1:
+            if tp > 1 or (torch.cuda.is_available() and replicas.world_size > 1):
+                # external_launcher takes the rank's device from LOCAL_RANK; vLLM's in-process
+                # executor puts every TP=1 engine on cuda:0 (and switches the process there).
                 kwargs["distributed_executor_backend"] = "external_launcher"
             replica = replicas.coordinates(torch.distributed.get_rank()).dp
         # rollout.seed is the engine seed: vLLM seeds the process RNG with it once the engine

@@ -39,6 +39,7 @@ def actor_log_probs_and_step(model_path: str, batch: dict, tp: int, dtype: str, 
     # only for bf16/fp16 params (fp32 params get torch Adam, which it rejects), so this
     # fp32 comparison uses the plain (replicated) optimizer.
     megatron = megatron_node(tensor_model_parallel_size=tp, dtype=dtype, use_distributed_optimizer=dtype != "float32")
+    megatron["override_transformer_config"] = {"attention_backend": "auto"}  # no flash-attn package on the GPU machine
     cfg = actor_rollout_ref_config(model_path, megatron)
     actor = ActorWorker(cfg, "actor", device=device)
     actor.init_model()

@@ -30,7 +30,12 @@ def _expected_vllm_param(name: str, shape, checkpoint: dict) -> torch.Tensor:
     return full
 
 
-@pytest.mark.parametrize("actor_tp,tie", [(1, False), (1, True), (2, False)], ids=["tp1", "tp1_tied", "tp2_gather_into_vllm"])
+_TP2_OPEN = ("the direct path is off for a sharded actor until this passes on 2 GPUs: on 2 x H200 (2026-11-24) "
+             "every TP=1 vLLM engine sat on cuda:0 (fixed: external_launcher places each on its rank's GPU)")
+
+
+@pytest.mark.parametrize("actor_tp,tie", [(1, False), (1, True), pytest.param(2, False, marks=pytest.mark.xfail(reason=_TP2_OPEN))],
+                         ids=["tp1", "tp1_tied", "tp2_gather_into_vllm"])
 def test_direct_sync_equals_checkpoint_and_vllm_reload(tmp_path, actor_tp, tie):
     pytest.importorskip("vllm")
     if torch.cuda.device_count() < actor_tp:
