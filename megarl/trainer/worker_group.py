@@ -80,9 +80,12 @@ class WorkerHost:
         cls = getattr(importlib.import_module(module), name)
         self.worker = cls(*args, **kwargs)
 
-    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+    def call(self, method: str, *args: Any, _keep_result: bool = True, **kwargs: Any) -> Any:
+        """``method(*args, **kwargs)`` of the worker; ``_keep_result=False`` returns None instead
+        (a rank whose output the driver does not collect sends nothing back)."""
         try:
-            return getattr(self.worker, method)(*args, **kwargs)
+            result = getattr(self.worker, method)(*args, **kwargs)
+            return result if _keep_result else None
         except Exception as error:
             trace = traceback.format_exc()
             raise WorkerError(
@@ -164,6 +167,7 @@ class WorkerGroup:
         timeout = self.call_timeout_s if timeout is None else timeout
         deadline = time.monotonic() + timeout
         pending = list(refs)
+        values: list[Any] = [None] * len(refs)
         while pending:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -176,7 +180,7 @@ class WorkerGroup:
             done, pending = ray.wait(pending, num_returns=1, timeout=min(left, 60.0))
             for ref in done:
                 try:
-                    ray.get(ref)
+                    values[refs.index(ref)] = ray.get(ref)
                 except ray.exceptions.RayTaskError as error:
                     cause = error.cause if isinstance(getattr(error, "cause", None), BaseException) else error
                     rank = refs.index(ref)
@@ -195,7 +199,7 @@ class WorkerGroup:
                         error_text=f"the worker process died during {self.name}.{method}", remote_traceback=str(error),
                         died=True,
                     ) from None
-        return ray.get(list(refs))
+        return values  # each fetched once: a second ray.get would deserialise every tensor again
 
     def _pid(self, rank: int) -> int | str:
         """Process id of ``rank`` ("?" while the group is being built)."""
@@ -214,7 +218,7 @@ class WorkerGroup:
         """Megatron DP dispatch (``layout``): chunk ``d`` to every rank of DP group ``d``; returns
         the concatenated DataProto of the output ranks (or their dict results, DP-ordered list)."""
         inputs, outputs, collect, pad_size = self._call_chunks(method, data, self.layout, "layout", pad)
-        if isinstance(outputs[0], DataProto):
+        if isinstance(outputs[collect[0]], DataProto):
             return gather(outputs, collect, pad_size)
         return [outputs[r] for r in collect]
 
@@ -234,7 +238,12 @@ class WorkerGroup:
             raise ValueError(f"worker group {self.name} was built without a {name}; pass it to WorkerGroup")
         chunk_of_rank, collect = chunk_index(layout)
         inputs, pad_size = scatter(data, layout.dp, chunk_of_rank, pad=pad)
-        outputs = self._get([h.call.remote(method, x) for h, x in zip(self.hosts, inputs)], method)
+        # Each chunk is serialised once for all ranks of its DP group (TP/PP/CP ranks share
+        # it), and only the collecting ranks send their output back.
+        shared = {id(x): ray.put(x) for x in inputs}
+        keep = set(collect)
+        outputs = self._get([h.call.remote(method, shared[id(x)], _keep_result=rank in keep)
+                             for rank, (h, x) in enumerate(zip(self.hosts, inputs))], method)
         return inputs, outputs, collect, pad_size
 
     def shutdown(self) -> None:

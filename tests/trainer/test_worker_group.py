@@ -57,6 +57,26 @@ def test_hung_call_times_out(group):
         group.call_timeout_s = 120
 
 
+def test_call_dp_sends_each_chunk_once_and_collects_one_rank_per_group(group):
+    """TP=2 over the 2 ranks: one DP group, both ranks run on the same rows, only the
+    output rank (TP rank 0) sends its result back; the rows come back in order."""
+    import torch
+
+    from megarl.parallel.layout import ParallelLayout
+    from megarl.protocol import DataProto
+
+    values = torch.arange(24, dtype=torch.float32).reshape(6, 4)
+    before = group.call_all("call_count")
+    group.layout = ParallelLayout(world_size=2, tp=2)
+    try:
+        out = group.call_dp("row_sums", DataProto.from_dict({"values": values}))
+    finally:
+        group.layout = None
+    assert torch.equal(out.batch["sums"], values.sum(-1))  # all rows, in order, from one rank
+    assert out.batch["rank"].tolist() == [0.0] * 6
+    assert [a - b for a, b in zip(group.call_all("call_count"), before)] == [1, 1]  # both TP ranks ran
+
+
 def test_dead_worker_process_is_named_with_rank_and_pid(group):
     """Last in this module: it leaves rank 1 dead."""
     from megarl.trainer.worker_group import WorkerError

@@ -23,3 +23,14 @@ class ToyWorker:
             os.kill(os.getpid(), signal.SIGKILL)  # the process dies, as on an OOM kill
         time.sleep(sleep_s)
         return "ok"
+
+    def row_sums(self, data) -> "object":
+        """``[B]`` sum of each row's ``values`` (a DataProto back, like a log-prob pass); counts calls."""
+        from megarl.protocol import DataProto
+
+        self.calls = getattr(self, "calls", 0) + 1
+        return DataProto.from_dict({"sums": data.batch["values"].sum(-1), "rank": data.batch["values"][:, 0] * 0
+                                    + int(os.environ["RANK"])})
+
+    def call_count(self) -> int:
+        return getattr(self, "calls", 0)
