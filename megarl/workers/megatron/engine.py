@@ -279,7 +279,8 @@ class MegatronEngine:
         micro-batches and DP ranks is undone here, so gradients are those of the summed loss.
         Under context parallelism every CP rank computes the same loss (per-token outputs are
         gathered over CP, megarl.workers.megatron.inputs) and back-propagates its own tokens'
-        part; megatron's DDP averages over the DP x CP group, so the loss is scaled by dp x cp.
+        part; megatron's schedule multiplies each loss by the CP size and its DDP averages over
+        DP x CP, which leaves the DP average to undo.
 
         Returns (stats per micro-batch on the last stage else [], grad_norm, lr used).
         The lr schedule is not advanced here: call `step_scheduler` once per training step.
@@ -288,9 +289,9 @@ class MegatronEngine:
             chunk.train()
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
-        dp_cp_size = parallel_state.get_data_parallel_world_size(with_context_parallel=True)
+        dp_size = parallel_state.get_data_parallel_world_size()
         stats = run_schedule(
-            self.chunks, micro, loss_fn, forward_only=False, loss_scale=float(dp_cp_size), fp32_output=fp32_output
+            self.chunks, micro, loss_fn, forward_only=False, loss_scale=float(dp_size), fp32_output=fp32_output
         )
         lr = self.optimizer.param_groups[0]["lr"]
         success, grad_norm, _ = self.optimizer.step()
