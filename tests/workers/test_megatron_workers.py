@@ -9,7 +9,7 @@ Checks (fp32, gloo, tiny Qwen2 with vocab 97 so TP=2 pads the vocabulary):
     SGD with momentum: Adam's first step is sign(grad) * lr and would hide a wrongly
     scaled gradient (e.g. a per-micro-batch instead of a global denominator);
   * micro-batch 1 vs 4 vs token-budget (thd packed) micro-batches: same weights;
-  * save at TP=2 -> load at TP=1: same log-probs, and the second step equals the
+  * save at TP=2 (or CP=2) -> load at TP=1: same log-probs, and the second step equals the
     uninterrupted second step (optimizer + lr scheduler restored); a reference model
     initialised from it (megatron.use_dist_checkpointing) gives the same log-probs;
   * critic values equal HF backbone hidden states x the value head; one critic step at
@@ -56,11 +56,14 @@ LAYOUTS = {
 }
 
 
+_SAVED = ("tp2", "cp2")  # layouts whose run saves a checkpoint (then a second step)
+
+
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("megatron_workers")
     model_path = make_tiny_qwen2(str(root / "model"))
-    return {"model_path": model_path, "batch": rollout_batch(8), "ckpt": str(root / "ckpt_tp2")}
+    return {"model_path": model_path, "batch": rollout_batch(8), "ckpt": {name: str(root / f"ckpt_{name}") for name in _SAVED}}
 
 
 @pytest.fixture(scope="module")
@@ -72,15 +75,16 @@ def runs(setup):
         if name not in cache:
             if name == "tp1":
                 cache[name] = run_distributed(tp1_suite, 1, setup["model_path"], setup["batch"], timeout=400)
-            elif name == "resume_tp1":
-                get("tp2")  # writes the checkpoint
+            elif name.startswith("resume_tp1_from_"):
+                saved = name.removeprefix("resume_tp1_from_")
+                get(saved)  # writes the checkpoint
                 cache[name] = run_distributed(
-                    resume_from_checkpoint, 1, setup["model_path"], setup["batch"], megatron_node(), setup["ckpt"],
+                    resume_from_checkpoint, 1, setup["model_path"], setup["batch"], megatron_node(), setup["ckpt"][saved],
                     timeout=300,
                 )
             else:
                 world, megatron, overrides, *packed = LAYOUTS[name]
-                ckpt = setup["ckpt"] if name == "tp2" else None
+                ckpt = setup["ckpt"].get(name)
                 cache[name] = run_distributed(
                     actor_and_critic, world, setup["model_path"], setup["batch"], megatron, ckpt, overrides, *packed,
                     timeout=600,
@@ -137,9 +141,11 @@ def test_micro_batch_split_invariance(runs):
     _assert_weights_close(split["dynamic"], split["micro1"])
 
 
-def test_checkpoint_tp2_to_tp1(runs):
-    saved = runs("tp2")[0]
-    resumed = runs("resume_tp1")[0]
+@pytest.mark.parametrize("saved_at", _SAVED)
+def test_checkpoint_to_tp1(runs, saved_at):
+    """Saved at TP=2 (or CP=2: parameters replicated over CP ranks), loaded at TP=1."""
+    saved = runs(saved_at)[0]
+    resumed = runs(f"resume_tp1_from_{saved_at}")[0]
     torch.testing.assert_close(resumed["log_probs"], saved["log_probs_after_step"], atol=1e-5, rtol=1e-5)
     _assert_weights_close(resumed["updated_step2"], saved["updated_step2"])
     assert resumed["metrics_step2"]["actor/lr"] == saved["metrics_step2"]["actor/lr"]
