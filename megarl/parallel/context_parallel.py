@@ -35,20 +35,22 @@ def cp_token_index(seq_lens: Sequence[int], cp_size: int) -> torch.Tensor:
         ValueError: a length is not a multiple of ``2 * cp_size``.
     """
     chunks = 2 * cp_size
-    rows: list[list[torch.Tensor]] = [[] for _ in range(cp_size)]
-    start = 0
-    for n in seq_lens:
-        n = int(n)
-        if n % chunks:
-            raise ValueError(f"context parallelism: a sequence of {n} tokens does not split into 2 x cp = {chunks} chunks")
-        size = n // chunks
-        for rank in range(cp_size):
-            for chunk in (rank, chunks - 1 - rank):
-                rows[rank].append(torch.arange(start + chunk * size, start + (chunk + 1) * size))
-        start += n
-    if start == 0:
-        return torch.zeros(cp_size, 0, dtype=torch.long)
-    return torch.stack([torch.cat(parts) for parts in rows])
+    lens = torch.as_tensor([int(n) for n in seq_lens], dtype=torch.long)
+    uneven = lens % chunks != 0
+    if uneven.any():
+        raise ValueError(
+            f"context parallelism: a sequence of {int(lens[uneven][0])} tokens does not split into 2 x cp = {chunks} chunks"
+        )
+    size = lens // chunks  # [S] tokens per chunk
+    starts = lens.cumsum(0) - lens
+    sizes = size.repeat_interleave(2)  # [2S]: a rank's two chunks of each sequence
+    within = torch.arange(int(sizes.sum())) - (sizes.cumsum(0) - sizes).repeat_interleave(sizes)  # offset in its chunk
+    rows = []
+    for rank in range(cp_size):
+        chunk = torch.tensor([rank, chunks - 1 - rank])
+        first = (starts[:, None] + chunk[None] * size[:, None]).flatten()  # [2S] first position of each chunk
+        rows.append(first.repeat_interleave(sizes) + within)
+    return torch.stack(rows)
 
 
 class _GatherTokens(torch.autograd.Function):
