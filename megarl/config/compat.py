@@ -117,7 +117,8 @@ RULES: tuple[CompatRule, ...] = tuple(
              "critic.model.custom_chat_template")
     + _rules("refuse", "quantization-aware training is not implemented in megarl", "*.qat.*")
     + _rules("refuse", "MoE router replay is not implemented in megarl", "*.megatron.router_replay.*")
-    + _rules("refuse", "context parallelism features are not implemented in megarl yet",
+    + _rules("refuse", "dynamic context parallelism (DPxCP groups sized per batch) is not implemented in megarl; "
+             "static megatron.context_parallel_size is",
              "*.megatron.dynamic_context_parallel", "*.megatron.max_seqlen_per_dp_cp_rank")
     + _rules("refuse", "not implemented in megarl's Megatron engine",
              "*.megatron.dist_checkpointing_prefix", "*.megatron.dist_ckpt_optim_fully_reshardable",

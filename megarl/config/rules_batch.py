@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from megarl.config.errors import Issue
-from megarl.config.roles import ACTOR, CRITIC, Role, critic_enabled, ref_enabled, role_layout
+from megarl.config.roles import ACTOR, CRITIC, REF, Role, critic_enabled, ref_enabled, role_layout
 from megarl.config.view import View
 
 
@@ -47,8 +47,8 @@ def _ppo_batches(v: View, section: str, role: Role) -> Iterator[Issue]:
     per_rank = mini_responses // dp
     if v.get(f"{section}.use_dynamic_bsz"):
         budget_key = f"{section}.ppo_max_token_len_per_gpu"
-        if v.get(budget_key) < _seq_len(v):
-            yield _budget_issue(v, budget_key)
+        if v.get(budget_key) * parallel.cp < _seq_len(v):
+            yield _budget_issue(v, budget_key, parallel.cp)
         return
     micro_key = f"{section}.ppo_micro_batch_size_per_gpu"
     micro = v.get(micro_key)
@@ -72,21 +72,24 @@ def _largest_divisor_at_most(total: int, cap: int) -> int:
     return max(d for d in range(1, min(total, cap) + 1) if total % d == 0)
 
 
-def _budget_issue(v: View, key: str) -> Issue:
+def _budget_issue(v: View, key: str, cp: int) -> Issue:
+    """A micro-batch holds `key` x cp tokens (each of the cp context-parallel ranks computes 1/cp, as verl)."""
     need = _seq_len(v)
+    times_cp = f" x context_parallel_size={cp}" if cp > 1 else ""
     return Issue(
         key, v.get(key),
-        f"token budget is smaller than one full sequence (data.max_prompt_length + max_response_length = {need})",
-        f"set {key} >= {need}",
+        f"token budget{times_cp} is smaller than one full sequence (data.max_prompt_length + max_response_length = {need})",
+        f"set {key} >= {-(-need // cp)}",
     )
 
 
-def _log_prob_batches(v: View, section: str) -> Iterator[Issue]:
-    """Forward-only micro-batching (old log-prob in rollout.*, reference in ref.*)."""
+def _log_prob_batches(v: View, section: str, role: Role) -> Iterator[Issue]:
+    """Forward-only micro-batching (old log-prob in rollout.*, reference in ref.*) of `role`'s model."""
     if v.get(f"{section}.log_prob_use_dynamic_bsz"):
         key = f"{section}.log_prob_max_token_len_per_gpu"
-        if v.get(key) < _seq_len(v):
-            yield _budget_issue(v, key)
+        cp = role_layout(v, role).cp
+        if v.get(key) * cp < _seq_len(v):
+            yield _budget_issue(v, key, cp)
         return
     key = f"{section}.log_prob_micro_batch_size_per_gpu"
     if v.get(key) is None:
@@ -102,17 +105,18 @@ def critic_batches(v: View) -> Iterator[Issue]:
         yield from _ppo_batches(v, "critic", CRITIC)
         if v.get("critic.use_dynamic_bsz"):  # the value forward (compute_values) has its own budget
             key = "critic.forward_max_token_len_per_gpu"
-            if v.get(key) < _seq_len(v):
-                yield _budget_issue(v, key)
+            cp = role_layout(v, CRITIC).cp
+            if v.get(key) * cp < _seq_len(v):
+                yield _budget_issue(v, key, cp)
 
 
 def old_log_prob_batches(v: View) -> Iterator[Issue]:
-    yield from _log_prob_batches(v, "actor_rollout_ref.rollout")
+    yield from _log_prob_batches(v, "actor_rollout_ref.rollout", ACTOR)
 
 
 def ref_batches(v: View) -> Iterator[Issue]:
     if ref_enabled(v):
-        yield from _log_prob_batches(v, "actor_rollout_ref.ref")
+        yield from _log_prob_batches(v, "actor_rollout_ref.ref", REF)
 
 
 RULES = (actor_batches, critic_batches, old_log_prob_batches, ref_batches)

@@ -1,5 +1,5 @@
 """Parallel-layout rules: each role's megatron layout and the rollout's vLLM TP against the
-world size (the arithmetic is megarl.parallel.layout's), and the kernels some layouts need."""
+world size (the arithmetic is megarl.parallel.layout's), and what some layouts need."""
 
 from __future__ import annotations
 
@@ -33,17 +33,6 @@ def layout(v: View, role: Role) -> Iterator[Issue]:
     for problem in parallel.problems(world_name=_WORLD_NAME):
         key = f"{m}.{MEGATRON_KEYS[problem.size]}"
         yield Issue(key, v.get(key), problem.message, fixes[problem.size])
-
-
-def kernels(v: View, role: Role) -> Iterator[Issue]:
-    m = role.megatron
-    cp = v.get(f"{m}.context_parallel_size")
-    if cp > 1:  # megarl/workers/megatron/engine.py refuses it at init_model
-        yield Issue(
-            f"{m}.context_parallel_size", cp,
-            "context parallelism is not supported by the megarl workers yet",
-            f"set {m}.context_parallel_size=1 (use tensor/pipeline parallelism for long sequences)",
-        )
 
 
 _TRAINED = {"actor": ("actor_rollout_ref.actor", "actor_rollout_ref.model"), "critic": ("critic", "critic.model")}
@@ -87,7 +76,7 @@ def rollout_layout(v: View) -> Iterator[Issue]:
         yield Issue(key, tp, f"vLLM TP must divide {_WORLD_NAME} = {v.world_size()}", f"choose {key} dividing {v.world_size()}")
 
 
-ROLE_RULES = (layout, kernels, interleaved_shapes, dist_checkpoint)
+ROLE_RULES = (layout, interleaved_shapes, dist_checkpoint)
 
 
 def run_role_rules(v: View) -> Iterator:

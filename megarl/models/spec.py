@@ -9,7 +9,8 @@ transformer-engine installed; see :func:`resolve_transformer_impl`). Measured on
 ~10 % slower on RL-shaped variable-length batches; sequence parallelism runs on both (the local spec through :class:`SequenceParallelTorchNorm`).
 
 megatron's local ``DotProductAttention`` allocates its score buffer on CUDA and has no
-packed-sequence support, so the local spec uses :class:`SDPACoreAttention`.
+packed-sequence or context-parallel support, so the local spec uses :class:`SDPACoreAttention`
+(context parallelism: :mod:`megarl.models.cp_attention`; the TE spec does its own).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
+from megatron.core import parallel_state
 from megatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_layer_local_spec,
     get_gpt_layer_with_transformer_engine_spec,
@@ -29,6 +31,8 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
+
+from megarl.models.cp_attention import context_parallel_attention
 
 __all__ = ["SDPACoreAttention", "SequenceParallelTorchNorm", "get_layer_spec", "have_transformer_engine", "local_block",
            "resolve_transformer_impl"]
@@ -91,7 +95,9 @@ class SDPACoreAttention(MegatronModule):
     fused QKV layout), causal masking, megatron boolean attention masks
     (``True`` = masked out, broadcastable to ``[b, 1, sq, sk]``; combined with the
     causal mask for causal mask types) and packed ``thd`` sequences through
-    ``PackedSeqParams.cu_seqlens_*`` (block-diagonal causal attention).
+    ``PackedSeqParams.cu_seqlens_*`` (block-diagonal causal attention). Under context
+    parallelism (``context_parallel_size > 1``) it runs
+    :func:`megarl.models.cp_attention.context_parallel_attention` (causal, no mask).
 
     Shapes: query ``[sq, b, np, hn]`` (``[t, np, hn]`` for thd), key/value
     ``[sk, b, ng, hn]``; output ``[sq, b, np * hn]`` (``[t, np * hn]`` for thd). ``np``/``ng``
@@ -110,11 +116,9 @@ class SDPACoreAttention(MegatronModule):
         pg_collection=None,
     ) -> None:
         super().__init__(config=config)
-        if config.context_parallel_size != 1:
-            raise NotImplementedError(
-                "SDPACoreAttention does not support context parallelism "
-                "(megatron.context_parallel_size > 1 needs transformer-engine)"
-            )
+        self.cp_group = None
+        if config.context_parallel_size > 1:  # megarl.models.cp_attention
+            self.cp_group = pg_collection.cp if pg_collection is not None else parallel_state.get_context_parallel_group()
         self.attn_mask_type = attn_mask_type
         self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
         head_dim = config.kv_channels
@@ -172,6 +176,23 @@ class SDPACoreAttention(MegatronModule):
         )
         return out.permute(2, 0, 1, 3).reshape(sq, b, -1)
 
+    def _context_parallel(self, query, key, value, attention_mask, mask_type, packed_params) -> torch.Tensor:
+        """:func:`megarl.models.cp_attention.context_parallel_attention` (causal only; megarl's inputs
+        need no padding mask: rows are front-aligned or packed). Same shapes as ``forward``."""
+        if attention_mask is not None or mask_type not in _CAUSAL_TYPES:
+            raise NotImplementedError(
+                "SDPACoreAttention under context parallelism supports causal attention without an attention mask only"
+            )
+        cu_seqlens = None
+        if packed_params is not None:
+            cu_seqlens = packed_params.cu_seqlens_q_padded
+            cu_seqlens = cu_seqlens if cu_seqlens is not None else packed_params.cu_seqlens_q
+        out = context_parallel_attention(
+            query, key, value, cp_group=self.cp_group, scale=self.softmax_scale,
+            dropout_p=self.dropout_p if self.training else 0.0, cu_seqlens=cu_seqlens,
+        )
+        return out.squeeze(1) if packed_params is not None else out
+
     def forward(
         self,
         query: torch.Tensor,
@@ -188,6 +209,8 @@ class SDPACoreAttention(MegatronModule):
         packed = packed_seq_params is not None and packed_seq_params.qkv_format == "thd"
         if packed:  # [t, n, hn] -> [t, 1, n, hn]
             query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
+        if self.cp_group is not None:
+            return self._context_parallel(query, key, value, attention_mask, mask_type, packed_seq_params if packed else None)
         sq, _, num_heads, _ = query.shape
         sk, _, num_groups, _ = key.shape
         fast = self._mask_free(query, key, value, attention_mask, packed_seq_params if packed else None)

@@ -18,6 +18,9 @@ What it changes, process-wide, and why:
 * ``LanguageModule.setup_embeddings_and_output_layer`` runs with ``Tensor.cuda`` as
   the identity: with tied embeddings and PP > 1 it moves the last stage's embedding
   copy to CUDA before the first/last-stage all-reduce.
+* RoPE under context parallelism: ``get_pos_emb_on_this_cp_rank`` (the rotary embeddings of
+  this CP rank's two chunks) builds its chunk index in pinned memory and moves it with
+  ``.cuda()``; the rotary modules get the same selection with the index on the embedding's device.
 * ``megatron.core.transformer.moe.moe_utils.te_general_gemm = None`` when
   transformer-engine is absent (0.16.1 references it unguarded in the router gemm);
   this one, :func:`apply_missing_te_compat`, is also applied on GPUs without TE.
@@ -107,8 +110,22 @@ def apply_cpu_compat() -> None:
     LanguageModule.setup_embeddings_and_output_layer = _without_cuda_moves(
         LanguageModule.setup_embeddings_and_output_layer
     )
+    from megatron.core.models.common.embeddings import rotary_pos_embedding, yarn_rotary_pos_embedding
+
+    rotary_pos_embedding.get_pos_emb_on_this_cp_rank = _pos_emb_on_this_cp_rank
+    yarn_rotary_pos_embedding.get_pos_emb_on_this_cp_rank = _pos_emb_on_this_cp_rank
     apply_missing_te_compat()
     _APPLIED = True
+
+
+def _pos_emb_on_this_cp_rank(pos_emb: torch.Tensor, seq_dim: int, cp_group) -> torch.Tensor:
+    """megatron's ``rope_utils.get_pos_emb_on_this_cp_rank`` with its chunk index on ``pos_emb``'s
+    device: of the ``2 * cp`` chunks along ``seq_dim``, chunks ``r`` and ``2 * cp - 1 - r``."""
+    cp_size, cp_rank = cp_group.size(), cp_group.rank()
+    index = torch.tensor([cp_rank, 2 * cp_size - cp_rank - 1], device=pos_emb.device)
+    pos_emb = pos_emb.view(*pos_emb.shape[:seq_dim], 2 * cp_size, -1, *pos_emb.shape[seq_dim + 1:])
+    pos_emb = pos_emb.index_select(seq_dim, index)
+    return pos_emb.view(*pos_emb.shape[:seq_dim], -1, *pos_emb.shape[seq_dim + 2:])
 
 
 def apply_missing_te_compat() -> None:

@@ -14,7 +14,7 @@ Dispatch the trainer must use (W = world size, t = ``rollout.tensor_model_parall
   ``generate_sequences`` once per step, even with an empty-looking share (give it a
   padded chunk).
 * ``compute_log_prob`` / ``compute_ref_log_prob`` / ``update_actor``: split by
-  Megatron data-parallel rank (every TP/PP rank of a DP group gets the same slice);
+  Megatron data-parallel rank (every TP/PP/CP rank of a DP group gets the same slice);
   outputs are identical on all ranks of a DP group (the actor broadcasts from the
   last pipeline stage), collect from any, e.g. TP rank 0 of the last stage.
 * ``save_checkpoint`` / ``load_checkpoint`` / ``init_model``: all ranks, same args.

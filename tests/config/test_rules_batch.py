@@ -51,6 +51,14 @@ def test_dynamic_bsz_token_budget_must_hold_one_sequence(make):
     issue_for(cfg, f"{R}.log_prob_max_token_len_per_gpu", "40")
 
 
+def test_token_budget_counts_context_parallel_ranks(make):
+    """verl: a micro-batch holds max_token_len x cp tokens (each CP rank computes 1/cp of them)."""
+    cp2 = {"trainer.n_gpus_per_node": 2, f"{A}.megatron.context_parallel_size": 2, f"{A}.use_dynamic_bsz": True}
+    no_issues(make({**cp2, f"{A}.ppo_max_token_len_per_gpu": 20}))
+    issue_for(make({**cp2, f"{A}.ppo_max_token_len_per_gpu": 19}), f"{A}.ppo_max_token_len_per_gpu",
+              "context_parallel_size=2", ">= 20")
+
+
 def test_old_log_prob_micro_batch_required(make):
     issue_for(make({f"{R}.log_prob_micro_batch_size_per_gpu": None}), f"{R}.log_prob_micro_batch_size_per_gpu", "required")
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from config_testing import issue_for, no_issues
-from megarl.config.rules_parallel import has_module
 
 M = "actor_rollout_ref.actor.megatron"
 R = "actor_rollout_ref.rollout"
@@ -86,9 +85,20 @@ def test_sequence_parallel_at_tp1_is_a_no_op_as_in_verls_default(make):
     no_issues(make({f"{M}.sequence_parallel": True}))
 
 
-@pytest.mark.skipif(has_module("transformer_engine"), reason="TE installed")
-def test_context_parallel_is_refused(make):
-    issue_for(make({"trainer.n_gpus_per_node": 2, f"{M}.context_parallel_size": 2}), f"{M}.context_parallel_size", "not supported by the megarl workers yet")
+def test_context_parallel_is_accepted_without_transformer_engine(make):
+    """CP runs on the SDPA spec (megarl.models.cp_attention) as well as on TE's attention."""
+    no_issues(make({"trainer.n_gpus_per_node": 2, f"{M}.context_parallel_size": 2}))
+    no_issues(make({"trainer.n_gpus_per_node": 4, f"{M}.context_parallel_size": 2, f"{M}.tensor_model_parallel_size": 2,
+                    f"{M}.sequence_parallel": True, "actor_rollout_ref.model.use_remove_padding": True}))
+
+
+def test_context_parallel_must_fit_the_world(make):
+    issue_for(make({"trainer.n_gpus_per_node": 2, f"{M}.context_parallel_size": 4}), f"{M}.tensor_model_parallel_size", "cp=4")
+
+
+@pytest.mark.parametrize("key, value", [("dynamic_context_parallel", True), ("max_seqlen_per_dp_cp_rank", 4096)])
+def test_dynamic_context_parallel_is_refused_by_key(make, key, value):
+    issue_for(make({f"{M}.{key}": value}), f"{M}.{key}", "dynamic context parallelism")
 
 
 def test_dist_checkpointing_needs_an_existing_dir(make, tmp_path):

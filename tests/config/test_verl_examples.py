@@ -104,17 +104,10 @@ KNOWN: dict[str, dict[str, str]] = {
     },
 }
 _VPP = "megarl's interleaved (virtual) pipeline needs micro-batches of one shape; verl's example pads none"
-_CP = "context parallelism (megatron.context_parallel_size > 1) is not implemented in megarl's workers"
 # verl features megarl lacks and compat.py does not list (script -> key -> what is missing).
 GAPS: dict[str, dict[str, str]] = {
     "grpo_trainer/run_qwen3_30b_a3b_megatron.sh": {
         "actor_rollout_ref.actor.use_dynamic_bsz": _VPP, "actor_rollout_ref.model.use_remove_padding": _VPP,
-    },
-    "grpo_trainer/run_hy_v3_megatron.sh": {
-        "actor_rollout_ref.actor.megatron.context_parallel_size": _CP, "actor_rollout_ref.ref.megatron.context_parallel_size": _CP,
-    },
-    "lora/run_qwen3_30b_a3b_megatron.sh": {
-        "actor_rollout_ref.actor.megatron.context_parallel_size": _CP, "actor_rollout_ref.ref.megatron.context_parallel_size": _CP,
     },
 }
 

@@ -3,7 +3,7 @@ deterministic: REINFORCE++ with n=1 and rollout.do_sample=false.
 
 * resume: 4 steps straight vs 2 steps + resume (trainer.resume_mode=auto) to 4: the same
   step-3/4 metrics and the same final weights (HF export of the actor at step 4).
-* TP=2 / PP=2: the actor on 2 ranks (2 vLLM replicas) gives the TP=1 run's step-1/2 metrics.
+* TP=2 / PP=2 / CP=2: the actor on 2 ranks (2 vLLM replicas) gives the TP=1 run's step-1/2 metrics.
 """
 
 from __future__ import annotations
@@ -99,9 +99,11 @@ def test_resume_matches_straight_run(demo_dir, straight, tmp_path):
     assert any(not torch.equal(_hf_weights(run_dir, 2)[n], want[n]) for n in want)
 
 
-@pytest.mark.parametrize("layout", ["tensor_model_parallel_size", "pipeline_model_parallel_size"], ids=["tp2", "pp2"])
+@pytest.mark.parametrize("layout", ["tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"],
+                         ids=["tp2", "pp2", "cp2"])
 def test_actor_2way_parallel_matches_tp1(demo_dir, straight, tmp_path, layout):
-    """2 ranks: Megatron TP=2 (or PP=2: outputs collected from the last stage), 2 vLLM replicas."""
+    """2 ranks: Megatron TP=2 (or PP=2: outputs collected from the last stage; or CP=2: each rank
+    computes half of every sequence, the weights synced into vLLM from both), 2 vLLM replicas."""
     _, tp1 = straight
     two = _run(demo_dir, tmp_path, [
         "trainer.total_training_steps=2", "trainer.n_gpus_per_node=2",

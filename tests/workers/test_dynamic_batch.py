@@ -42,3 +42,13 @@ def test_fixed_size():
     assert fixed_size_partitions(5, 2, "k") == [[0, 1], [2, 3], [4]]
     with pytest.raises(ValueError, match="k must be"):
         fixed_size_partitions(5, 0, "k")
+
+
+def test_context_parallel_multiplies_the_token_budget():
+    """verl: a micro-batch holds max_token_len x cp tokens, each CP rank computing 1/cp of them."""
+    from megarl.workers.megatron.engine import MicroBatchSpec
+
+    spec = MicroBatchSpec(None, True, 10, micro_batch_key="mb", max_token_len_key="budget")
+    mask = torch.ones(4, 6, dtype=torch.long)  # 4 rows of 6 tokens
+    assert sorted(len(p) for p in spec.partitions(mask)) == [1, 1, 1, 1]  # 12 > 10
+    assert sorted(len(p) for p in spec.partitions(mask, cp_size=2)) == [2, 2]  # budget 20: 2 rows each

@@ -1,4 +1,5 @@
-"""The padded layout of megarl.workers.megatron.inputs: rows front-aligned, no attention mask.
+"""The layouts of megarl.workers.megatron.inputs: rows front-aligned (no attention mask), and the
+context-parallel split of padded and packed rows.
 
 Reference: the rows' own tokens (the HF batch), not the module's output.
 """
@@ -55,3 +56,54 @@ def test_predictions_map_back_to_the_response_tokens():
         inputs = build_inputs(ids, mask, pos, remove_padding=False, length=length)
         got = to_response(next_token_labels(inputs).float(), inputs, R)
         assert torch.equal(got * response_mask, (responses * response_mask).float())
+
+
+class _CPGroup:
+    """Stands in for a context-parallel process group of `size` ranks, seen from `rank`."""
+
+    def __init__(self, size: int, rank: int) -> None:
+        self._size, self._rank = size, rank
+
+    def size(self) -> int:
+        return self._size
+
+    def rank(self) -> int:
+        return self._rank
+
+
+def test_context_parallel_padded_rows_give_each_rank_chunks_r_and_2c_minus_1_minus_r():
+    """megatron's get_batch_on_this_cp_rank: CP=2 cuts a row of 12 into 4 chunks of 3; rank 0 holds
+    chunks 0 and 3, rank 1 chunks 1 and 2 (model inputs and their next-token labels alike)."""
+    ids, mask, pos = _batch()
+    with pytest.raises(ValueError, match="multiple of 2 x context_parallel_size"):
+        build_inputs(ids, mask, pos, remove_padding=False, pad_multiple=2, cp_group=_CPGroup(2, 0))
+    expected = {0: [0, 1, 2, 9, 10, 11], 1: [3, 4, 5, 6, 7, 8]}
+    for rank, columns in expected.items():
+        inputs = build_inputs(ids, mask, pos, remove_padding=False, pad_multiple=4, length=12, cp_group=_CPGroup(2, rank))
+        assert inputs.seq_length == 12  # megatron's schedules divide it by the CP size themselves
+        assert torch.equal(inputs.local(inputs.input_ids), inputs.input_ids[:, columns])
+        assert torch.equal(inputs.local(inputs.position_ids), inputs.position_ids[:, columns])
+        labels = torch.roll(inputs.input_ids, -1, dims=1)[:, columns]
+        assert torch.equal(next_token_labels(inputs), labels)
+
+
+def test_context_parallel_packing_pads_each_row_to_2c_and_splits_it():
+    """thd under CP=2: each row padded to a multiple of 4 (transformer-engine's per-sequence split),
+    real lengths in cu_seqlens_q and padded offsets in cu_seqlens_q_padded; rank r holds chunks r
+    and 3 - r of every row."""
+    ids, mask, pos = _batch()
+    lens = mask.sum(-1).tolist()  # [9, 3, 4, 5] -> padded [12, 4, 4, 8]
+    padded = [12, 4, 4, 8]
+    inputs = build_inputs(ids, mask, pos, remove_padding=True, pad_multiple=4, cp_group=_CPGroup(2, 1))
+    params = inputs.packed_seq_params
+    assert params.cu_seqlens_q.tolist() == [0, 9, 12, 16, 21]
+    assert params.cu_seqlens_q_padded.tolist() == [0, 12, 16, 20, 28]
+    assert params.max_seqlen_q == 12
+    starts = [0, 12, 16, 20]
+    for row, (start, n, p) in enumerate(zip(starts, lens, padded)):
+        assert inputs.input_ids[0, start:start + n].tolist() == ids[row][mask[row].bool()].tolist()
+        assert inputs.token_mask[0, start:start + p].tolist() == [True] * n + [False] * (p - n)
+        assert inputs.position_ids[0, start:start + p].tolist() == list(range(p))
+    # rank 1: chunk 1 and chunk 2 of each row (chunk = padded / 4)
+    columns = [c for s, p in zip(starts, padded) for c in [*range(s + p // 4, s + p // 2), *range(s + p // 2, s + 3 * p // 4)]]
+    assert torch.equal(inputs.local(inputs.input_ids), inputs.input_ids[:, columns])

@@ -9,11 +9,14 @@ Checks (fp32, gloo, tiny Qwen2 with vocab 97 so TP=2 pads the vocabulary):
     SGD with momentum: Adam's first step is sign(grad) * lr and would hide a wrongly
     scaled gradient (e.g. a per-micro-batch instead of a global denominator);
   * micro-batch 1 vs 4 vs token-budget (thd packed) micro-batches: same weights;
-  * save at TP=2 -> load at TP=1: same log-probs, and the second step equals the
+  * save at TP=2 (or CP=2) -> load at TP=1: same log-probs, and the second step equals the
     uninterrupted second step (optimizer + lr scheduler restored); a reference model
     initialised from it (megatron.use_dist_checkpointing) gives the same log-probs;
   * critic values equal HF backbone hidden states x the value head; one critic step at
     TP=2 equals TP=1;
+  * context parallelism (CP=2 on the SDPA spec, padded and thd-packed): log-probs / values
+    equal HF, one actor and one critic step equal TP=1 (weights, global-denominator losses and
+    grad norm);
   * offload/onload frees and restores params, grads and optimizer state exactly.
 """
 
@@ -30,8 +33,12 @@ from worker_bodies import TEMPERATURE, actor_and_critic, resume_from_checkpoint,
 
 pytestmark = pytest.mark.slow
 
-# name -> (world size, megatron node, actor overrides)
+# name -> (world size, megatron node, actor overrides[, model.use_remove_padding])
 LAYOUTS = {
+    # context parallelism on the SDPA spec (megarl.models.cp_attention): each rank holds 2 of the 4
+    # load-balanced chunks of every row; padded rows, and thd packing (rows padded to 2 x cp each)
+    "cp2": (2, megatron_node(context_parallel_size=2), {}),
+    "cp2packed": (2, megatron_node(context_parallel_size=2), {}, True),
     "tp2": (2, megatron_node(tensor_model_parallel_size=2), {}),
     # sequence parallel with megatron's torch norms (no transformer-engine): norm weights get a
     # gradient from their rank's sequence shard only and must be all-reduced over TP
@@ -48,11 +55,14 @@ LAYOUTS = {
 }
 
 
+_SAVED = ("tp2", "cp2")  # layouts whose run saves a checkpoint (then a second step)
+
+
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("megatron_workers")
     model_path = make_tiny_qwen2(str(root / "model"))
-    return {"model_path": model_path, "batch": rollout_batch(8), "ckpt": str(root / "ckpt_tp2")}
+    return {"model_path": model_path, "batch": rollout_batch(8), "ckpt": {name: str(root / f"ckpt_{name}") for name in _SAVED}}
 
 
 @pytest.fixture(scope="module")
@@ -64,18 +74,19 @@ def runs(setup):
         if name not in cache:
             if name == "tp1":
                 cache[name] = run_distributed(tp1_suite, 1, setup["model_path"], setup["batch"], timeout=400)
-            elif name == "resume_tp1":
-                get("tp2")  # writes the checkpoint
+            elif name.startswith("resume_tp1_from_"):
+                saved = name.removeprefix("resume_tp1_from_")
+                get(saved)  # writes the checkpoint
                 cache[name] = run_distributed(
-                    resume_from_checkpoint, 1, setup["model_path"], setup["batch"], megatron_node(), setup["ckpt"],
+                    resume_from_checkpoint, 1, setup["model_path"], setup["batch"], megatron_node(), setup["ckpt"][saved],
                     timeout=300,
                 )
             else:
-                world, megatron, overrides = LAYOUTS[name]
-                ckpt = setup["ckpt"] if name == "tp2" else None
+                world, megatron, overrides, *packed = LAYOUTS[name]
+                ckpt = setup["ckpt"].get(name)
                 cache[name] = run_distributed(
-                    actor_and_critic, world, setup["model_path"], setup["batch"], megatron, ckpt, overrides,
-                    timeout=400,
+                    actor_and_critic, world, setup["model_path"], setup["batch"], megatron, ckpt, overrides, *packed,
+                    timeout=600,
                 )
         return cache[name]
 
@@ -92,7 +103,7 @@ def _assert_weights_close(got: dict, want: dict):
         torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-5, msg=name)
 
 
-@pytest.mark.parametrize("layout", ["tp1", "tp2", "tp2sp", "pp2", "vpp2"])
+@pytest.mark.parametrize("layout", ["tp1", "tp2", "tp2sp", "pp2", "vpp2", "cp2", "cp2packed"])
 def test_log_probs_match_hf(setup, runs, layout):
     want_logp, want_ent = hf_response_log_probs(setup["model_path"], setup["batch"], TEMPERATURE)
     want_spp = hf_response_sum_pi_squared(setup["model_path"], setup["batch"], TEMPERATURE)
@@ -104,7 +115,7 @@ def test_log_probs_match_hf(setup, runs, layout):
         assert rank_out["ref_keys"] == ["ref_log_prob"]  # calculate_sum_pi_squared is the actor's
 
 
-@pytest.mark.parametrize("layout", ["tp2", "tp2sp", "pp2", "dp2", "vpp2"])
+@pytest.mark.parametrize("layout", ["tp2", "tp2sp", "pp2", "dp2", "vpp2", "cp2", "cp2packed"])
 def test_ppo_step_matches_tp1(setup, runs, layout):
     from safetensors.torch import load_file
 
@@ -129,16 +140,18 @@ def test_micro_batch_split_invariance(runs):
     _assert_weights_close(split["dynamic"], split["micro1"])
 
 
-def test_checkpoint_tp2_to_tp1(runs):
-    saved = runs("tp2")[0]
-    resumed = runs("resume_tp1")[0]
+@pytest.mark.parametrize("saved_at", _SAVED)
+def test_checkpoint_to_tp1(runs, saved_at):
+    """Saved at TP=2 (or CP=2: parameters replicated over CP ranks), loaded at TP=1."""
+    saved = runs(saved_at)[0]
+    resumed = runs(f"resume_tp1_from_{saved_at}")[0]
     torch.testing.assert_close(resumed["log_probs"], saved["log_probs_after_step"], atol=1e-5, rtol=1e-5)
     _assert_weights_close(resumed["updated_step2"], saved["updated_step2"])
     assert resumed["metrics_step2"]["actor/lr"] == saved["metrics_step2"]["actor/lr"]
     torch.testing.assert_close(resumed["ref_from_ckpt"], saved["log_probs_after_step"], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("layout", ["tp1", "tp2", "tp2sp"])
+@pytest.mark.parametrize("layout", ["tp1", "tp2", "tp2sp", "cp2", "cp2packed"])
 def test_critic_values_match_hf(setup, runs, layout):
     outs = _main(runs, layout)
     head = outs[0]["value_head"]
@@ -147,7 +160,7 @@ def test_critic_values_match_hf(setup, runs, layout):
         torch.testing.assert_close(rank_out["values"], want, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("layout", ["tp2", "tp2sp"])
+@pytest.mark.parametrize("layout", ["tp2", "tp2sp", "cp2", "cp2packed"])
 def test_critic_step_tp2_matches_tp1(runs, layout):
     want = _main(runs, "tp1")[0]
     got = _main(runs, layout)[0]

@@ -42,15 +42,17 @@ def _rank0(value):
 
 
 def actor_and_critic(
-    model_path: str, batch: dict, megatron: dict, ckpt_dir: str | None = None, actor_overrides: dict | None = None
+    model_path: str, batch: dict, megatron: dict, ckpt_dir: str | None = None, actor_overrides: dict | None = None,
+    remove_padding: bool = False,
 ) -> dict:
     """Log-probs (actor + ref; the actor with sum_pi_squared), one PPO step, critic values + one
-    step; optional checkpoint."""
+    step; optional checkpoint. `remove_padding`: model.use_remove_padding (thd packing) of both."""
     from megarl.workers.actor import ActorWorker
     from megarl.workers.critic import CriticWorker
 
     out: dict = {}
     cfg = actor_rollout_ref_config(model_path, megatron, **{"calculate_sum_pi_squared": True, **(actor_overrides or {})})
+    cfg.model.use_remove_padding = remove_padding
     actor = ActorWorker(cfg, "actor", device="cpu")
     actor.init_model()
     rows = _dp_rows(batch)
@@ -73,7 +75,8 @@ def actor_and_critic(
         out["metrics_step2"] = actor.update_policy(data)
         out["updated_step2"] = _rank0(_export(actor))
 
-    critic = CriticWorker(critic_config(model_path, megatron), device="cpu")
+    critic = CriticWorker(critic_config(model_path, megatron, model={"override_config": {}, "use_remove_padding": remove_padding}),
+                          device="cpu")
     critic.init_model()
     head = critic.value_head_weight()
     out["value_head"] = None if head is None else head.detach().clone()

@@ -4,8 +4,8 @@
 wrappers, the optimizer and the lr scheduler. It knows tensors and parallel layouts, not
 PPO: the workers give it per-micro-batch loss functions.
 
-Data contract: every rank of a data-parallel group receives the same rows (its DP
-slice). Results are computed on the last pipeline stage (identical on all TP ranks) and
+Data contract: every rank of a data-parallel group (its TP/PP/CP ranks) receives the same
+rows (its DP slice). Results are computed on the last pipeline stage (identical on all TP ranks) and
 broadcast to every pipeline stage, so every rank returns the same values.
 """
 
@@ -70,12 +70,14 @@ class MicroBatchSpec:
             max_token_len_key=f"{path}.ppo_max_token_len_per_gpu",
         )
 
-    def partitions(self, attention_mask: torch.Tensor, min_num: int = 1) -> list[list[int]]:
+    def partitions(self, attention_mask: torch.Tensor, min_num: int = 1, cp_size: int = 1) -> list[list[int]]:
+        """Row indices per micro-batch. `cp_size`: context-parallel size; a micro-batch's token
+        budget is `max_token_len * cp_size` (per GPU: each CP rank computes 1/cp of the tokens), as verl."""
         if self.use_dynamic_bsz:
             if self.max_token_len is None:
                 raise ValueError(f"{self.max_token_len_key} is required with use_dynamic_bsz")
             return partition_by_token_budget(
-                attention_mask.sum(-1).tolist(), int(self.max_token_len),
+                attention_mask.sum(-1).tolist(), int(self.max_token_len) * cp_size,
                 min_num_micro_batches=min_num, key=self.max_token_len_key,
             )
         return fixed_size_partitions(attention_mask.shape[0], self.micro_batch_size, self.micro_batch_key)
@@ -141,10 +143,6 @@ class MegatronEngine:
     def init_model(self) -> None:
         import transformers
 
-        if self.megatron_cfg.context_parallel_size > 1:
-            raise NotImplementedError(
-                f"{self.prefix}.megatron.context_parallel_size > 1 is not supported by the megarl workers yet"
-            )
         init_distributed(self.megatron_cfg, self.device, seed=self.megatron_cfg.seed)
         if not os.path.isdir(self.model_path):
             raise FileNotFoundError(f"{self.prefix} model path {self.model_path!r} is not a directory")
@@ -208,7 +206,8 @@ class MegatronEngine:
             raise KeyError(f"{self.prefix}: the batch lacks tensor keys {missing}")
         attention_mask = batch["attention_mask"]
         min_num = parallel_state.get_pipeline_model_parallel_world_size() if len(self.chunks) > 1 else 1
-        parts = spec.partitions(attention_mask, min_num=min_num)
+        cp = parallel_state.get_context_parallel_world_size()
+        parts = spec.partitions(attention_mask, min_num=min_num, cp_size=cp)
         if len(self.chunks) > 1 and len(parts) < min_num:
             raise ValueError(
                 f"{self.prefix}: the interleaved pipeline schedule (virtual_pipeline_model_parallel_size) needs at "
@@ -217,9 +216,14 @@ class MegatronEngine:
         tp = parallel_state.get_tensor_model_parallel_world_size()
         sequence_parallel = bool(self.megatron_cfg.sequence_parallel) and tp > 1
         # Sequence parallelism splits the sequence over the TP ranks; TE's FP8 GEMMs need a token
-        # count divisible by 16 (padded: the row length, packed: the total).
+        # count divisible by 16 (padded: the row length, packed: the total). Context parallelism
+        # cuts it into 2 x cp chunks and gives each CP rank 1/cp of it, which must obey the same.
         fp8 = bool(self.unwrapped_chunks()[0].config.fp8)
         pad_multiple = math.lcm(tp if sequence_parallel else 1, 16 if fp8 else 1)
+        cp_group = None
+        if cp > 1:
+            pad_multiple = cp * math.lcm(2, pad_multiple)
+            cp_group = parallel_state.get_context_parallel_group()
         # The interleaved schedule needs one shape for every micro-batch (see run_schedule).
         length = valid_length(attention_mask, pad_multiple) if len(self.chunks) > 1 else None
         micro = []
@@ -232,6 +236,7 @@ class MegatronEngine:
                 remove_padding=self.remove_padding,
                 pad_multiple=pad_multiple,
                 length=length,
+                cp_group=cp_group,
             )
             tensors = {k: batch[k][index].to(self.device) for k in tensor_keys}
             micro.append(MicroBatch(inputs, tensors, rows))
@@ -272,6 +277,10 @@ class MegatronEngine:
         `loss_fn` returns this micro-batch's share of the mini-batch loss (global
         denominator over all micro-batches and DP ranks); megatron's averaging over
         micro-batches and DP ranks is undone here, so gradients are those of the summed loss.
+        Under context parallelism every CP rank computes the same loss (per-token outputs are
+        gathered over CP, megarl.workers.megatron.inputs) and back-propagates its own tokens'
+        part; megatron's schedule multiplies each loss by the CP size and its DDP averages over
+        DP x CP, which leaves the DP average to undo.
 
         Returns (stats per micro-batch on the last stage else [], grad_norm, lr used).
         The lr schedule is not advanced here: call `step_scheduler` once per training step.

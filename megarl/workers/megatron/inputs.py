@@ -14,6 +14,12 @@ Two layouts (`actor_rollout_ref.model.use_remove_padding`):
   padded to a multiple of `pad_multiple` (TP size, for sequence parallelism) with a
   dummy trailing segment.
 
+Context parallelism (`megatron.context_parallel_size` c > 1): the model sees only this CP
+rank's two load-balanced chunks of every row (`MicroBatchInputs.local`; packed rows each
+padded to a multiple of 2c first); per-position outputs are all-gathered back to the whole
+layout in :func:`to_response`, so losses are computed on whole sequences, the same on every
+CP rank.
+
 Per-position model outputs are "the prediction made at position j": the log-prob of the
 next valid token, or the value of the state ending at j. :func:`to_response` scatters them
 back to the rows' original `[b, S]` layout and takes the response slice, positions
@@ -29,6 +35,8 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.packed_seq_params import PackedSeqParams
 
+from megarl.parallel.context_parallel import cp_token_index, gather_tokens_from_cp
+
 __all__ = ["MicroBatchInputs", "build_inputs", "next_token_labels", "to_response", "response_mask_of", "valid_length"]
 
 
@@ -42,13 +50,20 @@ def response_mask_of(data: Any) -> torch.Tensor:
 
 @dataclass
 class MicroBatchInputs:
-    """What the model chunks receive, plus what is needed to undo the layout."""
+    """What the model chunks receive, plus what is needed to undo the layout.
+
+    ``input_ids`` / ``position_ids`` / ``token_mask`` span the whole layout; under context
+    parallelism the model gets this CP rank's tokens of it (:meth:`local`) and per-token
+    outputs come back whole through :func:`to_response`.
+    """
 
     input_ids: torch.Tensor  # [b, L] front-aligned or [1, T] packed
     position_ids: torch.Tensor  # same shape as input_ids
     packed_seq_params: PackedSeqParams | None
     valid_mask: torch.Tensor  # [b, S] bool, HF attention_mask of the rows (original layout)
     token_mask: torch.Tensor  # same shape as input_ids, bool: positions holding a valid token
+    cp_group: Any = None  # context-parallel group; None without context parallelism
+    cp_index: torch.Tensor | None = None  # [cp, L / cp]: each CP rank's positions on dim 1 (cp_token_index)
 
     def model_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {}
@@ -56,8 +71,15 @@ class MicroBatchInputs:
             kwargs["packed_seq_params"] = self.packed_seq_params
         return kwargs
 
+    def local(self, per_position: torch.Tensor) -> torch.Tensor:
+        """This CP rank's tokens of a `[b, L, ...]` / `[1, T, ...]` tensor (all of it without CP)."""
+        if self.cp_index is None:
+            return per_position
+        return per_position[:, self.cp_index[self.cp_group.rank()].to(per_position.device)]
+
     @property
     def seq_length(self) -> int:
+        """Full length (megatron's schedules divide it by the CP size themselves)."""
         return self.input_ids.shape[1]
 
 
@@ -75,14 +97,24 @@ def build_inputs(
     remove_padding: bool,
     pad_multiple: int = 1,
     length: int | None = None,
+    cp_group: Any = None,
 ) -> MicroBatchInputs:
     """Inputs for `[b, S]` rows (HF attention_mask: 1 = token) in either layout.
 
     Args:
+        pad_multiple: the padded row length / packed total is a multiple of it.
         length: padded layout only: the sequence length L of the front-aligned rows
             (>= the longest row); default the longest row rounded up to `pad_multiple`.
             Callers fix it to give every micro-batch one shape (pipeline schedules).
+        cp_group: context-parallel group of size c > 1, or None: the layout is split into
+            megatron's load-balanced chunks (megarl.parallel.context_parallel). Padded: L must be a
+            multiple of 2c (`pad_multiple` one); packed: each row is padded to a multiple of 2c
+            (`cu_seqlens_q_padded`, as transformer-engine expects) and `pad_multiple` must be one of 2c.
     """
+    cp_size = cp_group.size() if cp_group is not None else 1
+    if cp_size > 1 and pad_multiple % (2 * cp_size):
+        raise ValueError(f"build_inputs: pad_multiple {pad_multiple} is not a multiple of 2 x context_parallel_size")
+    cp_group = cp_group if cp_size > 1 else None
     valid = attention_mask.bool()
     seq_lens = valid.sum(-1)  # [b]
     device = input_ids.device
@@ -100,49 +132,74 @@ def build_inputs(
         front_pos[token_mask] = position_ids[valid]
         return MicroBatchInputs(
             input_ids=front_ids, position_ids=front_pos, packed_seq_params=None,
-            valid_mask=valid, token_mask=token_mask,
+            valid_mask=valid, token_mask=token_mask, cp_group=cp_group,
+            cp_index=cp_token_index([length], cp_size) if cp_group is not None else None,
         )
     seq_lens = seq_lens.to(torch.int32)
-    tokens = input_ids[valid]
-    positions = torch.cat([torch.arange(int(n), device=device) for n in seq_lens])
-    total = tokens.numel()
+    # Under CP each row is padded to 2c tokens (transformer-engine's thd split, megatron's thd rope).
+    row_multiple = 2 * cp_size if cp_group is not None else 1
+    padded_lens = (seq_lens + row_multiple - 1) // row_multiple * row_multiple
+    total = int(padded_lens.sum())
     padded_total = -(-total // pad_multiple) * pad_multiple
-    cu_seqlens = torch.zeros(len(seq_lens) + 1, dtype=torch.int32, device=device)
-    cu_seqlens[1:] = seq_lens.cumsum(0)
+    starts = padded_lens.cumsum(0) - padded_lens
+    rows, within = valid.nonzero(as_tuple=True)
+    within = valid.cumsum(-1)[rows, within] - 1  # index of each valid token in its row
+    dest = (starts[rows] + within).long()  # row-major, as input_ids[valid]
+    tokens = input_ids.new_zeros(padded_total)
+    tokens[dest] = input_ids[valid]
+    token_mask = torch.zeros(padded_total, dtype=torch.bool, device=device)
+    token_mask[dest] = True
+    segments = padded_lens.tolist()
     if padded_total > total:  # dummy trailing segment, never read back
-        extra = padded_total - total
-        tokens = torch.cat([tokens, tokens.new_zeros(extra)])
-        positions = torch.cat([positions, torch.arange(extra, device=device)])
-        cu_seqlens = torch.cat([cu_seqlens, cu_seqlens.new_tensor([padded_total])])
-    max_len = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+        segments.append(padded_total - total)
+    positions = torch.cat([torch.arange(n, device=device) for n in segments]) if segments else tokens.new_zeros(0)
+    cu_padded = torch.zeros(len(segments) + 1, dtype=torch.int32, device=device)
+    cu_padded[1:] = torch.tensor(segments, dtype=torch.int32, device=device).cumsum(0)
+    cu_valid = cu_padded
+    if cp_group is not None:  # transformer-engine: real lengths + padded offsets
+        lens = torch.tensor(segments, dtype=torch.int32, device=device)
+        lens[: len(seq_lens)] = seq_lens
+        cu_valid = torch.zeros_like(cu_padded)
+        cu_valid[1:] = lens.cumsum(0)
+    max_len = max(segments, default=0)
     params = PackedSeqParams(
         qkv_format="thd",
-        cu_seqlens_q=cu_seqlens,
-        cu_seqlens_kv=cu_seqlens,
+        cu_seqlens_q=cu_valid,
+        cu_seqlens_kv=cu_valid,
+        cu_seqlens_q_padded=cu_padded if cp_group is not None else None,
+        cu_seqlens_kv_padded=cu_padded if cp_group is not None else None,
         max_seqlen_q=max_len,
         max_seqlen_kv=max_len,
-        cp_group=parallel_state.get_context_parallel_group(),
+        cp_group=cp_group if cp_group is not None else parallel_state.get_context_parallel_group(),
     )
     return MicroBatchInputs(
         input_ids=tokens.unsqueeze(0),
         position_ids=positions.unsqueeze(0),
         packed_seq_params=params,
         valid_mask=valid,
-        token_mask=(torch.arange(padded_total, device=device) < total).unsqueeze(0),
+        token_mask=token_mask.unsqueeze(0),
+        cp_group=cp_group,
+        cp_index=cp_token_index(segments, cp_size) if cp_group is not None else None,
     )
 
 
 def next_token_labels(inputs: MicroBatchInputs) -> torch.Tensor:
-    """Token at position j + 1 for every position j (same shape as input_ids).
+    """Token at position j + 1 for every position j the model computes on this rank (the
+    shape of `inputs.local(inputs.input_ids)`: under context parallelism this CP rank's tokens).
 
     The last token of each row is followed by padding, the next packed row or a wrap-around;
     its prediction is never part of the response slice (or is masked by response_mask).
     """
-    return torch.roll(inputs.input_ids, shifts=-1, dims=1)
+    return inputs.local(torch.roll(inputs.input_ids, shifts=-1, dims=1))
 
 
 def to_response(per_position: torch.Tensor, inputs: MicroBatchInputs, response_length: int) -> torch.Tensor:
-    """`[b, L]` / `[1, T]` per-position values -> `[b, response_length]` (0 where padded)."""
+    """Per-position values of this rank's tokens (`[b, L]` / `[1, T]`; under context parallelism
+    `[b, L / cp]` / `[1, T / cp]`, all-gathered over the CP group first, differentiably: see
+    megarl.parallel.context_parallel) -> `[b, response_length]` (0 where padded), identical on
+    every CP rank."""
+    if inputs.cp_index is not None:
+        per_position = gather_tokens_from_cp(per_position, inputs.cp_index, inputs.cp_group)
     valid = inputs.valid_mask
     full = per_position.new_zeros(valid.shape)
     full[valid] = per_position[inputs.token_mask]

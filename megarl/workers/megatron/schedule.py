@@ -47,7 +47,7 @@ def run_schedule(
     Args:
         chunks: the model chunks of this rank (one per virtual pipeline stage).
         loss_fn: called on the last pipeline stage with the last chunk's output
-            (`[b, s, V/tp]` logits or `[b, s, 1]` values) and its micro-batch; returns the
+            (`[b, s, V/tp]` logits or `[b, s, 1]` values; s = this CP rank's tokens) and its micro-batch; returns the
             loss to back-propagate and a dict of stats (tensors/floats) to collect.
         loss_scale: multiplies every loss before megatron's own 1/num_micro_batches
             (the caller passes num_micro_batches * dp_size to get summed gradients
@@ -88,7 +88,7 @@ def run_schedule(
         output = model(
             # No attention mask: rows are front-aligned or packed (see inputs.py), so causal
             # attention alone keeps every token away from padding.
-            inputs.input_ids, inputs.position_ids, None, **inputs.model_kwargs(), **output_kwargs
+            inputs.local(inputs.input_ids), inputs.local(inputs.position_ids), None, **inputs.model_kwargs(), **output_kwargs
         )
 
         def loss_func(output_tensor):
