@@ -12,6 +12,7 @@ setup(
     entry_points={
         "console_scripts": [
             "megarl-ppo = megarl.main_ppo:cli",
+            "megarl-model-merger = megarl.model_merger:main",
         ],
     },
     install_requires=[
