@@ -13,6 +13,8 @@ setup(
         "console_scripts": [
             "megarl-ppo = megarl.main_ppo:cli",
             "megarl-model-merger = megarl.model_merger:main",
+            "megarl-generation = megarl.main_generation:main",
+            "megarl-eval = megarl.main_eval:main",
         ],
     },
     install_requires=[

@@ -66,11 +66,11 @@ def test_wheel_ships_the_configs_and_imports_from_the_venv(installed):
     venv, elsewhere = installed
     proc = _run(venv, elsewhere, str(_venv_python(venv)), "-c",
                 "import megarl, megarl.config as c, os; print(megarl.__file__); print(c.CONFIG_DIR); "
-                "print(sorted(os.listdir(c.CONFIG_DIR)))")
+                "print(sorted(os.listdir(c.CONFIG_DIR)) + sorted(os.listdir(os.path.dirname(c.CONFIG_DIR))))")
     assert proc.returncode == 0, proc.stderr
     module, config_dir, listing = proc.stdout.strip().splitlines()
     assert module.startswith(str(venv)) and config_dir.startswith(str(venv)), proc.stdout
-    assert "ppo_megatron_trainer.yaml" in listing and "profiles" in listing
+    assert all(name in listing for name in ("ppo_megatron_trainer.yaml", "profiles", "generation.yaml", "evaluation.yaml"))
 
 
 def test_console_script_composes_the_config(installed):

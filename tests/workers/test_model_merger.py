@@ -94,3 +94,18 @@ def test_bad_arguments_are_named(saved, tmp_path, capsys):
         with pytest.raises(SystemExit) as exit_info:
             main(["merge", *args, "--target_dir", str(tmp_path / "out")])
         assert exit_info.value.code == 2 and message in capsys.readouterr().err, args
+
+
+def test_generation_merges_a_checkpoint_step_dir(saved, tmp_path):
+    """main_generation's model.path may be a checkpoint step dir: it is merged (actor/) to HF first."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    from megarl.main_generation import hf_model_dir
+
+    model_path, ckpt, live = saved
+    assert hf_model_dir(model_path, str(tmp_path)) == model_path  # an HF dir is used as it is
+    merged = hf_model_dir(str(Path(ckpt).parent), str(tmp_path))
+    tensors = load_file(str(Path(merged) / "model.safetensors"))
+    assert all(torch.equal(tensors[name], tensor) for name, tensor in live.items())
