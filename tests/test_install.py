@@ -86,7 +86,7 @@ def test_quickstart_runs_one_step_from_the_wheel(installed):
     venv, elsewhere = installed
     run_dir = elsewhere / "run"
     proc = _run(venv, elsewhere, str(venv / "bin" / "megarl-ppo"),
-                "trainer.device=cpu", "ray_kwargs.ray_init.num_cpus=2", "trainer.logger=[console]",
+                "trainer.device=cpu", "ray_kwargs.ray_init.num_cpus=2", "trainer.logger=[console,file]",
                 f"trainer.default_local_dir={run_dir}", "trainer.val_before_train=false", "trainer.test_freq=-1",
                 "trainer.save_freq=-1", "trainer.total_training_steps=1", "data.train_batch_size=4",
                 "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
@@ -95,3 +95,7 @@ def test_quickstart_runs_one_step_from_the_wheel(installed):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1], steps
+    # verl's file logger: <cwd>/<project_name>/<experiment_name>.jsonl (the demo's megarl/demo_grpo)
+    verl_file = elsewhere / "megarl" / "demo_grpo.jsonl"
+    (record,) = [json.loads(line) for line in verl_file.read_text().splitlines()]
+    assert record["step"] == 1 and "actor/pg_loss" in record["data"]
