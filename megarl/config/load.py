@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from pathlib import Path
+from importlib.resources import files
 
 from omegaconf import DictConfig, OmegaConf
 
 from megarl.config.schema import MegaRLConfig
 from megarl.config.walk import iter_schema_keys
 
-# The repo's configs/megatron (megarl is installed editable from the repo).
-CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs" / "megatron")
+# megarl/configs/megatron, shipped inside the package (package data of the wheel), so an editable
+# install, `pip install .` and a wheel all find it. pip installs unpack to a directory, which
+# Hydra needs: a zipped megarl would have no path to give it.
+CONFIG_DIR = str(files("megarl") / "configs" / "megatron")
 CONFIG_NAME = "ppo_megatron_trainer"
 
 

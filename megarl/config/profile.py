@@ -1,4 +1,4 @@
-"""The embedded demo as a profile: configs/megatron/profiles/demo.yaml fills the keys the user did
+"""The embedded demo as a profile: megarl/configs/megatron/profiles/demo.yaml fills the keys the user did
 not set, and only when no model is given (`actor_rollout_ref.model.path` null)."""
 
 from __future__ import annotations
@@ -8,7 +8,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-DEMO_PROFILE = Path(__file__).resolve().parents[2] / "configs" / "megatron" / "profiles" / "demo.yaml"
+from megarl.config.load import CONFIG_DIR
+
+DEMO_PROFILE = Path(CONFIG_DIR) / "profiles" / "demo.yaml"
 MODEL_KEY = "actor_rollout_ref.model.path"
 
 
@@ -53,4 +55,4 @@ def demo_banner(applied: dict[str, object]) -> str:
     """The one line a demo run prints."""
     shown = ", ".join(f"{k}={v}" for k, v in applied.items() if k != MODEL_KEY and "_files" not in k)
     return (f"megarl: no actor_rollout_ref.model.path given: running the embedded CPU demo "
-            f"({DEMO_PROFILE.relative_to(DEMO_PROFILE.parents[2])}): {shown}")
+            f"(megarl/{DEMO_PROFILE.relative_to(DEMO_PROFILE.parents[3])}): {shown}")

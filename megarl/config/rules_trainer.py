@@ -6,6 +6,8 @@ import os
 from collections.abc import Iterator
 
 from megarl.config.errors import Issue
+from megarl.config.names import OPTIONAL_LOGGERS
+from megarl.config.rules_parallel import has_module
 from megarl.config.view import View
 
 
@@ -40,4 +42,13 @@ def data_files(v: View) -> Iterator[Issue]:
                 yield Issue(key, f, "file does not exist", f"give an existing parquet file in {key}")
 
 
-RULES = (frequencies, resume, data_files)
+def logger_packages(v: View) -> Iterator[Issue]:
+    """A logger whose package is missing fails here, before Ray starts, not at the first step."""
+    loggers = v.get("trainer.logger")
+    for name in [loggers] if isinstance(loggers, str) else loggers:
+        if name in OPTIONAL_LOGGERS and not has_module(name):
+            yield Issue("trainer.logger", loggers, f"logger '{name}' needs the '{name}' package, which is not installed",
+                        f"pip install {name} (or megarl[{name}]), or remove '{name}' from trainer.logger")
+
+
+RULES = (frequencies, resume, data_files, logger_packages)

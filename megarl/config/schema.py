@@ -17,7 +17,7 @@ from megarl.config.spec import Section, spec
 
 @dataclass
 class MegaRLConfig(Section):
-    """Root of `configs/megatron/ppo_megatron_trainer.yaml`."""
+    """Root of `megarl/configs/megatron/ppo_megatron_trainer.yaml`."""
 
     model_engine: Literal["megatron"] = spec(note="megarl trains with Megatron-Core only (verl's dp / torchtitan / veomni engines are not available)")
     data: DataConfig = spec()

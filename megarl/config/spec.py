@@ -1,6 +1,6 @@
 """Field metadata for the schema dataclasses: ranges, allowed names, path keys.
 
-The yaml (configs/megatron/ppo_megatron_trainer.yaml) holds every default value; the
+The yaml (megarl/configs/megatron/ppo_megatron_trainer.yaml) holds every default value; the
 dataclasses hold types and constraints only, so a schema field has no default.
 """
 

@@ -89,7 +89,7 @@ def unknown_key_issue(root: type, key: str) -> Issue:
     close += [p for p in paths if p.rpartition(".")[2] == leaf and p not in close]
     if not close:
         close = difflib.get_close_matches(key, paths, n=3, cutoff=0.75)
-    fix = f"did you mean {' or '.join(close)}?" if close else f"remove {key} (see configs/megatron/ppo_megatron_trainer.yaml for valid keys)"
+    fix = f"did you mean {' or '.join(close)}?" if close else f"remove {key} (see megarl/configs/megatron/ppo_megatron_trainer.yaml for valid keys)"
     return Issue(key, no_value(), "unknown key", fix)
 
 
@@ -220,7 +220,7 @@ def check_tree(node: DictConfig, cls: type, prefix: str = "", root: type | None 
     for name, (tp, meta) in fields.items():
         key = f"{prefix}{name}"
         if name not in node:
-            issues.append(Issue(key, no_value(), "missing key", f"add {key} (default in configs/megatron/ppo_megatron_trainer.yaml)"))
+            issues.append(Issue(key, no_value(), "missing key", f"add {key} (default in megarl/configs/megatron/ppo_megatron_trainer.yaml)"))
             bad.add(key)
             continue
         try:

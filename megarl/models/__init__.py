@@ -31,13 +31,14 @@ from megatron.core.models.gpt import GPTModel
 from megarl.models.config import gpt_model_kwargs, hf_to_transformer_config
 from megarl.models.spec import get_layer_spec, have_transformer_engine, local_block, resolve_transformer_impl
 from megarl.models.value_head import ValueHead
-from megarl.models.weights import export_hf_weights, load_hf_weights, save_hf_checkpoint, unwrap_chunk
+from megarl.models.weights import export_hf_weights, load_hf_weights, save_hf_checkpoint, save_hf_config, unwrap_chunk
 
 __all__ = [
     "build_model",
     "load_hf_weights",
     "export_hf_weights",
     "save_hf_checkpoint",
+    "save_hf_config",
     "attention_mask_for_megatron",
     "unwrap_chunk",
 ]

@@ -276,10 +276,18 @@ def save_hf_checkpoint(
             (out / "model.safetensors.index.json").write_text(
                 json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
             )
-        hf_config.save_pretrained(str(out))
-        if tokenizer_dir is not None:
-            for fname in _TOKENIZER_FILES:
-                if (Path(tokenizer_dir) / fname).exists():
-                    shutil.copy2(Path(tokenizer_dir) / fname, out / fname)
+        save_hf_config(hf_config, out, tokenizer_dir=tokenizer_dir)
     if dist.is_initialized():
         dist.barrier()
+
+
+def save_hf_config(hf_config, out_dir: str | os.PathLike, *, tokenizer_dir: str | os.PathLike | None = None) -> None:
+    """``config.json`` of ``hf_config`` and the tokenizer files of ``tokenizer_dir`` into ``out_dir``
+    (the HF directory minus the weights; call on one rank)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    hf_config.save_pretrained(str(out))
+    if tokenizer_dir is not None:
+        for fname in _TOKENIZER_FILES:
+            if (Path(tokenizer_dir) / fname).exists():
+                shutil.copy2(Path(tokenizer_dir) / fname, out / fname)

@@ -1,4 +1,5 @@
-"""Metric sinks named by ``trainer.logger``: console, jsonl, tensorboard, wandb.
+"""Metric sinks named by ``trainer.logger``: console, tensorboard, wandb, and (megarl.utils.tracking_backends)
+verl's file, mlflow and swanlab; the optional packages are imported only when named.
 
 ``Tracking(cfg).log(metrics, step)`` writes one step to every sink. The jsonl file
 (``<default_local_dir>/metrics.jsonl`` unless given) holds one JSON object per logged step
@@ -14,7 +15,8 @@ import sys
 import time
 from typing import Any, Mapping
 
-LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
+from megarl.config.names import LOGGERS
+from megarl.utils.tracking_backends import FileLogger, MlflowLogger, SwanlabLogger, import_logger_package
 
 
 def _plain(value: Any) -> Any:
@@ -81,10 +83,9 @@ def _clock(seconds: float) -> str:
 
 class TensorboardLogger:
     def __init__(self, log_dir: str) -> None:
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError as error:
-            raise ImportError("trainer.logger includes 'tensorboard': pip install tensorboard") from error
+        import_logger_package("tensorboard")  # torch.utils.tensorboard needs it
+        from torch.utils.tensorboard import SummaryWriter
+
         self.writer = SummaryWriter(log_dir)
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
@@ -102,10 +103,7 @@ class WandbLogger:
     """wandb.init(project, name, config); WANDB_MODE=offline works without network."""
 
     def __init__(self, project: str, name: str, config: dict[str, Any] | None, directory: str) -> None:
-        try:
-            import wandb
-        except ImportError as error:
-            raise ImportError("trainer.logger includes 'wandb': pip install wandb") from error
+        wandb = import_logger_package("wandb")
         os.makedirs(directory, exist_ok=True)
         self.run = wandb.init(project=project, name=name, config=config, dir=directory)
 
@@ -140,6 +138,12 @@ class Tracking:
             self.sinks.append(TensorboardLogger(os.environ.get("TENSORBOARD_DIR") or os.path.join(log_dir, "tensorboard")))
         if "wandb" in loggers:
             self.sinks.append(WandbLogger(project, experiment, config, os.path.join(log_dir, "wandb")))
+        if "mlflow" in loggers:
+            self.sinks.append(MlflowLogger(project, experiment, config))
+        if "swanlab" in loggers:
+            self.sinks.append(SwanlabLogger(project, experiment, config))
+        if "file" in loggers:
+            self.sinks.append(FileLogger(project, experiment))
 
     @property
     def jsonl_path(self) -> str:

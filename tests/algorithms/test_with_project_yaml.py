@@ -1,5 +1,5 @@
 """Every registered algorithm runs off the project yaml's own keys and defaults, as the typed
-sections a run hands over (catches key-name drift between configs/ and megarl.algorithms)."""
+sections a run hands over (catches key-name drift between megarl/configs/ and megarl.algorithms)."""
 
 import dataclasses
 

@@ -1,4 +1,4 @@
-"""configs/megatron/profiles/demo.yaml: a flat mapping of existing dotted keys, each line with
+"""megarl/configs/megatron/profiles/demo.yaml: a flat mapping of existing dotted keys, each line with
 its reason, that passes the schema when applied to the yaml."""
 
 import copy

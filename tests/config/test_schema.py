@@ -98,7 +98,7 @@ def test_gpu_memory_utilization_one_is_fine(make):
         ("algorithm.kl_penalty", "klx", "low_var_kl"),
         ("actor_rollout_ref.actor.kl_loss_type", "lowvar", "low_var_kl"),
         ("data.truncation", "cut", "left"),
-        ("trainer.logger", ["console", "mlflow"], "tensorboard"),
+        ("trainer.logger", ["console", "clearml"], "tensorboard"),
     ],
 )
 def test_unknown_names_list_the_valid_ones(make, key, value, valid_name):

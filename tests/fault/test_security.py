@@ -13,10 +13,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from megarl.config.load import CONFIG_DIR, CONFIG_NAME
 from megarl.trainer import checkpointing as ckpt
 
 MEGARL = Path(__file__).resolve().parents[2] / "megarl"
-CONFIG = MEGARL.parent / "configs" / "megatron" / "ppo_megatron_trainer.yaml"
+CONFIG = Path(CONFIG_DIR) / f"{CONFIG_NAME}.yaml"
 
 
 class _Evil:

@@ -17,9 +17,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from megarl.config.load import CONFIG_DIR, CONFIG_NAME
 from megarl.protocol import DataProto
 
-CONFIG = Path(__file__).resolve().parents[2] / "configs" / "megatron" / "ppo_megatron_trainer.yaml"
+CONFIG = Path(CONFIG_DIR) / f"{CONFIG_NAME}.yaml"
 # A scorer that never returns on the response "b", and spins the CPU (no GIL release) on "c".
 SCORER = """
 import time

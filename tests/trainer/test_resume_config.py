@@ -11,9 +11,9 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from megarl.config import ConfigError
+from megarl.config import CONFIG_DIR, CONFIG_NAME, ConfigError
 
-CONFIG = Path(__file__).resolve().parents[2] / "configs" / "megatron" / "ppo_megatron_trainer.yaml"
+CONFIG = Path(CONFIG_DIR) / f"{CONFIG_NAME}.yaml"
 LR = "actor_rollout_ref.actor.optim.lr"
 
 

@@ -2,6 +2,7 @@
 
 import io
 import json
+import sys
 
 import pytest
 
@@ -38,8 +39,58 @@ def test_console_line_has_progress_reward_and_phases():
 
 
 def test_unknown_logger_is_named(tmp_path):
-    with pytest.raises(ValueError, match="trainer.logger.*'mlflow'"):
-        Tracking(["console", "mlflow"], project="p", experiment="e", log_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="trainer.logger.*'clearml'"):
+        Tracking(["console", "clearml"], project="p", experiment="e", log_dir=str(tmp_path))
+
+
+def test_file_logger_writes_verls_layout(tmp_path, monkeypatch):
+    """verl's FileLogger: $VERL_FILE_LOGGER_ROOT/<project>/<experiment>.jsonl, {"step", "data"} per line."""
+    monkeypatch.delenv("VERL_FILE_LOGGER_PATH", raising=False)
+    monkeypatch.setenv("VERL_FILE_LOGGER_ROOT", str(tmp_path / "root"))
+    t = Tracking(["file"], project="p", experiment="e", log_dir=str(tmp_path / "run"))
+    t.log({"critic/score/mean": 0.5, "n": 3, "x": float("nan"), "note": "text"}, step=1)
+    t.log({"critic/score/mean": 0.75}, step=2)
+    t.close()
+    lines = (tmp_path / "root" / "p" / "e.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in lines] == [
+        {"step": 1, "data": {"critic/score/mean": 0.5, "n": 3.0, "x": None, "note": "text"}},
+        {"step": 2, "data": {"critic/score/mean": 0.75}},
+    ]
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "exact.jsonl"))  # verl's explicit path wins
+    for step in (3, 4):  # two runs: the second appends
+        t = Tracking(["file"], project="p", experiment="e", log_dir=str(tmp_path / "run"))
+        t.log({"a": step}, step=step)
+        t.close()
+    assert [json.loads(line)["step"] for line in (tmp_path / "exact.jsonl").read_text().splitlines()] == [3, 4]
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 4  # megarl's own record stays on
+
+
+@pytest.mark.parametrize("name", ["mlflow", "swanlab", "wandb", "tensorboard"])
+def test_missing_logger_package_names_key_and_package(tmp_path, monkeypatch, name):
+    monkeypatch.setitem(sys.modules, name, None)  # import of `name` raises ImportError
+    with pytest.raises(ImportError, match=f"trainer.logger includes '{name}'.*pip install {name}"):
+        Tracking([name], project="p", experiment="e", log_dir=str(tmp_path), config={"a": 1})
+
+
+def test_mlflow_run_has_config_and_metrics(tmp_path, monkeypatch):
+    mlflow = pytest.importorskip("mlflow")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "mlruns").as_uri())  # works with mlflow-skinny (no sqlite)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    t = Tracking(["mlflow"], project="proj", experiment="exp", log_dir=str(tmp_path),
+                 config={"trainer": {"project_name": "proj", "logger": ["mlflow"]}, "data": {"train_batch_size": 4}})
+    t.log({"critic/score/mean": 0.5, "val/pass@4": 1.0, "note": "text"}, step=1)
+    t.log({"critic/score/mean": 0.25}, step=2)
+    run_id = mlflow.active_run().info.run_id
+    t.close()
+    client = mlflow.tracking.MlflowClient()
+    run = client.get_run(run_id)
+    assert run.info.run_name == "exp" and client.get_experiment(run.info.experiment_id).name == "proj"
+    assert run.data.params == {"trainer/project_name": "proj", "trainer/logger/list_len": "1", "trainer/logger/0": "mlflow",
+                               "data/train_batch_size": "4"}
+    history = client.get_metric_history(run_id, "critic/score/mean")
+    assert [(m.step, m.value) for m in history] == [(1, 0.5), (2, 0.25)]
+    assert run.data.metrics["val/pass_at_4"] == 1.0 and "note" not in run.data.metrics
 
 
 def test_dump_generations(tmp_path):

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from megarl.config.load import CONFIG_DIR, CONFIG_NAME
+
 VOCAB = 96
 
 
@@ -53,7 +55,7 @@ def build_tiny_qwen3_moe(out_dir: str | Path) -> Path:
     return _finish(Qwen3MoeForCausalLM(cfg).to(torch.float32), Path(out_dir), None)
 
 
-CONFIG_YAML = Path(__file__).resolve().parents[2] / "configs" / "megatron" / "ppo_megatron_trainer.yaml"
+CONFIG_YAML = Path(CONFIG_DIR) / f"{CONFIG_NAME}.yaml"
 
 
 def actor_rollout_ref_config(hf_dir: str | Path, prompt_length: int = 8, response_length: int = 6, **overrides):

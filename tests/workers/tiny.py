@@ -8,6 +8,8 @@ import torch
 import transformers
 from omegaconf import DictConfig, OmegaConf
 
+from megarl.config.load import CONFIG_DIR, CONFIG_NAME
+
 PROMPT_LEN, RESPONSE_LEN, VOCAB = 6, 5, 97  # 97: not divisible by TP=2 (vocab padding)
 
 
@@ -64,7 +66,7 @@ def rollout_batch(batch_size: int = 8, seed: int = 1) -> dict[str, torch.Tensor]
 
 def optim_node(**values) -> dict:
     """The yaml's `critic.optim` (every verl optimizer key at its default) with `values` set."""
-    yaml = Path(__file__).resolve().parents[2] / "configs" / "megatron" / "ppo_megatron_trainer.yaml"
+    yaml = Path(CONFIG_DIR) / f"{CONFIG_NAME}.yaml"
     node = OmegaConf.to_container(OmegaConf.load(yaml).critic.optim)
     unknown = set(values) - set(node)
     assert not unknown, f"not optim keys: {unknown}"

@@ -167,3 +167,15 @@ def tp1_suite(model_path: str, batch: dict) -> dict:
         "split": split_variants(model_path, batch),
         "offload": offload_roundtrip(model_path, batch),
     }
+
+
+def trained_tp_checkpoint(model_path: str, batch: dict, megatron: dict, ckpt_dir: str) -> dict | None:
+    """One PPO step, then a checkpoint in this layout; rank 0 returns the live HF export."""
+    from megarl.workers.actor import ActorWorker
+
+    actor = ActorWorker(actor_rollout_ref_config(model_path, megatron), "actor", device="cpu")
+    actor.init_model()
+    actor.update_policy(_data(batch, _dp_rows(batch)))
+    _allow_checkpoint_writer_processes()
+    actor.save_checkpoint(ckpt_dir)
+    return _rank0(_export(actor))

@@ -6,7 +6,10 @@ layouts); optimizer state is resharded with the model (non-distributed optimizer
 distributed optimizer's reshardable format). RNG states are per (PP, TP) rank and restored
 only when the layout is unchanged. `contents` (verl `checkpoint.save_contents` /
 `load_contents`): "model", "optimizer", "extra" (lr scheduler, RNG), "hf_model" (an HF
-export under `<path>/huggingface`, save only).
+export under `<path>/huggingface`, save only). Every save also writes `<path>/huggingface/`
+config.json + tokenizer files (verl does too) and records in the dist checkpoint's common
+state how the model was built (`dtype`, `value_head`, `override_transformer_config`), so
+`python -m megarl.model_merger` can rebuild it from the checkpoint alone.
 
 A save ends with `<path>/checksums.json` (size + sha256 of every file under `path`; each
 rank hashes a share of the files), which the controller verifies before a resume. A full
@@ -28,8 +31,9 @@ import numpy as np
 import torch
 from megatron.core import dist_checkpointing, parallel_state
 from megatron.core.dist_checkpointing.mapping import ShardedObject
+from omegaconf import OmegaConf
 
-from megarl.models import save_hf_checkpoint, unwrap_chunk
+from megarl.models import save_hf_checkpoint, save_hf_config, unwrap_chunk
 from megarl.utils.checksums import digest_files, list_files, write_manifest
 from megarl.utils.storage import raise_if_storage_error
 
@@ -99,7 +103,8 @@ def save_checkpoint(engine, path: str, *, contents: Sequence[str], global_step: 
     if torch.distributed.get_rank() == 0:
         os.makedirs(ckpt_dir, exist_ok=True)
     torch.distributed.barrier()
-    state: dict[str, Any] = {"megarl": {"global_step": int(global_step), "layout": _layout(), "contents": list(contents)}}
+    state: dict[str, Any] = {"megarl": {"global_step": int(global_step), "layout": _layout(), "contents": list(contents),
+                                        "build": _build_record(engine)}}
     model_sd = _model_sharded_state_dict(engine.chunks)
     if "model" in contents or "optimizer" in contents:
         state.update(model_sd)
@@ -114,12 +119,23 @@ def save_checkpoint(engine, path: str, *, contents: Sequence[str], global_step: 
         if "hf_model" in contents:
             save_hf_checkpoint(engine.chunks, engine.hf_config, os.path.join(path, "huggingface"),
                                tokenizer_dir=engine.model_path)
+        elif torch.distributed.get_rank() == 0:
+            save_hf_config(engine.hf_config, os.path.join(path, "huggingface"), tokenizer_dir=engine.model_path)
         torch.distributed.barrier()
         _write_checksums(path)
     except BaseException as error:  # torch's CheckpointException is a BaseException
         raise_if_storage_error(error, path)
         raise
     torch.distributed.barrier()
+
+
+def _build_record(engine) -> dict[str, Any]:
+    """What besides config.json decides the model's parameters (read by megarl.model_merger)."""
+    overrides = engine.megatron_cfg.override_transformer_config
+    # plain containers only: common.pt is loaded with weights_only=True (megarl.utils.safe_checkpoint)
+    overrides = OmegaConf.to_container(overrides, resolve=True) if OmegaConf.is_config(overrides) else dict(overrides)
+    return {"dtype": str(engine.dtype).removeprefix("torch."), "value_head": bool(engine.value_head),
+            "override_transformer_config": overrides}
 
 
 def _write_checksums(path: str) -> None:
