@@ -25,7 +25,7 @@ import asyncio
 from typing import Any
 
 from megarl.agent.base import AgentContext, AgentLoopBase, AgentLoopOutput, register
-from megarl.agent.tool_call import CallResult, call_tool
+from megarl.agent.tool_call import CallResult, call_tool, truncate
 from megarl.agent.tool_parser import FunctionCall, make_tool_parser
 from megarl.agent.tools import load_tools
 
@@ -70,7 +70,8 @@ class ToolAgentLoop(AgentLoopBase):
     async def _call(self, call: FunctionCall, tools_kwargs: dict[str, Any]) -> CallResult:
         tool = self.tools.get(call.name)
         if tool is None:
-            return CallResult(f"Error: unknown tool '{call.name}' (tools: {sorted(self.tools)})", 0.0, True, 0.0)
+            text = f"Error: unknown tool '{call.name}' (tools: {sorted(self.tools)})"
+            return CallResult(truncate(text, self.max_chars, self.truncate_side), 0.0, True, 0.0)
         return await call_tool(tool, call.arguments, tools_kwargs.get(call.name) or {}, timeout_s=self.timeout_s,
                                max_chars=self.max_chars, truncate_side=self.truncate_side)
 
