@@ -19,6 +19,7 @@ A class is built once per rollout worker as ``cls(ctx)`` and its ``run`` is call
 from __future__ import annotations
 
 import importlib
+import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
@@ -30,6 +31,18 @@ if TYPE_CHECKING:
     from megarl.workers.async_engine import AsyncEngine
 
 AGENT_LOOPS: dict[str, str] = {}  # agent name -> "module.Class"
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def resolve_file(path: str) -> str:
+    """``path`` as given (``~`` expanded) when it exists, else relative to the megarl checkout (as
+    verl resolves its config paths against its package), so ``configs/tools/calculator.yaml`` works
+    from any working directory. Unchanged when neither exists (the caller reports it)."""
+    path = os.path.expanduser(path)
+    if os.path.exists(path) or os.path.isabs(path):
+        return path
+    in_repo = os.path.join(REPO_ROOT, path)
+    return in_repo if os.path.exists(in_repo) else path
 
 
 def register(name: str) -> Callable[[type], type]:
@@ -105,7 +118,7 @@ def load_agent_loop_config(path: str | None) -> dict[str, type]:
     targets = dict(AGENT_LOOPS)
     key = "actor_rollout_ref.rollout.agent.agent_loop_config_path"
     if path:
-        entries = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+        entries = OmegaConf.to_container(OmegaConf.load(resolve_file(path)), resolve=True)
         if not isinstance(entries, list):
             raise ValueError(f"{key}={path}: expected a YAML list of {{name, _target_}}, got {type(entries).__name__}")
         for i, entry in enumerate(entries):

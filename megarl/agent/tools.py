@@ -24,7 +24,7 @@ from uuid import uuid4
 
 from omegaconf import OmegaConf
 
-from megarl.agent.base import import_class
+from megarl.agent.base import import_class, resolve_file
 
 KEY = "actor_rollout_ref.rollout.multi_turn.tool_config_path"
 
@@ -69,7 +69,7 @@ def load_tools(path: str | None) -> dict[str, BaseTool]:
     """Tool name -> tool instance from verl's tool YAML (empty when ``path`` is null)."""
     if not path:
         return {}
-    spec = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    spec = OmegaConf.to_container(OmegaConf.load(resolve_file(path)), resolve=True)
     entries = spec.get("tools") if isinstance(spec, dict) else None
     if not isinstance(entries, list):
         raise ValueError(f"{KEY}={path}: expected a mapping with a 'tools' list")

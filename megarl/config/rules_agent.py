@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
+from megarl.agent.base import resolve_file
 from megarl.config.errors import Issue
 from megarl.config.view import View
 
@@ -17,8 +18,9 @@ def agent_loop(v: View) -> Iterator[Issue]:
     multi_turn, loops = v.get(f"{R}.multi_turn.enable"), v.get(f"{R}.agent.agent_loop_config_path")
     for key in (f"{R}.multi_turn.tool_config_path", f"{R}.agent.agent_loop_config_path"):
         path = v.get(key)
-        if path is not None and not os.path.isfile(os.path.expanduser(path)):
-            yield Issue(key, path, "file does not exist", f"point {key} at an existing YAML file, or set it to null")
+        if path is not None and not os.path.isfile(resolve_file(path)):
+            yield Issue(key, path, "file does not exist (as given, nor in the megarl checkout)",
+                        f"point {key} at an existing YAML file, or set it to null")
     if mode == "sync":
         for key, value in ((f"{R}.multi_turn.enable", multi_turn), (f"{R}.agent.agent_loop_config_path", loops)):
             if value:

@@ -15,6 +15,12 @@ Where the engine lives:
   where every run of ``tensor_model_parallel_size`` consecutive ranks is one replica
   and all of its ranks must call :meth:`generate_sequences` with the same prompts.
 
+Generation (``rollout.mode``): ``async`` (verl 0.9's default) runs one agent loop per sample
+(:mod:`megarl.agent`; the sample's ``agent_name`` column or ``rollout.agent.default_agent_loop``)
+on the same engine driven per request (:mod:`megarl.workers.async_engine`), so multi-turn
+samples with tools run concurrently and finish in any order; ``sync`` is one batched
+``LLM.generate`` (single turn only). Greedy single-turn outputs are the same in both.
+
 Log-probs: the engine runs with ``logprobs_mode="processed_logprobs"``, so
 ``rollout_log_probs`` are the log-probs of the distribution the token was sampled
 from (logits / temperature, then top-k/top-p truncation and renormalisation). With
@@ -31,7 +37,6 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
