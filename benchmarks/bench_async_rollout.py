@@ -17,7 +17,7 @@ model, float32 on CPU), alternating, median of ``--repeats``:
 
 Prints the wall times and ``sync / async`` per scenario (> 1: async is faster).
 
-    python benchmarks/bench_async_rollout.py            # CPU defaults, ~2 min on 2 cores
+    python benchmarks/bench_async_rollout.py            # CPU defaults, ~10 min on 2 busy cores
 """
 
 from __future__ import annotations
@@ -133,8 +133,9 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--obs", type=int, default=8)
     parser.add_argument("--fast-tool-s", type=float, default=0.05)
-    parser.add_argument("--slow-tool-s", type=float, default=1.0)
+    parser.add_argument("--slow-tool-s", type=float, default=3.0)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--scenarios", default="single,multi", help="comma-separated subset of single,multi")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
@@ -148,7 +149,8 @@ def main() -> None:
         worker = make_worker(build_model(tmp, vocab), args)
         scenarios = {"single": (single_async, single_sync), "multi": (multi_async, multi_lockstep)}
         results = {}
-        for name, (run_async, run_sync) in scenarios.items():
+        for name in args.scenarios.split(","):
+            run_async, run_sync = scenarios[name]
             run_async(worker, prompts, args), run_sync(worker, prompts, args)  # warm-up
             times: dict[str, list[float]] = {"async": [], "sync": []}
             for _ in range(args.repeats):
