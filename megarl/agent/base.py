@@ -13,7 +13,9 @@ Which loop runs a sample: its ``agent_name`` column, else
     - name: my_agent
       _target_: my_package.my_module.MyAgentLoop
 
-A class is built once per rollout worker as ``cls(ctx)`` and its ``run`` is called per sample.
+A class is built once per rollout worker, on first use, as ``cls(ctx)``; ``self.ctx`` is replaced
+by each batch's context (its sampling params) before the batch's ``run`` calls, one per sample,
+which run concurrently on the same instance (keep per-sample state in ``run``).
 """
 
 from __future__ import annotations

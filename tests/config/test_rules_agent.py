@@ -21,3 +21,17 @@ def test_multi_turn_needs_async_and_one_rank_per_replica(make, tmp_path):
               f"{R}.agent.agent_loop_config_path", "file does not exist")
     issue_for(make({**base, f"{R}.multi_turn.format": "xml"}), f"{R}.multi_turn.format", "hermes")
     issue_for(make({**base, f"{R}.multi_turn.tool_timeout_s": 0}), f"{R}.multi_turn.tool_timeout_s")
+
+
+def test_tools_calculator_is_one_override():
+    """`+tools=calculator` (configs/megatron/tools/calculator.yaml) turns the demo into a tool-agent run;
+    its relative tool_config_path resolves against the checkout from any working directory."""
+    from megarl.config import collect_issues, load_config
+
+    cfg = load_config(["+tools=calculator"])
+    rollout = cfg.actor_rollout_ref.rollout
+    assert (rollout.mode, rollout.multi_turn.enable, rollout.agent.default_agent_loop) == ("async", True, "tool_agent")
+    assert not collect_issues(cfg)
+    from megarl.agent.tools import load_tools
+
+    assert list(load_tools(rollout.multi_turn.tool_config_path)) == ["calculator"]
