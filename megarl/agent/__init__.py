@@ -5,6 +5,7 @@
 * :mod:`megarl.agent.tools`, :mod:`megarl.agent.tool_call` — tools, their YAML and bounded calls;
 * :mod:`megarl.agent.tool_parser` — tool-call formats (rollout.multi_turn.format);
 * :mod:`megarl.agent.batch` — trajectories -> the rollout DataProto;
+* :mod:`megarl.agent.interactions` — environment / simulated-user turns (interaction_config_path);
 * :mod:`megarl.agent.calculator` — the demo's calculator tool.
 """
 

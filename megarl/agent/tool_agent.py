@@ -6,9 +6,10 @@ Per sample, until a limit ends it:
    left of ``rollout.response_length``); its tokens get ``response_mask=1`` and the engine's
    log-probs;
 2. the turn ends the sample when the response is full, ``multi_turn.max_assistant_turns`` or
-   ``max_user_turns`` is reached, it has no tool call, or a call block is malformed (counted in
-   ``agent/malformed_tool_calls``);
-3. otherwise its first ``max_parallel_calls`` calls run concurrently (megarl.agent.tool_call:
+   ``max_user_turns`` is reached, or a call block is malformed (counted in
+   ``agent/malformed_tool_calls``); a turn without tool calls ends it too, unless the sample has an
+   interaction (megarl.agent.interactions), whose reply becomes the next user turn;
+3. otherwise (tool calls) its first ``max_parallel_calls`` calls run concurrently (megarl.agent.tool_call:
    errors, timeouts and overlong text become the observation), and the tool messages, rendered
    by the chat template as the next turn would see them (generation prompt included), are
    appended with ``response_mask=0`` and log-prob 0.0. An observation that does not fit in the
@@ -25,7 +26,8 @@ import asyncio
 from typing import Any
 
 from megarl.agent.base import AgentContext, AgentLoopBase, AgentLoopOutput, register
-from megarl.agent.tool_call import CallResult, call_tool, truncate
+from megarl.agent.interactions import load_interactions
+from megarl.agent.tool_call import CallResult, call_tool, run_bounded, truncate
 from megarl.agent.tool_parser import FunctionCall, make_tool_parser
 from megarl.agent.tools import load_tools
 
@@ -48,6 +50,7 @@ class ToolAgentLoop(AgentLoopBase):
         self.truncate_side = mt.tool_response_truncate_side
         self.timeout_s = mt.tool_timeout_s
         self.tools = load_tools(mt.tool_config_path)
+        self.interactions = load_interactions(mt.interaction_config_path)
         self.parser = make_tool_parser(mt.format, ctx.tokenizer)
         self.response_length = ctx.rollout.response_length
         tok = ctx.tokenizer
@@ -75,13 +78,65 @@ class ToolAgentLoop(AgentLoopBase):
         return await call_tool(tool, call.arguments, tools_kwargs.get(call.name) or {}, timeout_s=self.timeout_s,
                                max_chars=self.max_chars, truncate_side=self.truncate_side)
 
+    def _interaction(self, extra_info: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        """The sample's interaction (``extra_info.interaction_kwargs.name``) and its kwargs, or (None, {})."""
+        kwargs = extra_info.get("interaction_kwargs") or {}
+        if not kwargs:
+            return None, {}
+        name = kwargs.get("name")
+        if name not in self.interactions:
+            raise ValueError(f"extra_info.interaction_kwargs.name={name!r} is not an interaction of "
+                             f"actor_rollout_ref.rollout.multi_turn.interaction_config_path ({sorted(self.interactions)})")
+        return self.interactions[name], kwargs
+
+    def _start_messages(self, prompt_ids: list[int], sample: dict[str, Any]) -> list[dict[str, Any]]:
+        """The conversation an interaction sees: the row's chat (``raw_prompt``, data.return_raw_chat) or the
+        decoded prompt as one user message."""
+        raw = sample.get("raw_prompt")
+        if raw is not None:
+            return [dict(m) for m in raw]
+        return [{"role": "user", "content": self.ctx.tokenizer.decode(prompt_ids, skip_special_tokens=True)}]
+
     async def run(self, prompt_ids: list[int], sample: dict[str, Any]) -> AgentLoopOutput:
         extra_info = sample.get("extra_info") or {}
         tools_kwargs = extra_info.get("tools_kwargs") or {}
+        interaction, interaction_kwargs = self._interaction(extra_info)
+        instance = None
+        messages: list[dict[str, Any]] = []
+        turn_scores: list[float] = []
+        interaction_errors = 0
+        if interaction is not None:
+            messages = self._start_messages(prompt_ids, sample)
+            try:
+                instance = await run_bounded(lambda: interaction.start_interaction(None, **interaction_kwargs),
+                                             self.timeout_s, f"interaction-{interaction.name}")
+            except Exception:
+                interaction, interaction_errors = None, 1
+        try:
+            out, failed = await self._turns(prompt_ids, tools_kwargs, interaction, instance, interaction_kwargs,
+                                            messages, turn_scores)
+            interaction_errors += failed
+        finally:
+            if instance is not None:
+                try:
+                    await run_bounded(lambda: interaction.finalize_interaction(instance), self.timeout_s,
+                                      f"interaction-{interaction.name}")
+                except Exception:
+                    interaction_errors += 1
+        if self.interactions:
+            out.metrics["agent/interaction_errors"] = float(interaction_errors)
+            out.extra["turn_scores"] = turn_scores
+        return out
+
+    async def _turns(self, prompt_ids: list[int], tools_kwargs: dict[str, Any], interaction: Any, instance: Any,
+                     interaction_kwargs: dict[str, Any], messages: list[dict[str, Any]],
+                     turn_scores: list[float]) -> tuple[AgentLoopOutput, int]:
+        """The turn loop (module docstring); appends to ``messages`` / ``turn_scores``. Returns the
+        trajectory and how many interaction calls failed (a failure ends the sample)."""
         response: list[int] = []
         mask: list[int] = []
         log_probs: list[float] = []
-        assistant_turns = user_turns = malformed = 0
+        assistant_turns = user_turns = malformed = interaction_errors = 0
         results: list[CallResult] = []
         while True:
             params = self.ctx.sampling_params.clone()
@@ -97,11 +152,31 @@ class ToolAgentLoop(AgentLoopBase):
                 break
             parsed = self.parser.parse(out.token_ids)
             malformed += parsed.malformed
-            if parsed.malformed or not parsed.calls:
+            if parsed.malformed:
                 break
-            turn = await asyncio.gather(*(self._call(c, tools_kwargs) for c in parsed.calls[: self.max_parallel_calls]))
-            results += turn
-            observation = self.observation_ids([{"role": "tool", "content": r.text} for r in turn])
+            if interaction is not None:  # the conversation the interaction sees
+                messages.append({"role": "assistant",
+                                 "content": self.ctx.tokenizer.decode(out.token_ids, skip_special_tokens=True)})
+            if parsed.calls:
+                turn = await asyncio.gather(*(self._call(c, tools_kwargs) for c in parsed.calls[: self.max_parallel_calls]))
+                results += turn
+                added = [{"role": "tool", "content": r.text} for r in turn]
+            elif interaction is not None:
+                try:
+                    done, text, score, _ = await run_bounded(
+                        lambda: interaction.generate_response(instance, list(messages), **interaction_kwargs),
+                        self.timeout_s, f"interaction-{interaction.name}")
+                except Exception:
+                    interaction_errors += 1
+                    break
+                turn_scores.append(float(score))
+                if done:
+                    break
+                added = [{"role": "user", "content": str(text)}]
+            else:
+                break
+            messages += added
+            observation = self.observation_ids(added)
             if len(response) + len(observation) >= self.response_length:
                 break
             response += observation
@@ -109,7 +184,7 @@ class ToolAgentLoop(AgentLoopBase):
             log_probs += [0.0] * len(observation)
             user_turns += 1
         metrics = {
-            "agent/assistant_turns": float(assistant_turns), "agent/tool_turns": float(user_turns),
+            "agent/assistant_turns": float(assistant_turns), "agent/user_turns": float(user_turns),
             "agent/tool_calls": float(len(results)), "agent/tool_errors": float(sum(r.error for r in results)),
             "agent/malformed_tool_calls": float(malformed),
         }
@@ -117,4 +192,4 @@ class ToolAgentLoop(AgentLoopBase):
             metrics["agent/tool_latency_s"] = sum(r.seconds for r in results) / len(results)
         return AgentLoopOutput(prompt_ids=prompt_ids, response_ids=response, response_mask=mask,
                                response_logprobs=log_probs, num_turns=assistant_turns + user_turns + 1,
-                               metrics=metrics, extra={"tool_rewards": [r.reward for r in results]})
+                               metrics=metrics, extra={"tool_rewards": [r.reward for r in results]}), interaction_errors

@@ -15,9 +15,11 @@ import asyncio
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Awaitable, Callable, TypeVar
 
 from megarl.agent.tools import BaseTool
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -55,11 +57,11 @@ async def _lifecycle(tool: BaseTool, arguments: dict[str, Any], kwargs: dict[str
     return (response.text or ""), reward
 
 
-async def call_tool(tool: BaseTool, arguments: dict[str, Any], kwargs: dict[str, Any], *, timeout_s: float,
-                    max_chars: int, truncate_side: str) -> CallResult:
-    """Run one call of ``tool`` (see the module docstring); never raises for the tool's faults."""
+async def run_bounded(make_coroutine: Callable[[], Awaitable[T]], timeout_s: float, name: str) -> T:
+    """The result of ``make_coroutine()`` run on a fresh event loop in a daemon thread, awaited for at
+    most ``timeout_s`` (``asyncio.TimeoutError`` after it; the coroutine's exception as raised)."""
     loop = asyncio.get_running_loop()
-    done: asyncio.Future[tuple[str, float]] = loop.create_future()
+    done: asyncio.Future[T] = loop.create_future()
 
     def settle(result: Any, failed: bool) -> None:
         if not done.done():
@@ -67,18 +69,24 @@ async def call_tool(tool: BaseTool, arguments: dict[str, Any], kwargs: dict[str,
 
     def body() -> None:
         try:
-            outcome, failed = asyncio.run(_lifecycle(tool, arguments, kwargs)), False
-        except BaseException as exc:  # the tool's fault, reported as an observation
+            outcome, failed = asyncio.run(make_coroutine()), False
+        except BaseException as exc:  # the callee's fault, re-raised in the caller's loop
             outcome, failed = exc, True
         try:
             loop.call_soon_threadsafe(settle, outcome, failed)
         except RuntimeError:  # the rollout's loop is gone: this call had timed out
             pass
 
+    threading.Thread(target=body, name=f"megarl-{name}", daemon=True).start()
+    return await asyncio.wait_for(done, timeout_s)
+
+
+async def call_tool(tool: BaseTool, arguments: dict[str, Any], kwargs: dict[str, Any], *, timeout_s: float,
+                    max_chars: int, truncate_side: str) -> CallResult:
+    """Run one call of ``tool`` (see the module docstring); never raises for the tool's faults."""
     start = time.perf_counter()
-    threading.Thread(target=body, name=f"megarl-tool-{tool.name}", daemon=True).start()
     try:
-        text, reward = await asyncio.wait_for(done, timeout_s)
+        text, reward = await run_bounded(lambda: _lifecycle(tool, arguments, kwargs), timeout_s, f"tool-{tool.name}")
         error = False
     except asyncio.TimeoutError:
         text, reward, error = f"Error: tool '{tool.name}' timed out after {timeout_s:g}s", 0.0, True

@@ -16,7 +16,8 @@ R = "actor_rollout_ref.rollout"
 def agent_loop(v: View) -> Iterator[Issue]:
     mode, tp = v.get(f"{R}.mode"), v.get(f"{R}.tensor_model_parallel_size")
     multi_turn, loops = v.get(f"{R}.multi_turn.enable"), v.get(f"{R}.agent.agent_loop_config_path")
-    for key in (f"{R}.multi_turn.tool_config_path", f"{R}.agent.agent_loop_config_path"):
+    for key in (f"{R}.multi_turn.tool_config_path", f"{R}.multi_turn.interaction_config_path",
+                f"{R}.agent.agent_loop_config_path"):
         path = v.get(key)
         if path is not None and not os.path.isfile(resolve_file(path)):
             yield Issue(key, path, "file does not exist (as given, nor in the megarl checkout)",

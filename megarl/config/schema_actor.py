@@ -119,6 +119,7 @@ class MultiTurnConfig(Section):
     tool_response_truncate_side: str = spec(choices=TRUNCATE_SIDES)
     tool_config_path: str | None = spec(path=True)
     tool_timeout_s: float = spec(gt=0)
+    interaction_config_path: str | None = spec(path=True)
     format: str = spec(choices=names.tool_parsers)
 
 

@@ -84,3 +84,31 @@ class OneTokenAgent(AgentLoopBase):
         out = await self.ctx.engine.generate(prompt_ids, params)
         await asyncio.sleep(0)
         return AgentLoopOutput(prompt_ids, out.token_ids, [1], out.log_probs or [0.0], num_turns=7)
+
+
+from megarl.agent.interactions import BaseInteraction  # noqa: E402
+
+SEEN: list[list[dict]] = []  # the messages each generate_response call saw
+
+
+class CountdownUser(BaseInteraction):
+    """Replies "7" (score 0.5) to the first ``replies`` model turns of an instance, then ends (score 1.0)."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.left: dict[str, int] = {}
+
+    async def start_interaction(self, instance_id=None, replies=2, **kwargs):
+        instance_id = instance_id or f"i{len(self.left)}"
+        self.left[instance_id] = replies
+        return instance_id
+
+    async def generate_response(self, instance_id, messages, **kwargs):
+        SEEN.append(messages)
+        if self.left[instance_id] == 0:
+            return True, "", 1.0, {}
+        self.left[instance_id] -= 1
+        return False, "7", 0.5, {}
+
+    async def finalize_interaction(self, instance_id, **kwargs):
+        del self.left[instance_id]

@@ -64,7 +64,15 @@ def loops_yaml(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def worker(hf_dir, tools_yaml, loops_yaml):
+def interactions_yaml(tmp_path_factory):
+    path = tmp_path_factory.mktemp("interactions") / "interactions.yaml"
+    path.write_text(OmegaConf.to_yaml({"interaction": [
+        {"name": "countdown", "class_name": "agent_fixtures.CountdownUser", "config": {}}]}))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def worker(hf_dir, tools_yaml, loops_yaml, interactions_yaml):
     from safetensors.torch import load_file
 
     from megarl.workers.rollout import RolloutWorker
@@ -73,6 +81,7 @@ def worker(hf_dir, tools_yaml, loops_yaml):
         "rollout.n": 1, "rollout.temperature": TEMPERATURE, "rollout.mode": "async",
         "rollout.multi_turn.enable": True, "rollout.multi_turn.tool_config_path": tools_yaml,
         "rollout.multi_turn.format": "test_calls_tool", "rollout.agent.agent_loop_config_path": loops_yaml,
+        "rollout.multi_turn.interaction_config_path": interactions_yaml,
         "rollout.free_cache_engine": False})
     w = RolloutWorker(cfg, str(hf_dir))
     w.update_weights(load_file(str(hf_dir / "model.safetensors")).items())
@@ -191,7 +200,7 @@ def test_turn_limits(worker, configure, limits, assistant_turns, tool_turns):
     configure(**limits)
     out = worker.generate_sequences(_batch(PROMPTS, ["tool_agent"] * 3), validate=False, do_sample=True)
     m = out.meta_info["metrics"]
-    assert (m["agent/assistant_turns"], m["agent/tool_turns"]) == (assistant_turns, tool_turns)
+    assert (m["agent/assistant_turns"], m["agent/user_turns"]) == (assistant_turns, tool_turns)
     assert out.non_tensor_batch["__num_turns__"].tolist() == [assistant_turns + tool_turns + 1] * 3
 
 
@@ -278,3 +287,34 @@ def test_async_single_turn_equals_sync_batched_greedy(worker):
     for key in ("responses", "response_mask", "attention_mask", "position_ids", "input_ids"):
         assert torch.equal(async_out.batch[key], sync_out.batch[key]), key
     torch.testing.assert_close(async_out.batch["rollout_log_probs"], sync_out.batch["rollout_log_probs"], atol=1e-5, rtol=0)
+
+
+def test_interaction_turns(worker, configure):
+    """No tool calls: the sample's interaction answers each model turn ("7" twice, then it ends); its
+    replies are user turns with response_mask 0, its scores the turn_scores column."""
+    configure()
+    fx.CallsTool.calls_per_turn = 0
+    fx.SEEN.clear()
+    calls = _spy(worker)
+    extra = [{"interaction_kwargs": {"name": "countdown", "replies": 2}}, {}]
+    try:
+        out = worker.generate_sequences(_batch(PROMPTS[:2], ["tool_agent"] * 2, extra), validate=False, do_sample=True)
+    finally:
+        del worker.async_engine.generate
+    mine = [tokens for prompt, tokens in calls if prompt[: len(PROMPTS[0])] == PROMPTS[0]]
+    assert len(mine) == 3
+    user = _observation(worker, "7")
+    expected = mine[0] + user + mine[1] + user + mine[2]
+    mask = [1] * len(mine[0]) + [0] * len(user) + [1] * len(mine[1]) + [0] * len(user) + [1] * len(mine[2])
+    assert out.batch["responses"][0, : len(expected)].tolist() == expected
+    assert out.batch["response_mask"][0, : len(expected)].tolist() == mask
+    assert out.non_tensor_batch["turn_scores"].tolist() == [[0.5, 0.5, 1.0], []]
+    assert out.non_tensor_batch["__num_turns__"].tolist() == [6, 2]  # the other sample has no interaction
+    assert out.meta_info["metrics"]["agent/interaction_errors"] == 0.0
+    # the interaction saw the decoded conversation, ending with the model's latest turn
+    assert [m["role"] for m in fx.SEEN[-1]] == ["user", "assistant", "user", "assistant", "user", "assistant"]
+    assert fx.SEEN[-1][-1]["content"] == worker.tokenizer.decode(mine[2], skip_special_tokens=True)
+    assert worker._agent_instances["tool_agent"].interactions["countdown"].left == {}  # finalized
+    with pytest.raises(ValueError, match="interaction_kwargs.name='nope' is not an interaction"):
+        worker.generate_sequences(_batch(PROMPTS[:1], ["tool_agent"], [{"interaction_kwargs": {"name": "nope"}}]),
+                                  validate=False, do_sample=True)
