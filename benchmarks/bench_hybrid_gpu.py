@@ -156,7 +156,7 @@ def main() -> None:
     prompts = DataProto.from_dict({"input_ids": ids, "attention_mask": mask,
                                    "position_ids": torch.arange(args.prompt_len).expand_as(ids).clone()},
                                   {"uid": [str(i) for i in range(args.prompts)]})
-    params = worker.rollout.sampling_params({})
+    params = worker.rollout.sampling_params(validate=False, do_sample=True)
     raw_prompts = [TokensPrompt(prompt_token_ids=row.tolist()) for row in ids]
 
     def standalone():
@@ -164,7 +164,7 @@ def main() -> None:
         worker.rollout.llm.generate(raw_prompts, params, use_tqdm=False)
 
     def megarl():
-        worker.generate_sequences(prompts)
+        worker.generate_sequences(prompts, validate=False, do_sample=True)
 
     megarl(); standalone()  # warm-up
     rollout: dict[str, list[float]] = {"standalone_vllm": [], "megarl_generate_sequences": []}

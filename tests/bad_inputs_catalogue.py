@@ -323,6 +323,11 @@ CASES: tuple[Case, ...] = (
          ("the KL to the reference would be applied twice", "use one")),
     Case("gae_without_critic", ("algorithm.adv_estimator=gae", "critic.enable=false"), "critic.enable", ("needs the critic's values",)),
     Case("reward_model_enabled", ("reward_model.enable=true",), "reward.reward_model.enable", ("not implemented in megarl yet",)),
-    Case("multi_turn_unimplemented", (f"{R}.multi_turn.enable=true",), f"{R}.multi_turn.enable", ("not implemented in megarl yet",)),
+    Case("multi_turn_in_sync_mode", (f"{R}.multi_turn.enable=true", f"{R}.mode=sync"), f"{R}.multi_turn.enable",
+         ("rollout.mode=async",)),
+    Case("tool_config_missing", (f"{R}.multi_turn.tool_config_path=/no/such/tools.yaml",), f"{R}.multi_turn.tool_config_path",
+         ("file does not exist",)),
+    Case("function_tools_unimplemented", (f"{R}.multi_turn.function_tool_path=tools.py",), f"{R}.multi_turn.function_tool_path",
+         ("not implemented in megarl's agent loop",)),
     Case("inert_verl_key_changed", ("data.return_raw_input_ids=true",), "data.return_raw_input_ids", ("not supported", "remove the override")),
 )

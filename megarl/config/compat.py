@@ -21,7 +21,7 @@ from typing import Literal
 Kind = Literal["refuse", "ignore"]
 
 _RM = "learned reward models are not implemented in megarl yet"
-_MULTI_TURN = "multi-turn / tool / agent-loop rollouts are not implemented in megarl yet"
+_MULTI_TURN = "not implemented in megarl's agent loop (megarl.agent)"
 _LORA = "LoRA is not implemented in megarl yet (full-parameter training only)"
 _PROFILER = "megarl has no profiler integration; run under nsys / torch.profiler yourself"
 _MM = "multimodal data is not supported by megarl"
@@ -69,7 +69,9 @@ RULES: tuple[CompatRule, ...] = tuple(
              "actor_rollout_ref.rollout.scheduling_policy", "actor_rollout_ref.rollout.moe_load_balance_metrics_interval",
              "actor_rollout_ref.rollout.n_gpus_per_node", "actor_rollout_ref.rollout.qat",
              "actor_rollout_ref.rollout.engine_kwargs.sglang",
-             "actor_rollout_ref.rollout.engine_kwargs.trtllm", "actor_rollout_ref.rollout.agent.num_workers")
+             "actor_rollout_ref.rollout.engine_kwargs.trtllm")
+    + _rules("ignore", "megarl runs each replica's samples as coroutines of one event loop in the rollout worker "
+             "(no agent-loop worker processes to count)", "actor_rollout_ref.rollout.agent.num_workers")
     + _rules("ignore", "the reference model has no optimizer",
              "actor_rollout_ref.ref.megatron.use_distributed_optimizer", "actor_rollout_ref.ref.megatron.optimizer_offload",
              "actor_rollout_ref.ref.megatron.forward_only", "actor_rollout_ref.ref.rollout_n")
@@ -85,9 +87,16 @@ RULES: tuple[CompatRule, ...] = tuple(
              "*.model.lora_rank", "*.model.lora_alpha", "*.model.target_modules", "*.model.exclude_modules",
              "*.model.lora_adapter_path", "*.model.lora.*")
     + _rules("refuse", _MULTI_TURN,
-             "actor_rollout_ref.rollout.multi_turn.*", "actor_rollout_ref.rollout.agent.*",
-             "data.tool_config_path", "data.function_tool_path", "actor_rollout_ref.rollout.trace.*",
+             "actor_rollout_ref.rollout.multi_turn.function_tool_path", "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts",
+             "actor_rollout_ref.rollout.agent.custom_async_server.*", "actor_rollout_ref.rollout.trace.*",
              "actor_rollout_ref.rollout.router_config_path")
+    + _rules("refuse", "megarl's tool agent appends the model's own tokens and the chat template's rendering of each tool "
+             "turn (it never re-tokenizes the conversation, so there is nothing to sanity-check or re-template)",
+             "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template",
+             "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode")
+    + _rules("refuse", "the driver renders prompts without tool schemas: describe the tools in the prompt "
+             "(rollout.multi_turn.tool_config_path gives the tools to the agent loop)",
+             "data.tool_config_path", "data.function_tool_path")
     + _rules("refuse", _RM,
              "reward.reward_model.*", "reward_model.enable_resource_pool", "reward_model.n_gpus_per_node",
              "reward_model.nnodes", "reward_model.num_workers", "reward_model.model.*", "reward_model.rollout.*",

@@ -55,6 +55,13 @@ def rollout_rs_options() -> tuple[str, ...]:
     return _registry("ROLLOUT_RS_OPTIONS")
 
 
+def tool_parsers() -> tuple[str, ...]:
+    """rollout.multi_turn.format: the tool-call parsers registered in megarl.agent.tool_parser."""
+    from megarl.agent.tool_parser import TOOL_PARSERS
+
+    return tuple(TOOL_PARSERS)
+
+
 def rollout_corr_loss_types() -> tuple[str, ...]:
     return _registry("ROLLOUT_CORR_LOSS_TYPES")
 
@@ -69,6 +76,7 @@ WD_INCR_STYLES = ("constant", "linear", "cosine")
 GRAD_DTYPES = ("fp32", "bf16")
 OPTIM_STATE_DTYPES = ("fp32", "bf16", "fp16", "fp8")
 ROLLOUT_MODES = ("async", "sync")
+TRUNCATE_SIDES = ("left", "middle", "right")  # rollout.multi_turn.tool_response_truncate_side
 REWARD_MANAGERS = ("naive", "batch", "prime", "dapo")
 LOGGERS = ("console", "tensorboard", "wandb", "mlflow", "swanlab", "file")
 # trainer.logger values backed by an optional package; each imports as, and pip-installs by, its name.

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from megarl.config import names
-from megarl.config.names import DTYPES, LOAD_FORMATS, ROLLOUT_MODES
+from megarl.config.names import DTYPES, LOAD_FORMATS, ROLLOUT_MODES, TRUNCATE_SIDES
 from megarl.config.schema_megatron import (
     CheckpointConfig,
     MegatronInferConfig,
@@ -108,6 +108,30 @@ class WeightSyncConfig(Section):
 
 
 @dataclass
+class MultiTurnConfig(Section):
+    """`actor_rollout_ref.rollout.multi_turn`: the tool agent loop (rollout.mode=async)."""
+
+    enable: bool = spec()
+    max_assistant_turns: int | None = spec(ge=1)
+    max_user_turns: int | None = spec(ge=1)
+    max_parallel_calls: int = spec(ge=1)
+    max_tool_response_length: int = spec(ge=1)
+    tool_response_truncate_side: str = spec(choices=TRUNCATE_SIDES)
+    tool_config_path: str | None = spec(path=True)
+    tool_timeout_s: float = spec(gt=0)
+    interaction_config_path: str | None = spec(path=True)
+    format: str = spec(choices=names.tool_parsers)
+
+
+@dataclass
+class AgentConfig(Section):
+    """`actor_rollout_ref.rollout.agent`: which agent loop runs each sample (rollout.mode=async)."""
+
+    default_agent_loop: str = spec()
+    agent_loop_config_path: str | None = spec(path=True)
+
+
+@dataclass
 class RolloutConfig(Section):
     name: Literal["vllm"] = spec(note="megarl generates with vLLM only (no sglang/hf rollout)")
     mode: str = spec(choices=ROLLOUT_MODES)
@@ -139,6 +163,8 @@ class RolloutConfig(Section):
     val_kwargs: ValKwargs = spec()
     checkpoint_engine: CheckpointEngineConfig = spec()
     weight_sync: WeightSyncConfig = spec()
+    multi_turn: MultiTurnConfig = spec()
+    agent: AgentConfig = spec()
 
 
 @dataclass

@@ -7,7 +7,8 @@ from collections.abc import Callable, Iterable, Iterator
 from omegaconf import DictConfig
 
 from megarl.config import (
-    rules_algo, rules_batch, rules_compat, rules_engines, rules_model, rules_optim, rules_parallel, rules_trainer,
+    rules_agent, rules_algo, rules_batch, rules_compat, rules_engines, rules_model, rules_optim, rules_parallel,
+    rules_trainer,
 )
 from megarl.config.errors import ConfigError, Issue
 from megarl.config.schema import MegaRLConfig
@@ -23,6 +24,7 @@ RULES: tuple[Rule, ...] = (
     *rules_trainer.RULES,
     *rules_compat.RULES,
     *rules_engines.RULES,
+    *rules_agent.RULES,
     rules_model.run,
 )
 

@@ -56,21 +56,26 @@ def _ground_truth(row_reward_model: Any) -> Any:
 
 
 def decode_responses(data: DataProto, tokenizer: Any) -> list[str]:
-    """Decoded valid response tokens of every row (special tokens skipped)."""
+    """Decoded response tokens of every row (special tokens skipped): the whole trajectory, tool
+    observations included (the response part of ``attention_mask``; ``response_mask`` without it)."""
     responses = data.batch["responses"]
-    lengths = data.batch["response_mask"].sum(-1).long().tolist()
+    if "attention_mask" in data.batch.keys():
+        lengths = data.batch["attention_mask"][:, -responses.shape[1]:].sum(-1).long().tolist()
+    else:
+        lengths = data.batch["response_mask"].sum(-1).long().tolist()
     return [tokenizer.decode(responses[i, :n].tolist(), skip_special_tokens=True) for i, n in enumerate(lengths)]
 
 
 def place_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """``[B]`` scores -> ``[B, R]`` with each score on its row's last valid token.
+    """``[B]`` scores -> ``[B, R]`` with each score on its row's last model token (the last 1 of
+    ``response_mask``: multi-turn rows have observation holes).
 
     A row without response tokens gets its score at position 0 (so the signal is not lost).
     """
-    lengths = response_mask.sum(-1).long()
+    positions = torch.arange(1, response_mask.shape[1] + 1, device=response_mask.device)
+    last = ((response_mask > 0).long() * positions).argmax(-1)
     out = torch.zeros(response_mask.shape, dtype=torch.float32)
-    rows = torch.arange(len(lengths))
-    out[rows, (lengths - 1).clamp(min=0)] = scores.to(torch.float32)
+    out[torch.arange(len(last)), last] = scores.to(torch.float32)
     return out
 
 

@@ -241,9 +241,9 @@ class RayPPOTrainer:
     # ------------------------------------------------------------------ one step
     def _generate(self, prompts: DataProto, timings: dict[str, float], metrics: dict[str, float]) -> DataProto:
         prompts.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
-        prompts.meta_info.update(global_step=self.global_step, validate=False)
+        prompts.meta_info.update(global_step=self.global_step)
         with self._phase("gen", timings):
-            batch = self.actor.call_rollout("generate_sequences", prompts)
+            batch = self.actor.call_rollout("generate_sequences", prompts, validate=False, do_sample=True)
         gen_metrics = batch.meta_info.pop("metrics", [])
         gen_metrics = _mean_dicts(gen_metrics if isinstance(gen_metrics, list) else [gen_metrics])
         if "timing/generate_s" in gen_metrics:
@@ -262,8 +262,8 @@ class RayPPOTrainer:
         Returns: ``reward_baselines`` ``[len(batch)]`` float32.
         """
         greedy = DataProto(batch=prompts.batch, non_tensor_batch=dict(prompts.non_tensor_batch),
-                           meta_info={**prompts.meta_info, "do_sample": False})
-        out = self.actor.call_rollout("generate_sequences", greedy)
+                           meta_info=dict(prompts.meta_info))
+        out = self.actor.call_rollout("generate_sequences", greedy, validate=False, do_sample=False)
         out.meta_info.pop("metrics", None)
         scores, _ = self._reward(out)
         by_uid = dict(zip(out.non_tensor_batch["uid"].tolist(), scores.sum(-1).tolist()))
@@ -446,8 +446,8 @@ class RayPPOTrainer:
         timeouts = 0
         for prompts in self.val_loader:
             prompts.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
-            prompts.meta_info.update(validate=True, do_sample=bool(vk.do_sample), global_step=self.global_step)
-            out = self.actor.call_rollout("generate_sequences", prompts)
+            prompts.meta_info.update(global_step=self.global_step)
+            out = self.actor.call_rollout("generate_sequences", prompts, validate=True, do_sample=bool(vk.do_sample))
             out.meta_info.pop("metrics", None)
             token_scores, extra = self.reward_fn(out)
             timeouts += int(sum(extra["timeout"]))

@@ -222,15 +222,16 @@ class WorkerGroup:
             return gather(outputs, collect, pad_size)
         return [outputs[r] for r in collect]
 
-    def call_rollout(self, method: str, prompts: DataProto) -> DataProto:
-        """Rollout-replica dispatch (``rollout_layout``): chunk ``r`` to every rank of replica
-        ``r``; the replica heads' outputs."""
-        inputs, outputs, collect, pad_size = self._call_chunks(method, prompts, self.rollout_layout, "rollout_layout", True)
+    def call_rollout(self, method: str, prompts: DataProto, **kwargs: Any) -> DataProto:
+        """Rollout-replica dispatch (``rollout_layout``): chunk ``r`` (and ``kwargs``) to every rank of
+        replica ``r``; the replica heads' outputs."""
+        inputs, outputs, collect, pad_size = self._call_chunks(method, prompts, self.rollout_layout, "rollout_layout", True,
+                                                               **kwargs)
         rows_per_prompt = len(outputs[collect[0]]) // max(1, len(inputs[collect[0]]))
         return gather(outputs, collect, pad_size * rows_per_prompt)
 
     def _call_chunks(
-        self, method: str, data: DataProto, layout: ParallelLayout | None, name: str, pad: bool
+        self, method: str, data: DataProto, layout: ParallelLayout | None, name: str, pad: bool, **kwargs: Any
     ) -> tuple[list[DataProto], list[Any], list[int], int]:
         """``method`` on every rank with chunk ``layout.coordinates(rank).dp`` of ``data``:
         (per-rank inputs, per-rank outputs, collecting ranks in chunk order, padded rows)."""
@@ -242,7 +243,7 @@ class WorkerGroup:
         # it), and only the collecting ranks send their output back.
         shared = {id(x): ray.put(x) for x in inputs}
         keep = set(collect)
-        outputs = self._get([h.call.remote(method, shared[id(x)], _keep_result=rank in keep)
+        outputs = self._get([h.call.remote(method, shared[id(x)], _keep_result=rank in keep, **kwargs)
                              for rank, (h, x) in enumerate(zip(self.hosts, inputs))], method)
         return inputs, outputs, collect, pad_size
 

@@ -163,15 +163,15 @@ class ActorRolloutRefWorker:
         self._synced_version = self._weights_version
         return {**stats.as_metrics(), "weight_sync/direct": float(self.direct is not None), "timing_s/vllm_wake": wake_s}
 
-    def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """This replica's share of prompts -> ``B * n`` rows (see RolloutWorker), after
-        syncing weights if they changed. meta_info["metrics"] gets the sync metrics and
-        ``timing/generate_s``."""
+    def generate_sequences(self, prompts: DataProto, *, validate: bool, do_sample: bool) -> DataProto:
+        """This replica's share of prompts -> ``B * n`` rows (see RolloutWorker.generate_sequences,
+        which takes ``validate`` / ``do_sample``), after syncing weights if they changed.
+        meta_info["metrics"] gets the sync metrics and ``timing/generate_s``."""
         metrics: dict[str, float] = {}
         if self._synced_version != self._weights_version:
             metrics.update(self.sync_weights())
         start = time.perf_counter()
-        out = self.rollout.generate_sequences(prompts)
+        out = self.rollout.generate_sequences(prompts, validate=validate, do_sample=do_sample)
         metrics["timing/generate_s"] = time.perf_counter() - start
         metrics.update(gpu_memory("rollout"))
         if self.rollout.sleep_freed_bytes is not None:

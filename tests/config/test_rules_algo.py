@@ -159,7 +159,7 @@ def test_rollout_is_threshold_takes_a_number_or_lower_upper(make):
 
 def test_unimplemented_features_refused_up_front(make, tmp_path):
     issue_for(make({"reward.reward_model.enable": True}), "reward.reward_model.enable", "not implemented")
-    issue_for(make({f"{R}.multi_turn.enable": True}), f"{R}.multi_turn.enable", "not implemented")
+    issue_for(make({f"{R}.multi_turn.function_tool_path": "tools.py"}), f"{R}.multi_turn.function_tool_path", "not implemented")
 
 
 def test_optimal_token_baseline_needs_sum_pi_squared(make):

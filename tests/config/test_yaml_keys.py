@@ -51,8 +51,8 @@ def test_every_compat_rule_matches_a_yaml_key():
 
 @pytest.mark.parametrize("key, value", [
     ("actor_rollout_ref.model.lora_rank", 8),
-    ("actor_rollout_ref.rollout.multi_turn.enable", True),
-    ("actor_rollout_ref.rollout.multi_turn.max_user_turns", 3),
+    ("actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode", "disable"),
+    ("actor_rollout_ref.rollout.agent.custom_async_server.path", "server.py"),
     ("global_profiler.tool", "nsys"),
     ("actor_rollout_ref.actor.megatron.router_replay.mode", "R2"),
     ("data.return_raw_input_ids", True),

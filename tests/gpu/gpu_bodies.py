@@ -125,7 +125,7 @@ def direct_sync_into_vllm(hf_dir: str, actor_tp: int) -> dict:
     ids = torch.tensor([[0, 0, 0, 5, 6, 7, 8, 9]])
     mask = (ids > 0).long()
     prompts = DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)},
-                                  {"uid": ["0"]}, meta_info={"do_sample": False})
+                                  {"uid": ["0"]})
 
     def vllm_params():
         worker.rollout.wake_up()  # generate_sequences ends with vLLM asleep (weights off the device)
@@ -140,11 +140,11 @@ def direct_sync_into_vllm(hf_dir: str, actor_tp: int) -> dict:
             checkpoint.update(load_file(os.path.join(hf_dir, f)))
     perturb_(worker.actor.engine.unwrapped_chunks(), 1.02, -0.002)
     worker._weights_version += 1
-    greedy_direct = worker.generate_sequences(prompts).batch["responses"]
+    greedy_direct = worker.generate_sequences(prompts, validate=False, do_sample=False).batch["responses"]
     after_direct = vllm_params()
     worker.direct = None
     worker._weights_version += 1
-    greedy_reload = worker.generate_sequences(prompts).batch["responses"]
+    greedy_reload = worker.generate_sequences(prompts, validate=False, do_sample=False).batch["responses"]
     after_reload = vllm_params()
     worker.shutdown()
     return {"direct": direct, "metrics": metrics, "loaded": loaded, "checkpoint": checkpoint,

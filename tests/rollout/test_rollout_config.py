@@ -52,14 +52,14 @@ def test_sampling_params_train_greedy_and_validation(hf_dir):
     worker = _worker(hf_dir, **{"rollout.n": 4, "rollout.temperature": 0.6, "rollout.top_k": 5,
                                 "rollout.top_p": 0.9, "rollout.val_kwargs.temperature": 0.3,
                                 "rollout.val_kwargs.do_sample": True, "rollout.val_kwargs.n": 2})
-    train = worker.sampling_params({})
+    train = worker.sampling_params(validate=False, do_sample=True)
     assert (train.n, train.temperature, train.top_k, train.top_p, train.max_tokens) == (4, 0.6, 5, 0.9, 6)
     assert train.stop_token_ids == [7] and train.logprobs == 0
-    greedy = worker.sampling_params({"do_sample": False})
+    greedy = worker.sampling_params(validate=False, do_sample=False)
     assert greedy.temperature == 0.0 and greedy.n == 1
-    val = worker.sampling_params({"validate": True})
+    val = worker.sampling_params(validate=True, do_sample=True)
     assert (val.n, val.temperature, val.top_k) == (2, 0.3, 0)  # val top_k -1 -> vLLM's 0 (off)
-    ignore = _worker(hf_dir, **{"rollout.ignore_eos": True}).sampling_params({})
+    ignore = _worker(hf_dir, **{"rollout.ignore_eos": True}).sampling_params(validate=False, do_sample=True)
     assert ignore.ignore_eos and ignore.stop_token_ids == []
 
 

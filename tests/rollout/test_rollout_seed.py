@@ -40,7 +40,7 @@ def _two_calls(hf_dir, seed: int) -> list[torch.Tensor]:
     })
     worker = RolloutWorker(cfg, str(hf_dir))
     try:
-        return [worker.generate_sequences(_prompts()).batch["responses"] for _ in range(2)]
+        return [worker.generate_sequences(_prompts(), validate=False, do_sample=True).batch["responses"] for _ in range(2)]
     finally:
         worker.shutdown()
 

@@ -74,7 +74,7 @@ ROWS = [[5, 6, 7], [11, 12, 13, 14, 15], [40, 41, 42, 43, 44, 45, 46, 47]]
 
 def test_sampled_output_layout(worker):
     prompts = _left_padded(ROWS)
-    out = worker.generate_sequences(prompts)
+    out = worker.generate_sequences(prompts, validate=False, do_sample=True)
     B, n = len(ROWS), 2
     assert len(out) == B * n
     assert out.batch["prompts"].shape == (B * n, P)
@@ -103,7 +103,7 @@ def test_sampled_output_layout(worker):
 
 def test_rollout_log_probs_match_hf_forward_at_temperature(worker, hf_dir):
     """vLLM's processed log-probs == log_softmax(HF logits / T) on the sampled tokens."""
-    out = worker.generate_sequences(_left_padded(ROWS))
+    out = worker.generate_sequences(_left_padded(ROWS), validate=False, do_sample=True)
     model = _hf_model(hf_dir)
     ids, mask = out.batch["input_ids"], out.batch["attention_mask"]
     with torch.no_grad():
@@ -117,8 +117,7 @@ def test_rollout_log_probs_match_hf_forward_at_temperature(worker, hf_dir):
 
 def test_greedy_matches_hf_generate_and_stops_at_eos(worker, hf_dir):
     prompts = _left_padded(ROWS)
-    prompts.meta_info["do_sample"] = False
-    out = worker.generate_sequences(prompts)
+    out = worker.generate_sequences(prompts, validate=False, do_sample=False)
     assert len(out) == len(ROWS)  # greedy: n forced to 1
     model = _hf_model(hf_dir)
     eos = worker.eos_token_ids[0]
@@ -137,20 +136,18 @@ def test_greedy_matches_hf_generate_and_stops_at_eos(worker, hf_dir):
 
 def test_validation_uses_val_kwargs(worker):
     prompts = _left_padded(ROWS[:2])
-    prompts.meta_info["validate"] = True
-    out = worker.generate_sequences(prompts)  # val_kwargs: greedy, n=1
-    assert len(out) == 2 and out.meta_info["do_sample"] is False
-    again = worker.generate_sequences(prompts)
+    out = worker.generate_sequences(prompts, validate=True, do_sample=True)  # val_kwargs: greedy, n=1
+    assert len(out) == 2 and out.meta_info["do_sample"] is False and out.meta_info["validate"] is True
+    again = worker.generate_sequences(prompts, validate=True, do_sample=True)
     assert torch.equal(out.batch["responses"], again.batch["responses"])
 
 
 def test_sleep_wake_keeps_weights(worker):
     prompts = _left_padded(ROWS[:1])
-    prompts.meta_info["do_sample"] = False
-    before = worker.generate_sequences(prompts).batch["responses"]
+    before = worker.generate_sequences(prompts, validate=False, do_sample=False).batch["responses"]
     worker.sleep()
     worker.wake_up()
-    after = worker.generate_sequences(prompts).batch["responses"]
+    after = worker.generate_sequences(prompts, validate=False, do_sample=False).batch["responses"]
     assert torch.equal(before, after)
 
 
@@ -158,4 +155,4 @@ def test_empty_prompt_row_is_rejected(worker):
     prompts = _left_padded([[1, 2]])
     prompts.batch["attention_mask"][0] = 0
     with pytest.raises(ValueError, match="prompt row 0 has no tokens"):
-        worker.generate_sequences(prompts)
+        worker.generate_sequences(prompts, validate=False, do_sample=True)

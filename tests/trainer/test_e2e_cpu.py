@@ -90,8 +90,31 @@ def test_unimplemented_features_are_config_errors(demo_dir, tmp_path):
     """Validation (run by demo_config, as by main_ppo) refuses it before any trainer exists."""
     from megarl.config import ConfigError
 
-    with pytest.raises(ConfigError, match="multi_turn.enable"):
-        demo_config(demo_dir, tmp_path, ["actor_rollout_ref.rollout.multi_turn.enable=true"])
+    with pytest.raises(ConfigError, match="multi_turn.function_tool_path"):
+        demo_config(demo_dir, tmp_path, ["actor_rollout_ref.rollout.multi_turn.function_tool_path=tools.py"])
+
+
+def test_grpo_tool_agent_with_calculator_sync_mode_and_verl_agent_keys(demo_dir, tmp_path):
+    """rollout.mode=async with verl's multi-turn keys through the controller: every sample runs the
+    tool agent with the calculator tool (the demo model answers without calling it: one model turn
+    each); then the same step with rollout.mode=sync (one batched generate)."""
+    from pathlib import Path
+
+    tools = Path(__file__).resolve().parents[2] / "configs" / "tools" / "calculator.yaml"
+    cfg = demo_config(demo_dir, tmp_path / "tool", [
+        "trainer.total_training_steps=1", "trainer.test_freq=-1", "actor_rollout_ref.rollout.mode=async",
+        "actor_rollout_ref.rollout.multi_turn.enable=true", f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}",
+        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2", "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
+    ])
+    _run(cfg)
+    m = read_metrics(tmp_path / "tool")[1]
+    assert m["agent/num_turns/mean"] == 2.0 and m["agent/tool_calls"] == 0.0 and m["agent/malformed_tool_calls"] == 0.0
+    assert m["rollout/log_prob_gap_max"] < 1e-4 and "actor/pg_loss" in m
+    cfg = demo_config(demo_dir, tmp_path / "sync", ["trainer.total_training_steps=1", "trainer.test_freq=-1",
+                                                    "actor_rollout_ref.rollout.mode=sync"])
+    _run(cfg)
+    m = read_metrics(tmp_path / "sync")[1]
+    assert "agent/num_turns/mean" not in m and m["rollout/log_prob_gap_max"] < 1e-4 and "actor/pg_loss" in m
 
 
 def test_grpo_async_reward_and_dapo_filter_groups(demo_dir, tmp_path):
@@ -133,7 +156,6 @@ NOT_EXERCISED_HERE = {
     **_keys("fixed by a Literal type (the one value megarl runs); validated only", f"{A}.strategy",
             "actor_rollout_ref.ref.strategy", "critic.strategy", "actor_rollout_ref.hybrid_engine", f"{R}.name",
             "model_engine"),
-    **_keys("validated (async | sync): both drive the same batched vLLM engine until the agent loop exists", f"{R}.mode"),
     **_keys("read through its interpolation into rollout.weight_sync.bucket_size_mb",
             f"{R}.checkpoint_engine.update_weights_bucket_megabytes"),
     **_keys("verl's legacy keys: moved to reward.* at load (megarl.config.legacy; tests/config/test_rules_algo.py)",

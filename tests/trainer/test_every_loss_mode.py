@@ -181,8 +181,8 @@ def _greedy_scores(trainer, prompts) -> dict[str, float]:
     from megarl.protocol import DataProto
 
     greedy = DataProto(batch=prompts.batch.clone(), non_tensor_batch=dict(prompts.non_tensor_batch),
-                       meta_info={**prompts.meta_info, "do_sample": False, "validate": False})
-    out = trainer.actor.call_rollout("generate_sequences", greedy)
+                       meta_info=dict(prompts.meta_info))
+    out = trainer.actor.call_rollout("generate_sequences", greedy, validate=False, do_sample=False)
     out.meta_info.pop("metrics", None)
     assert len(out) == len(prompts)
     scores = trainer.reward_fn(out)[0].sum(-1).tolist()

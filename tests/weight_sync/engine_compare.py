@@ -49,6 +49,6 @@ def greedy(worker) -> tuple[torch.Tensor, torch.Tensor]:
         mask[i, P - len(row):] = 1
     data = DataProto.from_dict({"input_ids": ids, "attention_mask": mask,
                                 "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)},
-                               meta_info={"do_sample": False})
-    out = worker.generate_sequences(data)
+                               )
+    out = worker.generate_sequences(data, validate=False, do_sample=False)
     return out.batch["responses"], out.batch["rollout_log_probs"]

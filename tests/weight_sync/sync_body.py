@@ -101,7 +101,7 @@ def hybrid_generate_and_score(hf_dir: str, overrides: dict, prompt_rows: list[li
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     prompts = DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": pos},
                                   {"uid": [str(i) for i in range(len(prompt_rows))]})
-    local = worker.generate_sequences(prompts)
+    local = worker.generate_sequences(prompts, validate=False, do_sample=True)
     sync_metrics = dict(local.meta_info["metrics"])
     # The trainer's job: collect the replicas' outputs (first rank of each replica),
     # concatenate in replica order and re-dispatch by Megatron DP rank (DP = 1 here:
@@ -115,8 +115,7 @@ def hybrid_generate_and_score(hf_dir: str, overrides: dict, prompt_rows: list[li
     sampled = DataProto.concat([part for collect, part in parts if collect])
     scored = worker.compute_log_prob(sampled)
     ref = worker.compute_ref_log_prob(sampled)
-    prompts.meta_info["do_sample"] = False
-    greedy = worker.generate_sequences(prompts)
+    greedy = worker.generate_sequences(prompts, validate=False, do_sample=False)
     worker.shutdown()
     return {
         "sampled": {k: v.clone() for k, v in sampled.batch.items()},

@@ -1,0 +1,137 @@
+"""The agent-loop contract (verl's ``AgentLoopBase`` / ``register`` / ``agent_loop_config_path``).
+
+An agent loop turns ONE sample (a prompt, its non-tensor columns) into one trajectory: it
+awaits ``ctx.engine.generate(token_ids, params)`` as many times as it wants, appends
+observation tokens (tool results, environment turns) in between, and returns an
+:class:`AgentLoopOutput`. The rollout worker runs one loop per sample (``rollout.n`` per
+prompt), all concurrently on one event loop (:mod:`megarl.workers.async_engine`).
+
+Which loop runs a sample: its ``agent_name`` column, else
+``rollout.agent.default_agent_loop``. Names: the built-ins (``single_turn_agent``,
+``tool_agent``) and those of ``rollout.agent.agent_loop_config_path``, verl's YAML list::
+
+    - name: my_agent
+      _target_: my_package.my_module.MyAgentLoop
+
+A class is built once per rollout worker, on first use, as ``cls(ctx)``; ``self.ctx`` is replaced
+by each batch's context (its sampling params) before the batch's ``run`` calls, one per sample,
+which run concurrently on the same instance (keep per-sample state in ``run``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+from omegaconf import OmegaConf
+
+if TYPE_CHECKING:
+    from megarl.config.schema_actor import RolloutConfig
+    from megarl.workers.async_engine import AsyncEngine
+
+AGENT_LOOPS: dict[str, str] = {}  # agent name -> "module.Class"
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # megarl/
+
+
+def resolve_file(path: str) -> str:
+    """``path`` as given (``~`` expanded) when it exists, else relative to the megarl package (as
+    verl resolves its config paths against its package), so ``configs/tools/calculator.yaml`` works
+    from any working directory and in an installed wheel. Unchanged when neither exists (the caller
+    reports it)."""
+    path = os.path.expanduser(path)
+    if os.path.exists(path) or os.path.isabs(path):
+        return path
+    in_package = os.path.join(PACKAGE_DIR, path)
+    return in_package if os.path.exists(in_package) else path
+
+
+def register(name: str) -> Callable[[type], type]:
+    """Class decorator: make an :class:`AgentLoopBase` subclass available as ``agent_name=name``."""
+
+    def deco(cls: type) -> type:
+        AGENT_LOOPS[name] = f"{cls.__module__}.{cls.__qualname__}"
+        return cls
+
+    return deco
+
+
+@dataclass
+class AgentContext:
+    """What every agent loop of a rollout worker shares.
+
+    ``sampling_params``: vLLM ``SamplingParams`` of this batch with ``n=1`` (one request per
+    model turn; ``max_tokens`` is reset per turn by multi-turn loops). ``tokenizer``: the
+    model's HF tokenizer (None when the model dir has none). ``eos_token_ids``: stop ids.
+    """
+
+    engine: AsyncEngine
+    rollout: RolloutConfig
+    tokenizer: Any
+    sampling_params: Any
+    pad_token_id: int
+    eos_token_ids: list[int]
+
+
+@dataclass
+class AgentLoopOutput:
+    """One trajectory. ``response_ids``: every token after the prompt, model turns and
+    observations in the order the engine saw them; ``response_mask``: 1 for model tokens,
+    0 for observation tokens; ``response_logprobs``: the engine's log-prob of each model
+    token, 0.0 for observation tokens (same length as ``response_ids``). ``num_turns``:
+    user + assistant + tool turns (verl's count); ``metrics``: per-sample numbers averaged
+    into ``agent/*``; ``extra``: non-tensor columns added to the sample (e.g. ``tool_rewards``)."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_mask: list[int]
+    response_logprobs: list[float]
+    num_turns: int
+    metrics: dict[str, float] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class AgentLoopBase(ABC):
+    """Base of agent loops; ``ctx`` is shared by all samples of the worker."""
+
+    def __init__(self, ctx: AgentContext) -> None:
+        self.ctx = ctx
+
+    @abstractmethod
+    async def run(self, prompt_ids: list[int], sample: dict[str, Any]) -> AgentLoopOutput:
+        """One trajectory from the prompt's token ids and the sample's non-tensor columns
+        (``extra_info``, ``raw_prompt``, ...)."""
+
+
+def import_class(target: str, what: str) -> type:
+    module_name, _, class_name = target.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ValueError(f"{what}: cannot import {target!r} ({type(exc).__name__}: {exc})") from None
+
+
+def load_agent_loop_config(path: str | None) -> dict[str, type]:
+    """Agent name -> class: the built-ins plus those of verl's agent-loop YAML at ``path``."""
+    import megarl.agent.single_turn  # noqa: F401  (registers the built-ins)
+    import megarl.agent.tool_agent  # noqa: F401
+
+    targets = dict(AGENT_LOOPS)
+    key = "actor_rollout_ref.rollout.agent.agent_loop_config_path"
+    if path:
+        entries = OmegaConf.to_container(OmegaConf.load(resolve_file(path)), resolve=True)
+        if not isinstance(entries, list):
+            raise ValueError(f"{key}={path}: expected a YAML list of {{name, _target_}}, got {type(entries).__name__}")
+        for i, entry in enumerate(entries):
+            if not isinstance(entry, dict) or not {"name", "_target_"} <= set(entry):
+                raise ValueError(f"{key}={path}: entry {i} needs 'name' and '_target_' (module.Class), got {entry!r}")
+            targets[str(entry["name"])] = str(entry["_target_"])
+    classes = {}
+    for name, target in targets.items():
+        cls = import_class(target, f"{key}: agent loop {name!r}")
+        if not (isinstance(cls, type) and issubclass(cls, AgentLoopBase)):
+            raise ValueError(f"{key}: agent loop {name!r} ({target}) is not a megarl.agent.AgentLoopBase subclass")
+        classes[name] = cls
+    return classes

