@@ -24,7 +24,25 @@ TINY = {
             mlp_only_layers=[],
         ),
     ),
+    # Dense first layer, load-balancing loss on (output_router_logits), renormalised top-k.
+    "qwen3_moe_dense0": (
+        "Qwen3MoeConfig",
+        dict(tie_word_embeddings=False, head_dim=16, num_experts=4, num_experts_per_tok=2,
+             moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[0],
+             output_router_logits=True, router_aux_loss_coef=0.05),
+    ),
+    # Shared expert with its sigmoid gate, dense first layer, top-k weights not renormalised.
+    "qwen2_moe": (
+        "Qwen2MoeConfig",
+        dict(tie_word_embeddings=False, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+             shared_expert_intermediate_size=48, norm_topk_prob=False, mlp_only_layers=[0]),
+    ),
+    "mixtral": (
+        "MixtralConfig",
+        dict(tie_word_embeddings=False, num_local_experts=4, num_experts_per_tok=2, sliding_window=None),
+    ),
 }
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe_dense0")
 
 
 def make_tiny_hf(name: str, out_dir: str, *, vocab_size: int = 96, num_layers: int = 4, seed: int = 0) -> str:

@@ -34,14 +34,19 @@ class ArchTables:
     """Rules of one model, by where the parameter lives.
 
     ``first``: only on the first pipeline chunk; ``layer``: per decoder layer;
+    ``dense_mlp``: per dense-MLP layer; ``moe``: per MoE layer (router, shared expert);
     ``expert``: per expert of a MoE layer (split over EP, and ETP instead of TP);
-    ``last``: only on the last pipeline chunk.
+    ``last``: only on the last pipeline chunk. ``moe_pattern[i]`` is 1 where decoder
+    layer ``i`` is MoE, 0 where dense (empty: a dense model).
     """
 
     first: tuple[Rule, ...]
     layer: tuple[Rule, ...]
+    dense_mlp: tuple[Rule, ...]
+    moe: tuple[Rule, ...]
     expert: tuple[Rule, ...]
     last: tuple[Rule, ...]
+    moe_pattern: tuple[int, ...] = ()
     # Tied embeddings: the last chunk's copy of the embedding, when it is not also the
     # first chunk (PP > 1). Loaded from the embedding; never exported (same tensor).
     tied_output: Rule | None = None
@@ -75,16 +80,33 @@ _DENSE_MLP = (
     Rule(_M + "mlp.linear_fc1.weight", (_L + "mlp.gate_proj.weight", _L + "mlp.up_proj.weight"), "gate_up"),
     Rule(_M + "mlp.linear_fc2.weight", (_L + "mlp.down_proj.weight",), "split1"),
 )
-_ROUTER = (Rule(_M + "mlp.router.weight", (_L + "mlp.gate.weight",), "replicated"),)
-_E = _L + "mlp.experts.{expert}."
-_EXPERTS = (
-    Rule(
-        _M + "mlp.experts.local_experts.{expert}.linear_fc1.weight",
-        (_E + "gate_proj.weight", _E + "up_proj.weight"),
-        "gate_up",
-    ),
-    Rule(_M + "mlp.experts.local_experts.{expert}.linear_fc2.weight", (_E + "down_proj.weight",), "split1"),
+_X = _M + "mlp.experts.local_experts.{expert}."
+
+
+def _experts(prefix: str, gate: str, up: str, down: str) -> tuple[Rule, ...]:
+    """Per-expert rules; HF expert ``{expert}`` is under ``prefix`` with these projection names."""
+    return (
+        Rule(_X + "linear_fc1.weight", (prefix + gate + ".weight", prefix + up + ".weight"), "gate_up"),
+        Rule(_X + "linear_fc2.weight", (prefix + down + ".weight",), "split1"),
+    )
+
+
+_QWEN_ROUTER = (Rule(_M + "mlp.router.weight", (_L + "mlp.gate.weight",), "replicated"),)
+_QWEN_EXPERTS = _experts(_L + "mlp.experts.{expert}.", "gate_proj", "up_proj", "down_proj")
+_MIXTRAL_ROUTER = (Rule(_M + "mlp.router.weight", (_L + "block_sparse_moe.gate.weight",), "replicated"),)
+_MIXTRAL_EXPERTS = _experts(_L + "block_sparse_moe.experts.{expert}.", "w1", "w3", "w2")
+_S = _L + "mlp.shared_expert."
+_SHARED_EXPERT = (
+    Rule(_M + "mlp.shared_experts.linear_fc1.weight", (_S + "gate_proj.weight", _S + "up_proj.weight"), "gate_up"),
+    Rule(_M + "mlp.shared_experts.linear_fc2.weight", (_S + "down_proj.weight",), "split1"),
+    Rule(_M + "mlp.shared_experts.gate_weight", (_L + "mlp.shared_expert_gate.weight",), "replicated"),
 )
+# model_type -> (per-MoE-layer rules, per-expert rules)
+_MOE = {
+    "qwen3_moe": (_QWEN_ROUTER, _QWEN_EXPERTS),
+    "qwen2_moe": (_QWEN_ROUTER + _SHARED_EXPERT, _QWEN_EXPERTS),
+    "mixtral": (_MIXTRAL_ROUTER, _MIXTRAL_EXPERTS),
+}
 _EMBEDDING = (Rule("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), "vocab"),)
 _FINAL_NORM = Rule("decoder.final_layernorm.weight", ("model.norm.weight",), "replicated")
 _LM_HEAD = Rule("output_layer.weight", ("lm_head.weight",), "vocab")
@@ -102,24 +124,22 @@ TE_ALIASES = {
 
 
 def arch_tables(hf_config, *, value_head: bool = False) -> ArchTables:
-    """The rules for ``hf_config`` (llama, mistral, qwen2, qwen3, qwen3_moe).
+    """The rules for ``hf_config`` (``megarl.models.config.SUPPORTED_MODEL_TYPES``).
 
     Args:
         value_head: critic model: ``output_layer`` is the value head (``score.weight``)
             and never tied to the embedding.
     """
+    from megarl.models.config import _qkv_bias
+    from megarl.models.moe_config import moe_layer_pattern
+
     model_type = hf_config.model_type
     layer = list(_ATTENTION)
-    if model_type == "qwen2" or getattr(hf_config, "attention_bias", False):
+    if _qkv_bias(hf_config):
         layer += _QKV_BIAS
     if model_type in ("qwen3", "qwen3_moe"):
         layer += _QK_NORM
-    experts: tuple[Rule, ...] = ()
-    if model_type == "qwen3_moe":
-        layer += _ROUTER
-        experts = _EXPERTS
-    else:
-        layer += _DENSE_MLP
+    moe, experts = _MOE.get(model_type, ((), ()))
     last = [_FINAL_NORM]
     if value_head:
         last.append(_VALUE_HEAD)
@@ -129,7 +149,10 @@ def arch_tables(hf_config, *, value_head: bool = False) -> ArchTables:
     return ArchTables(
         first=_EMBEDDING,
         layer=tuple(layer),
+        dense_mlp=_DENSE_MLP,
+        moe=moe,
         expert=experts,
         last=tuple(last),
+        moe_pattern=tuple(moe_layer_pattern(hf_config)) if model_type in _MOE else (),
         tied_output=Rule("output_layer.weight", ("model.embed_tokens.weight",), "vocab") if tied else None,
     )
