@@ -114,6 +114,7 @@ MOE_FIELDS = {
     "qwen3_moe": ("num_experts_per_tok", "moe_intermediate_size"),
     "qwen2_moe": ("num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size"),
     "mixtral": ("num_experts_per_tok",),
+    "glm4_moe": ("num_experts_per_tok", "moe_intermediate_size", "n_shared_experts", "first_k_dense_replace"),
 }
 
 

@@ -3,7 +3,8 @@
 Supported ``model_type``: llama, mistral (no sliding window), qwen2 (QKV bias), qwen3
 (QK RMSNorm), and the MoE families of :mod:`megarl.models.moe_config`: mixtral, qwen2_moe
 (shared expert with gate), qwen3_moe (softmax top-k routers, dense first layers, load-balancing
-loss per the HF config). Not supported yet, refused with the reason: see
+loss per the HF config), glm4_moe (GLM-4.5: partial rotary embedding, sigmoid router with
+score-correction bias, shared experts). Not supported yet, refused with the reason: see
 :data:`NOT_YET_SUPPORTED`.
 """
 
@@ -30,7 +31,6 @@ SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", *MOE_MODEL_TYPES)
 NOT_YET_SUPPORTED = {
     "deepseek_v3": "multi-latent attention (MLA) and its grouped top-k sigmoid router are not in megarl's layer spec "
                    "and converters yet",
-    "glm4_moe": "partial rotary embedding and the sigmoid router with expert bias are not in megarl's converters yet",
     "gemma3": "sliding-window layers, sandwich norms and scaled embeddings are not in megarl's layer spec yet",
 }
 _DTYPE_FLAGS = {torch.float32: {}, torch.bfloat16: {"bf16": True}, torch.float16: {"fp16": True}}
@@ -62,6 +62,10 @@ def _rope_kwargs(hf_config) -> dict[str, Any]:
     rope_type = params.get("rope_type", params.get("type", "default"))
     theta = params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
     kwargs: dict[str, Any] = {"rotary_base": float(theta), "rope_scaling": False}
+    # GLM-4.5 rotates the first `partial_rotary_factor` of each head's dims (megatron: rotary_percent)
+    partial = float(params.get("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", 1.0)) or 1.0)
+    if partial != 1.0:
+        kwargs["rotary_percent"] = partial
     if rope_type == "default":
         return kwargs
     if rope_type == "llama3" and (
@@ -164,7 +168,7 @@ def hf_to_transformer_config(
         gated_linear_unit=True,
         add_bias_linear=False,
         add_qkv_bias=_qkv_bias(hf_config),
-        qk_layernorm=model_type in ("qwen3", "qwen3_moe"),
+        qk_layernorm=_qk_norm(hf_config),
         hidden_dropout=float(getattr(hf_config, "hidden_dropout", 0.0)),
         attention_dropout=float(getattr(hf_config, "attention_dropout", 0.0)),
         init_method_std=float(getattr(hf_config, "initializer_range", 0.02)),
@@ -192,6 +196,11 @@ def hf_to_transformer_config(
         kwargs.update(moe_transformer_kwargs(hf_config, grouped_gemm=grouped_gemm, on_cpu=on_cpu))
     kwargs.update(overrides)
     return TransformerConfig(**kwargs)
+
+
+def _qk_norm(hf_config) -> bool:
+    return hf_config.model_type in ("qwen3", "qwen3_moe") or (
+        hf_config.model_type == "glm4_moe" and bool(getattr(hf_config, "use_qk_norm", False)))
 
 
 def _qkv_bias(hf_config) -> bool:

@@ -41,8 +41,17 @@ TINY = {
         "MixtralConfig",
         dict(tie_word_embeddings=False, num_local_experts=4, num_experts_per_tok=2, sliding_window=None),
     ),
+    # GLM-4.5 shape: dense first layer, sigmoid router with score-correction bias and scaling,
+    # shared expert, QK norm, QKV bias, rotary on half of each head.
+    "glm4_moe": (
+        "Glm4MoeConfig",
+        dict(tie_word_embeddings=False, head_dim=16, n_routed_experts=4, num_experts_per_tok=2,
+             moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1,
+             norm_topk_prob=True, routed_scaling_factor=2.5, use_qk_norm=True, attention_bias=True,
+             num_nextn_predict_layers=0),
+    ),
 }
-MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe_dense0")
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe_dense0", "glm4_moe")
 
 
 def make_tiny_hf(name: str, out_dir: str, *, vocab_size: int = 96, num_layers: int = 4, seed: int = 0) -> str:
@@ -69,6 +78,9 @@ def make_tiny_hf(name: str, out_dir: str, *, vocab_size: int = 96, num_layers: i
                 param.uniform_(0.5, 1.5)
             elif pname.endswith(".bias"):
                 param.normal_(0, 0.1)
+        for bname, buf in model.named_buffers():  # GLM-4.5's router bias (a buffer)
+            if bname.endswith("e_score_correction_bias"):
+                buf.normal_(0, 0.1)
     model.save_pretrained(out_dir, safe_serialization=True)
     return out_dir
 

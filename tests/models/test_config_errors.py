@@ -43,6 +43,8 @@ def test_not_yet_supported_families_say_why_and_list_the_supported():
     (lambda: transformers.MixtralConfig(sliding_window=4096), "sliding_window"),
     (lambda: transformers.Qwen2MoeConfig(use_sliding_window=True), "use_sliding_window"),
     (lambda: transformers.Qwen3MoeConfig(num_hidden_layers=2, mlp_only_layers=[0, 1]), "no MoE layer"),
+    (lambda: transformers.Glm4MoeConfig(norm_topk_prob=False), "norm_topk_prob"),
+    (lambda: transformers.Glm4MoeConfig(n_group=4, topk_group=2, num_experts_per_tok=8), "topk_group"),
 ])
 def test_moe_features_megarl_cannot_honour_are_refused(config, match):
     with pytest.raises(ValueError, match=match):
@@ -75,3 +77,11 @@ def test_moe_fields_follow_the_hf_config():
     mixtral = moe_transformer_kwargs(transformers.MixtralConfig(intermediate_size=24), grouped_gemm=False, on_cpu=True)
     assert mixtral["moe_router_pre_softmax"] is False and mixtral["moe_layer_freq"] == 1
     assert mixtral["moe_ffn_hidden_size"] == 24
+    glm = moe_transformer_kwargs(transformers.Glm4MoeConfig(num_hidden_layers=3, first_k_dense_replace=2,
+                                                            n_group=4, topk_group=4, num_experts_per_tok=8,
+                                                            n_shared_experts=2, moe_intermediate_size=16),
+                                 grouped_gemm=False, on_cpu=True)
+    assert glm["moe_layer_freq"] == [0, 0, 1] and glm["moe_router_score_function"] == "sigmoid"
+    assert glm["moe_router_enable_expert_bias"] and glm["moe_router_bias_update_rate"] == 0.0
+    assert (glm["moe_router_num_groups"], glm["moe_router_group_topk"]) == (4, 4)
+    assert glm["moe_shared_expert_intermediate_size"] == 32

@@ -2,8 +2,9 @@
 for every megatron parameter mbridge maps, on the transformer-engine spelling mbridge uses.
 
 An independent reference for the name tables: mbridge's per-family name maps were written
-separately (for Megatron-LM training). mbridge maps no dense-MLP layer of a MoE model (its
-MoE bridges assume every layer is MoE); those rules are checked by the HF forward tests only.
+separately (for Megatron-LM training). mbridge's Qwen-MoE and Mixtral bridges map no dense-MLP
+layer of a MoE model (they assume every layer is MoE); those rules are checked by the HF
+forward tests only.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import transformers
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from megarl.models.converters import build_plan
+from megarl.models.moe_config import MOE_MODEL_TYPES, moe_layer_pattern, num_experts
 
 mbridge = pytest.importorskip("mbridge")
 
@@ -30,6 +32,9 @@ CONFIGS = {
         num_experts_per_tok=2, mlp_only_layers=[0], **_SIZES),
     "mixtral": lambda: transformers.MixtralConfig(intermediate_size=24, num_local_experts=4, num_experts_per_tok=2,
                                                   **_SIZES),
+    "glm4_moe": lambda: transformers.Glm4MoeConfig(
+        intermediate_size=24, moe_intermediate_size=8, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+        first_k_dense_replace=1, use_qk_norm=True, attention_bias=True, **_SIZES),
 }
 # local-spec name suffix -> transformer-engine spelling (what mbridge maps)
 _TE_NAMES = {"input_layernorm.weight": "self_attention.linear_qkv.layer_norm_weight"}
@@ -57,10 +62,10 @@ def test_tables_match_mbridge_name_maps(family):
 
     hf = CONFIGS[family]()
     bridge = AutoBridge.from_config(hf, dtype=torch.float32, parallel_states=ParallelStates())
-    experts = getattr(hf, "num_experts", None) or getattr(hf, "num_local_experts", None)
+    experts = num_experts(hf) if hf.model_type in MOE_MODEL_TYPES else None
     mcore = TransformerConfig(num_layers=3, hidden_size=16, num_attention_heads=2, num_moe_experts=experts,
                               pipeline_dtype=torch.float32)
-    dense_layers = set(getattr(hf, "mlp_only_layers", None) or ()) if experts else {0, 1, 2}
+    dense_layers = {i for i, moe in enumerate(moe_layer_pattern(hf)) if not moe} if experts else {0, 1, 2}
     checked, unmapped = 0, []
     for entry in build_plan(hf, mcore):
         dense = entry.layer in dense_layers

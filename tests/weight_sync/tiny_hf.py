@@ -78,7 +78,27 @@ def build_tiny_mixtral(out_dir: str | Path) -> Path:
     return _finish(MixtralForCausalLM(cfg).to(torch.float32), Path(out_dir), None)
 
 
-MOE_BUILDERS = {"qwen3_moe": build_tiny_qwen3_moe, "qwen2_moe": build_tiny_qwen2_moe, "mixtral": build_tiny_mixtral}
+def build_tiny_glm4_moe(out_dir: str | Path) -> Path:
+    """GLM-4.5 shape: dense first layer, sigmoid router with a (random) score-correction bias."""
+    from transformers import Glm4MoeConfig, Glm4MoeForCausalLM
+
+    cfg = Glm4MoeConfig(
+        vocab_size=VOCAB, hidden_size=128, intermediate_size=256, moe_intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, n_routed_experts=4, num_experts_per_tok=2,
+        n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1, norm_topk_prob=True,
+        routed_scaling_factor=2.5, use_qk_norm=True, attention_bias=True, num_nextn_predict_layers=0,
+        max_position_embeddings=256, tie_word_embeddings=False, rms_norm_eps=1e-6,
+    )
+    model = Glm4MoeForCausalLM(cfg).to(torch.float32)
+    with torch.no_grad():
+        for name, buf in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buf.normal_(0.0, 0.1, generator=torch.Generator().manual_seed(1))
+    return _finish(model, Path(out_dir), None)
+
+
+MOE_BUILDERS = {"qwen3_moe": build_tiny_qwen3_moe, "qwen2_moe": build_tiny_qwen2_moe, "mixtral": build_tiny_mixtral,
+                "glm4_moe": build_tiny_glm4_moe}
 
 
 CONFIG_YAML = Path(__file__).resolve().parents[2] / "configs" / "megatron" / "ppo_megatron_trainer.yaml"

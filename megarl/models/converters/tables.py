@@ -101,8 +101,17 @@ _SHARED_EXPERT = (
     Rule(_M + "mlp.shared_experts.linear_fc2.weight", (_S + "down_proj.weight",), "split1"),
     Rule(_M + "mlp.shared_experts.gate_weight", (_L + "mlp.shared_expert_gate.weight",), "replicated"),
 )
+_GS = _L + "mlp.shared_experts."
+_GLM_MOE = (
+    *_QWEN_ROUTER,
+    # megatron's expert bias is a float32 buffer (see megarl.models.weights.converted_tensors)
+    Rule(_M + "mlp.router.expert_bias", (_L + "mlp.gate.e_score_correction_bias",), "replicated"),
+    Rule(_M + "mlp.shared_experts.linear_fc1.weight", (_GS + "gate_proj.weight", _GS + "up_proj.weight"), "gate_up"),
+    Rule(_M + "mlp.shared_experts.linear_fc2.weight", (_GS + "down_proj.weight",), "split1"),
+)
 # model_type -> (per-MoE-layer rules, per-expert rules)
 _MOE = {
+    "glm4_moe": (_GLM_MOE, _QWEN_EXPERTS),
     "qwen3_moe": (_QWEN_ROUTER, _QWEN_EXPERTS),
     "qwen2_moe": (_QWEN_ROUTER + _SHARED_EXPERT, _QWEN_EXPERTS),
     "mixtral": (_MIXTRAL_ROUTER, _MIXTRAL_EXPERTS),
@@ -130,14 +139,14 @@ def arch_tables(hf_config, *, value_head: bool = False) -> ArchTables:
         value_head: critic model: ``output_layer`` is the value head (``score.weight``)
             and never tied to the embedding.
     """
-    from megarl.models.config import _qkv_bias
+    from megarl.models.config import _qk_norm, _qkv_bias
     from megarl.models.moe_config import moe_layer_pattern
 
     model_type = hf_config.model_type
     layer = list(_ATTENTION)
     if _qkv_bias(hf_config):
         layer += _QKV_BIAS
-    if model_type in ("qwen3", "qwen3_moe"):
+    if _qk_norm(hf_config):
         layer += _QK_NORM
     moe, experts = _MOE.get(model_type, ((), ()))
     last = [_FINAL_NORM]
