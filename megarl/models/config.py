@@ -4,7 +4,8 @@ Supported ``model_type``: llama, mistral (no sliding window), qwen2 (QKV bias), 
 (QK RMSNorm), and the MoE families of :mod:`megarl.models.moe_config`: mixtral, qwen2_moe
 (shared expert with gate), qwen3_moe (softmax top-k routers, dense first layers, load-balancing
 loss per the HF config), glm4_moe (GLM-4.5: partial rotary embedding, sigmoid router with
-score-correction bias, shared experts). Not supported yet, refused with the reason: see
+score-correction bias, shared experts), deepseek_v3 (the same MoE, multi-latent attention of
+:mod:`megarl.models.mla_config`). Not supported yet, refused with the reason: see
 :data:`NOT_YET_SUPPORTED`.
 """
 
@@ -17,8 +18,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from megatron.core import parallel_state
-from megatron.core.transformer.transformer_config import TransformerConfig
+from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
+from megarl.models.mla_config import MLA_MODEL_TYPES, check_mla_supported, mla_transformer_kwargs
 from megarl.models.moe_config import MOE_MODEL_TYPES, check_moe_supported, moe_transformer_kwargs
 from megarl.models.spec import have_transformer_engine, resolve_transformer_impl
 from megarl.parallel.layout import ParallelLayout
@@ -29,8 +31,6 @@ SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", *MOE_MODEL_TYPES)
 # model_type -> why megarl refuses it (mbridge 0.15.1 has bridges for them; megarl's local
 # SDPA layer spec and converters do not cover these layers yet).
 NOT_YET_SUPPORTED = {
-    "deepseek_v3": "multi-latent attention (MLA) and its grouped top-k sigmoid router are not in megarl's layer spec "
-                   "and converters yet",
     "gemma3": "sliding-window layers, sandwich norms and scaled embeddings are not in megarl's layer spec yet",
 }
 _DTYPE_FLAGS = {torch.float32: {}, torch.bfloat16: {"bf16": True}, torch.float16: {"fp16": True}}
@@ -146,7 +146,10 @@ def hf_to_transformer_config(
     # weights megarl's converters map); megatron's local GroupedMLP keeps all experts in one
     # tensor that they do not.
     impl = overrides.get("transformer_impl", "transformer_engine")
-    grouped_gemm = resolve_transformer_impl(impl, torch.device(device), have_transformer_engine())[0] != "local"
+    resolved_impl = resolve_transformer_impl(impl, torch.device(device), have_transformer_engine())[0]
+    grouped_gemm = resolved_impl != "local"
+    if model_type in MLA_MODEL_TYPES:
+        check_mla_supported(hf_config, resolved_impl)
     if overrides.get("moe_grouped_gemm") and not grouped_gemm:
         raise ValueError(
             "megatron.override_transformer_config.moe_grouped_gemm=true needs the transformer-engine layer "
@@ -194,8 +197,10 @@ def hf_to_transformer_config(
 
     if model_type in MOE_MODEL_TYPES:
         kwargs.update(moe_transformer_kwargs(hf_config, grouped_gemm=grouped_gemm, on_cpu=on_cpu))
+    if model_type in MLA_MODEL_TYPES:
+        kwargs.update(mla_transformer_kwargs(hf_config))
     kwargs.update(overrides)
-    return TransformerConfig(**kwargs)
+    return (MLATransformerConfig if model_type in MLA_MODEL_TYPES else TransformerConfig)(**kwargs)
 
 
 def _qk_norm(hf_config) -> bool:

@@ -1,19 +1,19 @@
 """HF mixture-of-experts fields -> megatron ``TransformerConfig`` MoE fields.
 
 Families: ``mixtral``, ``qwen2_moe`` (shared expert with a sigmoid gate), ``qwen3_moe``,
-``glm4_moe`` (GLM-4.5: sigmoid router with a score-correction bias, shared experts, dense first
-layers).
+``glm4_moe`` (GLM-4.5) and ``deepseek_v3`` (its MoE; MLA in :mod:`megarl.models.mla_config`):
+sigmoid router with a score-correction bias, shared experts, dense first layers.
 
 * Routing. HF: softmax over all experts, top-k; Mixtral always renormalises the k weights,
   Qwen iff ``norm_topk_prob``. Megatron: ``moe_router_pre_softmax=False`` is top-k then
   softmax over the k (= softmax, top-k, renormalise); ``True`` is softmax then top-k.
-  GLM-4.5: sigmoid scores, top-k of ``scores + e_score_correction_bias`` (megatron's expert
+  GLM-4.5 / DeepSeek-V3: sigmoid scores, top-k of ``scores + e_score_correction_bias`` (megatron's expert
   bias, loaded and exported as a buffer, frozen: ``moe_router_bias_update_rate=0``, as HF and
   vLLM never change it), weights renormalised and scaled by ``routed_scaling_factor``; routing
   groups (``n_group`` / ``topk_group``) where megatron's group score (sum of the top
   ``topk / topk_group`` scores of a group) is HF's (sum of the top 2).
 * Dense layers. Qwen's ``mlp_only_layers`` and ``decoder_sparse_step`` (layer ``i`` is MoE
-  iff ``i not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0``) and GLM's
+  iff ``i not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0``) and GLM's / DeepSeek's
   ``first_k_dense_replace`` become ``moe_layer_freq`` as a 0/1 list; dense layers use
   ``intermediate_size``.
 * Load-balancing loss. HF adds ``router_aux_loss_coef * aux`` to the loss iff
@@ -43,7 +43,9 @@ from typing import Any
 
 __all__ = ["MOE_MODEL_TYPES", "check_moe_supported", "moe_layer_pattern", "moe_transformer_kwargs", "num_experts"]
 
-MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "glm4_moe")
+MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "glm4_moe", "deepseek_v3")
+# Families routed like DeepSeek-V3 (sigmoid + score-correction bias, groups, scaling, shared experts)
+_SIGMOID_ROUTED = ("glm4_moe", "deepseek_v3")
 
 
 def num_experts(hf_config) -> int:
@@ -53,7 +55,7 @@ def num_experts(hf_config) -> int:
 
 def moe_layer_pattern(hf_config) -> list[int]:
     """Per decoder layer: 1 = MoE, 0 = dense MLP (``[num_hidden_layers]``)."""
-    if hf_config.model_type == "glm4_moe":
+    if hf_config.model_type in _SIGMOID_ROUTED:
         first = hf_config.first_k_dense_replace
         return [int(i >= first) for i in range(hf_config.num_hidden_layers)]
     dense = set(getattr(hf_config, "mlp_only_layers", None) or ())
@@ -70,13 +72,13 @@ def check_moe_supported(hf_config) -> None:
         raise ValueError("qwen2_moe use_sliding_window=true is not supported; set it to false")
     if model_type == "qwen2_moe" and not getattr(hf_config, "shared_expert_intermediate_size", 0):
         raise ValueError("qwen2_moe without a shared expert (shared_expert_intermediate_size=0) is not supported")
-    if model_type == "glm4_moe":
+    if model_type in _SIGMOID_ROUTED:
         topk, groups, group_topk = hf_config.num_experts_per_tok, hf_config.n_group, hf_config.topk_group
         if topk > 1 and not hf_config.norm_topk_prob:
-            raise ValueError("glm4_moe norm_topk_prob=false is not supported (megatron's sigmoid router "
+            raise ValueError(f"{model_type} norm_topk_prob=false is not supported (megatron's sigmoid router "
                              "renormalises the top-k weights)")
         if groups > 1 and topk // group_topk != 2:
-            raise ValueError(f"glm4_moe n_group={groups} with num_experts_per_tok / topk_group != 2 is not "
+            raise ValueError(f"{model_type} n_group={groups} with num_experts_per_tok / topk_group != 2 is not "
                              "supported (HF scores a group by its top-2 experts, megatron by its top "
                              "num_experts_per_tok / topk_group)")
     if not any(moe_layer_pattern(hf_config)):
@@ -107,7 +109,7 @@ def moe_transformer_kwargs(hf_config, *, grouped_gemm: bool, on_cpu: bool) -> di
     if model_type == "qwen2_moe":
         kwargs.update(moe_shared_expert_intermediate_size=hf_config.shared_expert_intermediate_size,
                       moe_shared_expert_gate=True)
-    if model_type == "glm4_moe":
+    if model_type in _SIGMOID_ROUTED:
         groups = hf_config.n_group
         kwargs.update(
             moe_router_score_function="sigmoid",

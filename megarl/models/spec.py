@@ -236,7 +236,7 @@ def get_layer_spec(
 
     Args:
         config: the model's TransformerConfig (reads ``qk_layernorm``,
-            ``moe_grouped_gemm``, ``normalization``).
+            ``moe_grouped_gemm``, ``multi_latent_attention``, ``normalization``).
         use_te: transformer-engine spec (CUDA with TE installed) instead of the local
             spec with :class:`SDPACoreAttention`.
         num_experts: experts per MoE layer, ``None`` for dense models.
@@ -251,9 +251,14 @@ def get_layer_spec(
         num_experts=num_experts,
         moe_grouped_gemm=config.moe_grouped_gemm,
         qk_layernorm=config.qk_layernorm,
+        multi_latent_attention=config.multi_latent_attention,
         normalization=config.normalization,
     )
     spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
+    if config.multi_latent_attention:
+        from megarl.models.mla_spec import MLACoreAttention
+
+        spec.submodules.self_attention.submodules.core_attention = MLACoreAttention
     _swap_norms(spec)
     return spec
 

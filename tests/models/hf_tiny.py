@@ -50,14 +50,22 @@ TINY = {
              norm_topk_prob=True, routed_scaling_factor=2.5, use_qk_norm=True, attention_bias=True,
              num_nextn_predict_layers=0),
     ),
+    # DeepSeek-V3 shape: MLA (q LoRA), dense first layer, sigmoid router with bias, 2 groups.
+    "deepseek_v3": (
+        "DeepseekV3Config",
+        dict(tie_word_embeddings=False, num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=16,
+             qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2,
+             moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
+             norm_topk_prob=True, routed_scaling_factor=2.5, rope_interleave=True),
+    ),
 }
-MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe_dense0", "glm4_moe")
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe_dense0", "glm4_moe", "deepseek_v3")
 
 
 def make_tiny_hf(name: str, out_dir: str, *, vocab_size: int = 96, num_layers: int = 4, seed: int = 0) -> str:
     """Save a randomly initialised tiny model ``name`` (see TINY) to ``out_dir``; return it."""
     cls_name, extra = TINY[name]
-    config = getattr(transformers, cls_name)(
+    sizes = dict(
         vocab_size=vocab_size,
         hidden_size=64,
         intermediate_size=96,
@@ -67,8 +75,8 @@ def make_tiny_hf(name: str, out_dir: str, *, vocab_size: int = 96, num_layers: i
         max_position_embeddings=128,
         rms_norm_eps=1e-6,
         dtype="float32",
-        **extra,
     )
+    config = getattr(transformers, cls_name)(**{**sizes, **extra})
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     # Random (not default-init) norms and biases so a wrong mapping cannot hide.

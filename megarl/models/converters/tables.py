@@ -65,6 +65,29 @@ _ATTENTION = (
     Rule(_M + "self_attention.linear_proj.weight", (_L + "self_attn.o_proj.weight",), "split1"),
     Rule(_M + "pre_mlp_layernorm.weight", (_L + "post_attention_layernorm.weight",), "replicated"),
 )
+_A = _M + "self_attention."
+_H = _L + "self_attn."
+# DeepSeek-V3 multi-latent attention (megatron's local MLA spec: the down projections are
+# column-parallel too). Without q_lora_rank, q_proj replaces the q_a / q_b pair.
+_MLA_Q_LORA = (
+    Rule(_A + "linear_q_down_proj.weight", (_H + "q_a_proj.weight",), "split0"),
+    Rule(_A + "q_layernorm.weight", (_H + "q_a_layernorm.weight",), "replicated"),
+    Rule(_A + "linear_q_up_proj.weight", (_H + "q_b_proj.weight",), "split0"),
+)
+_MLA_Q = (Rule(_A + "linear_q_proj.weight", (_H + "q_proj.weight",), "split0"),)
+_MLA_KV = (
+    Rule(_A + "linear_kv_down_proj.weight", (_H + "kv_a_proj_with_mqa.weight",), "split0"),
+    Rule(_A + "kv_layernorm.weight", (_H + "kv_a_layernorm.weight",), "replicated"),
+    Rule(_A + "linear_kv_up_proj.weight", (_H + "kv_b_proj.weight",), "split0"),
+)
+
+
+def _mla_attention(hf_config) -> tuple[Rule, ...]:
+    norms_and_proj = (_ATTENTION[0], _ATTENTION[2], _ATTENTION[3])  # input norm, o_proj, pre-MLP norm
+    q = _MLA_Q_LORA if hf_config.q_lora_rank else _MLA_Q
+    return norms_and_proj[:1] + q + _MLA_KV + norms_and_proj[1:]
+
+
 _QKV_BIAS = (
     Rule(
         _M + "self_attention.linear_qkv.bias",
@@ -112,6 +135,7 @@ _GLM_MOE = (
 # model_type -> (per-MoE-layer rules, per-expert rules)
 _MOE = {
     "glm4_moe": (_GLM_MOE, _QWEN_EXPERTS),
+    "deepseek_v3": (_GLM_MOE, _QWEN_EXPERTS),
     "qwen3_moe": (_QWEN_ROUTER, _QWEN_EXPERTS),
     "qwen2_moe": (_QWEN_ROUTER + _SHARED_EXPERT, _QWEN_EXPERTS),
     "mixtral": (_MIXTRAL_ROUTER, _MIXTRAL_EXPERTS),
@@ -143,7 +167,7 @@ def arch_tables(hf_config, *, value_head: bool = False) -> ArchTables:
     from megarl.models.moe_config import moe_layer_pattern
 
     model_type = hf_config.model_type
-    layer = list(_ATTENTION)
+    layer = list(_mla_attention(hf_config) if model_type == "deepseek_v3" else _ATTENTION)
     if _qkv_bias(hf_config):
         layer += _QKV_BIAS
     if _qk_norm(hf_config):
