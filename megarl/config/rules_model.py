@@ -115,6 +115,8 @@ MOE_FIELDS = {
     "qwen2_moe": ("num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size"),
     "mixtral": ("num_experts_per_tok",),
     "glm4_moe": ("num_experts_per_tok", "moe_intermediate_size", "n_shared_experts", "first_k_dense_replace"),
+    "deepseek_v3": ("num_experts_per_tok", "moe_intermediate_size", "n_shared_experts", "first_k_dense_replace",
+                    "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"),
 }
 
 

@@ -30,9 +30,10 @@ __all__ = ["SUPPORTED_MODEL_TYPES", "hf_to_transformer_config", "gpt_model_kwarg
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", *MOE_MODEL_TYPES)
 # model_type -> why megarl refuses it (mbridge 0.15.1 has bridges for them; megarl's local
 # SDPA layer spec and converters do not cover these layers yet).
-NOT_YET_SUPPORTED = {
-    "gemma3": "sliding-window layers, sandwich norms and scaled embeddings are not in megarl's layer spec yet",
-}
+_GEMMA3 = ("its per-layer sliding-window attention needs a windowed mask in the SDPA core attention, and its "
+           "sandwich norms (post-attention / post-feedforward), sqrt(hidden)-scaled embeddings and "
+           "query_pre_attn_scalar are not in megarl's layer spec yet")
+NOT_YET_SUPPORTED = {"gemma3": _GEMMA3, "gemma3_text": _GEMMA3}
 _DTYPE_FLAGS = {torch.float32: {}, torch.bfloat16: {"bf16": True}, torch.float16: {"fp16": True}}
 
 
@@ -66,8 +67,8 @@ def _rope_kwargs(hf_config) -> dict[str, Any]:
     partial = float(params.get("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", 1.0)) or 1.0)
     if partial != 1.0:
         kwargs["rotary_percent"] = partial
-    if rope_type == "default":
-        return kwargs
+    if rope_type == "default" or (rope_type == "yarn" and hf_config.model_type in MLA_MODEL_TYPES):
+        return kwargs  # MLA: megatron's MLA layers build their own (YaRN) rotary, see mla_config
     if rope_type == "llama3" and (
         params.get("low_freq_factor", 1) == 1
         and params.get("high_freq_factor", 4) == 4

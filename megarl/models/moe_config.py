@@ -30,11 +30,12 @@ sigmoid router with a score-correction bias, shared experts, dense first layers.
   (transformer-engine ``TEGroupedMLP``) where the transformer-engine spec runs (CUDA with TE).
 
 mbridge 0.15.1 (verl's ``use_mbridge``) builds these configs too but is not used for them:
-it sets ``moe_router_load_balancing_type="none"`` whatever the HF config says, ignores
-``mlp_only_layers`` / ``decoder_sparse_step`` (every layer MoE), gives Mixtral
-``moe_router_pre_softmax=True`` (no renormalisation of the top-k weights: wrong routing
-weights for Mixtral) and Qwen2-MoE no ``moe_shared_expert_gate`` (the HF sigmoid gate
-dropped).
+it sets ``moe_router_load_balancing_type="none"`` whatever the HF config says (GLM:
+``seq_aux_loss``), ignores ``mlp_only_layers`` / ``decoder_sparse_step`` (every layer MoE),
+gives Mixtral ``moe_router_pre_softmax=True`` (no renormalisation of the top-k weights: wrong
+routing weights for Mixtral), Qwen2-MoE no ``moe_shared_expert_gate`` (the HF sigmoid gate
+dropped), GLM-4.5 no routing groups and one shared expert whatever ``n_shared_experts`` says,
+and its DeepSeek-V3 config does not build with megatron-core 0.16.1.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def num_experts(hf_config) -> int:
 def moe_layer_pattern(hf_config) -> list[int]:
     """Per decoder layer: 1 = MoE, 0 = dense MLP (``[num_hidden_layers]``)."""
     if hf_config.model_type in _SIGMOID_ROUTED:
-        first = hf_config.first_k_dense_replace
+        first = getattr(hf_config, "first_k_dense_replace", 0) or 0
         return [int(i >= first) for i in range(hf_config.num_hidden_layers)]
     dense = set(getattr(hf_config, "mlp_only_layers", None) or ())
     step = getattr(hf_config, "decoder_sparse_step", 1) or 1
@@ -73,8 +74,10 @@ def check_moe_supported(hf_config) -> None:
     if model_type == "qwen2_moe" and not getattr(hf_config, "shared_expert_intermediate_size", 0):
         raise ValueError("qwen2_moe without a shared expert (shared_expert_intermediate_size=0) is not supported")
     if model_type in _SIGMOID_ROUTED:
-        topk, groups, group_topk = hf_config.num_experts_per_tok, hf_config.n_group, hf_config.topk_group
-        if topk > 1 and not hf_config.norm_topk_prob:
+        # getattr: the preflight check runs on the raw config.json (transformers fills defaults later)
+        topk = getattr(hf_config, "num_experts_per_tok", 1)
+        groups, group_topk = getattr(hf_config, "n_group", 1) or 1, getattr(hf_config, "topk_group", 1) or 1
+        if topk > 1 and not getattr(hf_config, "norm_topk_prob", True):
             raise ValueError(f"{model_type} norm_topk_prob=false is not supported (megatron's sigmoid router "
                              "renormalises the top-k weights)")
         if groups > 1 and topk // group_topk != 2:

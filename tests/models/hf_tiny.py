@@ -56,7 +56,11 @@ TINY = {
         dict(tie_word_embeddings=False, num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=16,
              qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2,
              moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
-             norm_topk_prob=True, routed_scaling_factor=2.5, rope_interleave=True),
+             norm_topk_prob=True, routed_scaling_factor=2.5, rope_interleave=True,
+             # YaRN as DeepSeek-V3 ships it (factor 40, mscale = mscale_all_dim), scaled down
+             rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                              "original_max_position_embeddings": 32, "beta_fast": 32, "beta_slow": 1,
+                              "mscale": 1.0, "mscale_all_dim": 1.0}),
     ),
 }
 MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe_dense0", "glm4_moe", "deepseek_v3")

@@ -34,8 +34,19 @@ def test_attention_backend_reaches_megatron_as_its_enum(name):
 
 
 def test_not_yet_supported_families_say_why_and_list_the_supported():
-    with pytest.raises(ValueError, match=r"'deepseek_v3'.*multi-latent attention.*supported: .*mixtral, qwen2_moe"):
-        hf_to_transformer_config(transformers.DeepseekV3Config(), {}, device="cpu", dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"'gemma3_text'.*sliding-window.*supported: .*mixtral, qwen2_moe.*deepseek_v3"):
+        hf_to_transformer_config(transformers.Gemma3TextConfig(), {}, device="cpu", dtype=torch.float32)
+
+
+def test_deepseek_v3_scope_is_refused_naming_the_field():
+    yarn = transformers.DeepseekV3Config(rope_parameters={"rope_type": "yarn", "factor": 40.0, "rope_theta": 1e4,
+                                                          "original_max_position_embeddings": 4096, "mscale": 0.5})
+    with pytest.raises(ValueError, match="mscale without mscale_all_dim"):
+        hf_to_transformer_config(yarn, {}, device="cpu", dtype=torch.float32)
+    with pytest.raises(ValueError, match="transformer_impl=local"):
+        from megarl.models.mla_config import check_mla_supported
+
+        check_mla_supported(transformers.DeepseekV3Config(), "transformer_engine")
 
 
 @pytest.mark.parametrize("config, match", [

@@ -97,8 +97,29 @@ def build_tiny_glm4_moe(out_dir: str | Path) -> Path:
     return _finish(model, Path(out_dir), None)
 
 
+def build_tiny_deepseek_v3(out_dir: str | Path) -> Path:
+    """DeepSeek-V3 shape: MLA with q LoRA (latent 512 + rope 64: the one head size vLLM's CPU MLA
+    kernel takes), dense first layer, sigmoid router with bias, 2 groups."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    cfg = DeepseekV3Config(
+        vocab_size=VOCAB, hidden_size=128, intermediate_size=256, moe_intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=64, kv_lora_rank=512, qk_nope_head_dim=32,
+        qk_rope_head_dim=64, v_head_dim=32, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+        first_k_dense_replace=1, n_group=2, topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5,
+        max_position_embeddings=256, tie_word_embeddings=False, rms_norm_eps=1e-6,
+        topk_method="noaux_tc",  # DeepSeek-V3's config.json field: vLLM builds the router bias from it
+    )
+    model = DeepseekV3ForCausalLM(cfg).to(torch.float32)
+    with torch.no_grad():
+        for name, buf in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buf.normal_(0.0, 0.1, generator=torch.Generator().manual_seed(1))
+    return _finish(model, Path(out_dir), None)
+
+
 MOE_BUILDERS = {"qwen3_moe": build_tiny_qwen3_moe, "qwen2_moe": build_tiny_qwen2_moe, "mixtral": build_tiny_mixtral,
-                "glm4_moe": build_tiny_glm4_moe}
+                "glm4_moe": build_tiny_glm4_moe, "deepseek_v3": build_tiny_deepseek_v3}
 
 
 CONFIG_YAML = Path(__file__).resolve().parents[2] / "configs" / "megatron" / "ppo_megatron_trainer.yaml"
