@@ -77,6 +77,8 @@ def check_moe_supported(hf_config) -> None:
         # getattr: the preflight check runs on the raw config.json (transformers fills defaults later)
         topk = getattr(hf_config, "num_experts_per_tok", 1)
         groups, group_topk = getattr(hf_config, "n_group", 1) or 1, getattr(hf_config, "topk_group", 1) or 1
+        if not getattr(hf_config, "n_shared_experts", 1):
+            raise ValueError(f"{model_type} without shared experts (n_shared_experts=0) is not supported")
         if topk > 1 and not getattr(hf_config, "norm_topk_prob", True):
             raise ValueError(f"{model_type} norm_topk_prob=false is not supported (megatron's sigmoid router "
                              "renormalises the top-k weights)")
@@ -94,7 +96,8 @@ def moe_transformer_kwargs(hf_config, *, grouped_gemm: bool, on_cpu: bool) -> di
     topk = hf_config.num_experts_per_tok
     renormalise = model_type == "mixtral" or bool(getattr(hf_config, "norm_topk_prob", False))
     pattern = moe_layer_pattern(hf_config)
-    aux = bool(getattr(hf_config, "output_router_logits", False)) and float(
+    # GLM-4.5 / DeepSeek-V3 balance through the router bias; HF computes no load-balancing loss for them
+    aux = model_type not in _SIGMOID_ROUTED and bool(getattr(hf_config, "output_router_logits", False)) and float(
         getattr(hf_config, "router_aux_loss_coef", 0.0)) > 0
     kwargs: dict[str, Any] = dict(
         num_moe_experts=num_experts(hf_config),
