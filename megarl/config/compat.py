@@ -29,7 +29,7 @@ _PACKING = "megarl pads or packs (model.use_remove_padding) its own way"
 _KERNELS = "megarl runs Megatron-Core's own kernels (vocab-parallel log-probs never gather the vocabulary)"
 _ONE_IMPL = "megarl has one trainer/worker implementation"
 _LOADER = "megarl tokenizes the dataset once in the driver"
-_MBRIDGE = "megarl converts HF <-> Megatron weights with its own converters (megarl/models/converters)"
+_MBRIDGE = "megarl always converts HF <-> Megatron one way (megarl/models/converters; per tensor the names mbridge maps, checked in tests/models/test_mbridge_names.py): verl's choice of bridge (mbridge or Megatron-Bridge) selects an implementation, not a result"
 _ROLLOUT_PAR = "megarl's vLLM replicas are tensor-parallel only"
 _DEPRECATED_MB = "deprecated global micro-batch size; set the *_per_gpu key instead (per rank)"
 

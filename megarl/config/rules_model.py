@@ -109,14 +109,22 @@ def uneven_pipeline_problem(layers: int, pp: int, vpp: int | None, split: dict[s
 
 
 REQUIRED_FIELDS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
-MOE_FIELDS = ("num_experts_per_tok", "moe_intermediate_size")
+# MoE model_type -> config.json fields megarl builds its experts from (besides an expert count)
+MOE_FIELDS = {
+    "qwen3_moe": ("num_experts_per_tok", "moe_intermediate_size"),
+    "qwen2_moe": ("num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size"),
+    "mixtral": ("num_experts_per_tok",),
+    "glm4_moe": ("num_experts_per_tok", "moe_intermediate_size", "n_shared_experts", "first_k_dense_replace"),
+    "deepseek_v3": ("num_experts_per_tok", "moe_intermediate_size", "n_shared_experts", "first_k_dense_replace",
+                    "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"),
+}
 
 
 def model_type(v: View, role: Role, hf: dict[str, Any]) -> Iterator[Issue]:
     where = f"{v.path(role.model_path)}/config.json"
     missing = [f for f in REQUIRED_FIELDS if not isinstance(hf.get(f), (int, str)) or isinstance(hf.get(f), bool)]
-    if hf.get("model_type") == "qwen3_moe":
-        missing += [f for f in MOE_FIELDS if not isinstance(hf.get(f), int)]
+    if hf.get("model_type") in MOE_FIELDS:
+        missing += [f for f in MOE_FIELDS[hf["model_type"]] if not isinstance(hf.get(f), int)]
         if not any(isinstance(hf.get(f), int) for f in _EXPERT_FIELDS):
             missing.append("num_experts")
     if missing:

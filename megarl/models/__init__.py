@@ -29,7 +29,14 @@ from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel
 
 from megarl.models.config import gpt_model_kwargs, hf_to_transformer_config
-from megarl.models.spec import get_layer_spec, have_transformer_engine, local_block, resolve_transformer_impl
+from megarl.models.spec import (
+    get_layer_spec,
+    have_transformer_engine,
+    local_block,
+    moe_pattern,
+    resolve_transformer_impl,
+    te_block,
+)
 from megarl.models.value_head import ValueHead
 from megarl.models.weights import export_hf_weights, load_hf_weights, save_hf_checkpoint, save_hf_config, unwrap_chunk
 
@@ -95,6 +102,13 @@ def _seq_major_view(module, inputs, output):
     return logits.transpose(0, 1), bias
 
 
+def _block_spec(layer_spec, config, vp_stage, use_te: bool):
+    """What GPTModel takes as ``transformer_layer_spec`` for one chunk."""
+    if not use_te:
+        return local_block(layer_spec, config, vp_stage)
+    return layer_spec if moe_pattern(config) is None else te_block(config, vp_stage)
+
+
 def build_model(
     hf_config,
     megatron_cfg: Mapping[str, Any] | None,
@@ -110,7 +124,7 @@ def build_model(
     :func:`load_hf_weights`.
 
     Args:
-        hf_config: transformers ``PretrainedConfig`` (llama, mistral, qwen2, qwen3, qwen3_moe).
+        hf_config: transformers ``PretrainedConfig`` (``megarl.models.config.SUPPORTED_MODEL_TYPES``).
         megatron_cfg: verl-style ``megatron`` node (``sequence_parallel``,
             ``override_transformer_config``; sizes come from parallel_state).
         value_head: critic: the last chunk's output layer maps hidden -> 1 value per token
@@ -142,7 +156,7 @@ def build_model(
         post_process = parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=stage)
         model = GPTModel(
             config=config,
-            transformer_layer_spec=spec if use_te else local_block(spec, config, stage),
+            transformer_layer_spec=_block_spec(spec, config, stage, use_te),
             pre_process=pre_process,
             post_process=post_process,
             parallel_output=True,

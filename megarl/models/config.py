@@ -1,7 +1,12 @@
 """HF ``PretrainedConfig`` -> megatron ``TransformerConfig`` (+ GPTModel arguments).
 
 Supported ``model_type``: llama, mistral (no sliding window), qwen2 (QKV bias), qwen3
-(QK RMSNorm), qwen3_moe (all layers MoE, softmax top-k router).
+(QK RMSNorm), and the MoE families of :mod:`megarl.models.moe_config`: mixtral, qwen2_moe
+(shared expert with gate), qwen3_moe (softmax top-k routers, dense first layers, load-balancing
+loss per the HF config), glm4_moe (GLM-4.5: partial rotary embedding, sigmoid router with
+score-correction bias, shared experts), deepseek_v3 (the same MoE, multi-latent attention of
+:mod:`megarl.models.mla_config`). Not supported yet, refused with the reason: see
+:data:`NOT_YET_SUPPORTED`.
 """
 
 from __future__ import annotations
@@ -13,30 +18,41 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from megatron.core import parallel_state
-from megatron.core.transformer.transformer_config import TransformerConfig
+from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
+from megarl.models.mla_config import MLA_MODEL_TYPES, check_mla_supported, mla_transformer_kwargs
+from megarl.models.moe_config import MOE_MODEL_TYPES, check_moe_supported, moe_transformer_kwargs
+from megarl.models.spec import have_transformer_engine, resolve_transformer_impl
 from megarl.parallel.layout import ParallelLayout
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "hf_to_transformer_config", "gpt_model_kwargs", "padded_vocab_size"]
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", *MOE_MODEL_TYPES)
+# model_type -> why megarl refuses it (mbridge 0.15.1 has bridges for them; megarl's local
+# SDPA layer spec and converters do not cover these layers yet).
+_GEMMA3 = ("its per-layer sliding-window attention needs a windowed mask in the SDPA core attention, and its "
+           "sandwich norms (post-attention / post-feedforward), sqrt(hidden)-scaled embeddings and "
+           "query_pre_attn_scalar are not in megarl's layer spec yet")
+NOT_YET_SUPPORTED = {"gemma3": _GEMMA3, "gemma3_text": _GEMMA3}
 _DTYPE_FLAGS = {torch.float32: {}, torch.bfloat16: {"bf16": True}, torch.float16: {"fp16": True}}
 
 
 def _check_supported(hf_config) -> str:
     model_type = getattr(hf_config, "model_type", None)
     if model_type not in SUPPORTED_MODEL_TYPES:
+        why = f" ({NOT_YET_SUPPORTED[model_type]})" if model_type in NOT_YET_SUPPORTED else ""
         raise ValueError(
             f"model_type {model_type!r} (actor_rollout_ref.model.path config.json) is not "
-            f"supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+            f"supported{why}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
     if getattr(hf_config, "hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act {hf_config.hidden_act!r} is not supported (only silu)")
     if model_type == "mistral" and getattr(hf_config, "sliding_window", None):
         raise ValueError("mistral sliding_window attention is not supported; set it to null")
-    if model_type == "qwen3_moe":
-        if getattr(hf_config, "mlp_only_layers", None) or getattr(hf_config, "decoder_sparse_step", 1) != 1:
-            raise ValueError("qwen3_moe with dense layers (mlp_only_layers/decoder_sparse_step) is not supported")
+    if model_type == "mixtral" and getattr(hf_config, "sliding_window", None):
+        raise ValueError("mixtral sliding_window attention is not supported; set it to null")
+    if model_type in MOE_MODEL_TYPES:
+        check_moe_supported(hf_config)
     return model_type
 
 
@@ -47,8 +63,12 @@ def _rope_kwargs(hf_config) -> dict[str, Any]:
     rope_type = params.get("rope_type", params.get("type", "default"))
     theta = params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
     kwargs: dict[str, Any] = {"rotary_base": float(theta), "rope_scaling": False}
-    if rope_type == "default":
-        return kwargs
+    # GLM-4.5 rotates the first `partial_rotary_factor` of each head's dims (megatron: rotary_percent)
+    partial = float(params.get("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", 1.0)) or 1.0)
+    if partial != 1.0:
+        kwargs["rotary_percent"] = partial
+    if rope_type == "default" or (rope_type == "yarn" and hf_config.model_type in MLA_MODEL_TYPES):
+        return kwargs  # MLA: megatron's MLA layers build their own (YaRN) rotary, see mla_config
     if rope_type == "llama3" and (
         params.get("low_freq_factor", 1) == 1
         and params.get("high_freq_factor", 4) == 4
@@ -56,10 +76,6 @@ def _rope_kwargs(hf_config) -> dict[str, Any]:
     ):
         return {**kwargs, "rope_scaling": True, "rope_scaling_factor": float(params["factor"])}
     raise ValueError(f"rope scaling {params!r} is not supported (default, or llama3 with 1/4/8192)")
-
-
-def _num_experts(hf_config) -> int:
-    return getattr(hf_config, "num_experts", None) or hf_config.num_local_experts
 
 
 def padded_vocab_size(vocab_size: int, tp_size: int) -> int:
@@ -126,6 +142,20 @@ def hf_to_transformer_config(
     on_cpu = torch.device(device).type == "cpu"
     if dtype not in _DTYPE_FLAGS:
         raise ValueError(f"dtype {dtype} is not supported (float32, bfloat16, float16)")
+    overrides = transformer_overrides(megatron_cfg.get("override_transformer_config", None) or {})
+    # Grouped GEMM where the transformer-engine spec runs (TEGroupedMLP, whose per-expert
+    # weights megarl's converters map); megatron's local GroupedMLP keeps all experts in one
+    # tensor that they do not.
+    impl = overrides.get("transformer_impl", "transformer_engine")
+    resolved_impl = resolve_transformer_impl(impl, torch.device(device), have_transformer_engine())[0]
+    grouped_gemm = resolved_impl != "local"
+    if model_type in MLA_MODEL_TYPES:
+        check_mla_supported(hf_config, resolved_impl)
+    if overrides.get("moe_grouped_gemm") and not grouped_gemm:
+        raise ValueError(
+            "megatron.override_transformer_config.moe_grouped_gemm=true needs the transformer-engine layer "
+            "spec (CUDA with transformer-engine); remove it: megarl turns grouped GEMM on where that spec runs"
+        )
     num_heads = hf_config.num_attention_heads
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads
 
@@ -141,8 +171,8 @@ def hf_to_transformer_config(
         activation_func=F.silu,
         gated_linear_unit=True,
         add_bias_linear=False,
-        add_qkv_bias=model_type == "qwen2" or bool(getattr(hf_config, "attention_bias", False)),
-        qk_layernorm=model_type in ("qwen3", "qwen3_moe"),
+        add_qkv_bias=_qkv_bias(hf_config),
+        qk_layernorm=_qk_norm(hf_config),
         hidden_dropout=float(getattr(hf_config, "hidden_dropout", 0.0)),
         attention_dropout=float(getattr(hf_config, "attention_dropout", 0.0)),
         init_method_std=float(getattr(hf_config, "initializer_range", 0.02)),
@@ -163,23 +193,26 @@ def hf_to_transformer_config(
         **ParallelLayout.from_parallel_state().megatron_sizes(),
         sequence_parallel=bool(megatron_cfg.get("sequence_parallel", False)),
     )
-    if model_type == "qwen3_moe":
-        kwargs.update(
-            num_moe_experts=_num_experts(hf_config),
-            moe_router_topk=hf_config.num_experts_per_tok,
-            moe_ffn_hidden_size=hf_config.moe_intermediate_size,
-            # HF: softmax over all experts, top-k, renormalise iff norm_topk_prob.
-            # megatron: pre_softmax=False is top-k then softmax over the k (= renormalised).
-            moe_router_pre_softmax=not bool(getattr(hf_config, "norm_topk_prob", True)),
-            moe_router_score_function="softmax",
-            moe_router_load_balancing_type="none",
-            moe_grouped_gemm=False,
-            # The alltoall dispatcher creates a CUDA stream.
-            moe_token_dispatcher_type="allgather" if on_cpu else "alltoall",
-        )
     if kwargs["sequence_parallel"] and kwargs["tensor_model_parallel_size"] == 1:
         kwargs["sequence_parallel"] = False
 
-    overrides = transformer_overrides(megatron_cfg.get("override_transformer_config", None) or {})
+    if model_type in MOE_MODEL_TYPES:
+        kwargs.update(moe_transformer_kwargs(hf_config, grouped_gemm=grouped_gemm, on_cpu=on_cpu))
+    if model_type in MLA_MODEL_TYPES:
+        kwargs.update(mla_transformer_kwargs(hf_config))
     kwargs.update(overrides)
-    return TransformerConfig(**kwargs)
+    return (MLATransformerConfig if model_type in MLA_MODEL_TYPES else TransformerConfig)(**kwargs)
+
+
+def _qk_norm(hf_config) -> bool:
+    return hf_config.model_type in ("qwen3", "qwen3_moe") or (
+        hf_config.model_type == "glm4_moe" and bool(getattr(hf_config, "use_qk_norm", False)))
+
+
+def _qkv_bias(hf_config) -> bool:
+    # qwen2 always; qwen2_moe through `qkv_bias` (default true); llama-likes through `attention_bias`.
+    if hf_config.model_type == "qwen2":
+        return True
+    if hf_config.model_type == "qwen2_moe":
+        return bool(getattr(hf_config, "qkv_bias", True))
+    return bool(getattr(hf_config, "attention_bias", False))

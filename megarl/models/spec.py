@@ -35,7 +35,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from megarl.models.cp_attention import context_parallel_attention
 
 __all__ = ["SDPACoreAttention", "SequenceParallelTorchNorm", "get_layer_spec", "have_transformer_engine", "local_block",
-           "resolve_transformer_impl"]
+           "moe_pattern", "resolve_transformer_impl", "te_block"]
 
 _IMPL_KEY = "megatron.override_transformer_config.transformer_impl"
 TRANSFORMER_IMPLS = ("transformer_engine", "local")
@@ -259,7 +259,7 @@ def get_layer_spec(
 
     Args:
         config: the model's TransformerConfig (reads ``qk_layernorm``,
-            ``moe_grouped_gemm``, ``normalization``).
+            ``moe_grouped_gemm``, ``multi_latent_attention``, ``normalization``).
         use_te: transformer-engine spec (CUDA with TE installed) instead of the local
             spec with :class:`SDPACoreAttention`.
         num_experts: experts per MoE layer, ``None`` for dense models.
@@ -274,9 +274,14 @@ def get_layer_spec(
         num_experts=num_experts,
         moe_grouped_gemm=config.moe_grouped_gemm,
         qk_layernorm=config.qk_layernorm,
+        multi_latent_attention=config.multi_latent_attention,
         normalization=config.normalization,
     )
     spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
+    if config.multi_latent_attention:
+        from megarl.models.mla_spec import MLACoreAttention
+
+        spec.submodules.self_attention.submodules.core_attention = MLACoreAttention
     _swap_norms(spec)
     return spec
 
@@ -315,8 +320,37 @@ def _swap_norms(spec) -> None:
 
 def local_block(layer_spec: ModuleSpec, config: TransformerConfig, vp_stage: Optional[int]):
     """The local spec's decoder block for one (virtual) pipeline stage: megatron builds the same
-    from a layer spec, but with ``WrappedTorchNorm`` as the final norm."""
+    from a layer spec, but with ``WrappedTorchNorm`` as the final norm. ``layer_spec`` is the
+    MoE layer's spec of a MoE model; layers that ``config.moe_layer_freq`` marks dense get
+    the dense spec."""
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
     layers = get_num_layers_to_build(config, vp_stage=vp_stage)
-    return TransformerBlockSubmodules(layer_specs=[layer_spec] * layers, layer_norm=SequenceParallelTorchNorm)
+    pattern = moe_pattern(config)
+    if pattern is None:
+        specs = [layer_spec] * layers
+    else:
+        dense = get_layer_spec(config, use_te=False, num_experts=None)
+        offset = get_transformer_layer_offset(config, vp_stage=vp_stage)
+        specs = [layer_spec if pattern[offset + i] else dense for i in range(layers)]
+    return TransformerBlockSubmodules(layer_specs=specs, layer_norm=SequenceParallelTorchNorm)
+
+
+def moe_pattern(config: TransformerConfig) -> Optional[list[int]]:
+    """Per global layer 1 = MoE / 0 = dense for a MoE model with dense layers; None when every
+    layer has the same spec (a dense model, or every layer MoE)."""
+    freq = config.moe_layer_freq
+    if not config.num_moe_experts or freq == 1:
+        return None
+    if isinstance(freq, int):
+        return [int(i % freq == 0) for i in range(config.num_layers)]
+    return list(freq)
+
+
+def te_block(config: TransformerConfig, vp_stage: Optional[int]):
+    """The transformer-engine decoder block of a MoE model with dense layers (megatron's own
+    per-layer specs from ``moe_layer_freq``)."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+
+    return get_gpt_decoder_block_spec(config, use_transformer_engine=True, vp_stage=vp_stage)

@@ -16,7 +16,8 @@ from safetensors import safe_open
 
 from megarl.models.converters import TE_ALIASES, ParamSource, build_plan, dims_of, from_shards, is_split, to_shard
 
-__all__ = ["load_hf_weights", "export_hf_weights", "save_hf_checkpoint", "unwrap_chunk", "find_param"]
+__all__ = ["load_hf_weights", "export_hf_weights", "save_hf_checkpoint", "unwrap_chunk", "find_param",
+           "converted_tensors"]
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +63,14 @@ def find_param(params: dict[str, torch.nn.Parameter], name: str) -> torch.nn.Par
 
 
 _find_param = find_param  # older spelling, kept for callers
+
+
+def converted_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The tensors the converters load and export, by name: every parameter, and the routers'
+    ``expert_bias`` buffers (GLM-4.5's ``e_score_correction_bias``: state, not trained)."""
+    tensors: dict[str, torch.Tensor] = dict(model.named_parameters())
+    tensors.update((name, buf) for name, buf in model.named_buffers() if name.endswith("router.expert_bias"))
+    return tensors
 
 
 class _SafetensorsDir:
@@ -124,7 +133,7 @@ def load_hf_weights(chunks: Sequence[torch.nn.Module], hf_dir: str | os.PathLike
     pp_rank, ep_rank, tp, etp = _local_view()
     reader = _SafetensorsDir(hf_dir)
 
-    params = [dict(m.named_parameters()) for m in models]
+    params = [converted_tensors(m) for m in models]
     loaded: list[set[int]] = [set() for _ in models]
     for entry in plan:
         if entry.pp_rank != pp_rank or entry.ep_rank not in (None, ep_rank):
@@ -216,7 +225,7 @@ def export_hf_weights(
     dims = dims_of(hf_config)
     pp_rank, ep_rank, _, _ = _local_view()
     pp_size = parallel_state.get_pipeline_model_parallel_world_size()
-    params = [dict(m.named_parameters()) for m in models]
+    params = [converted_tensors(m) for m in models]
     device = next(models[0].parameters()).device
 
     for entry in plan:

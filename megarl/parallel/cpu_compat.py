@@ -22,8 +22,9 @@ What it changes, process-wide, and why:
   this CP rank's two chunks) builds its chunk index in pinned memory and moves it with
   ``.cuda()``; the rotary modules get the same selection with the index on the embedding's device.
 * ``megatron.core.transformer.moe.moe_utils.te_general_gemm = None`` when
-  transformer-engine is absent (0.16.1 references it unguarded in the router gemm);
-  this one, :func:`apply_missing_te_compat`, is also applied on GPUs without TE.
+  transformer-engine is absent (0.16.1 references it unguarded in the router gemm), and
+  ``multi_latent_attention.HAVE_TE = False`` when its ``TELinear`` is no class (its TE import
+  succeeds without TE, binding a MagicMock); these, :func:`apply_missing_te_compat`, are also applied on GPUs without TE.
 """
 
 from __future__ import annotations
@@ -129,15 +130,21 @@ def _pos_emb_on_this_cp_rank(pos_emb: torch.Tensor, seq_dim: int, cp_group) -> t
 
 
 def apply_missing_te_compat() -> None:
-    """``moe_utils.te_general_gemm = None`` when transformer-engine is absent (CPU or GPU).
+    """``moe_utils.te_general_gemm = None`` and MLA's ``HAVE_TE = False`` when transformer-engine
+    is absent (CPU or GPU).
 
     megatron-core 0.16.1 only binds that name when TE imports, but the MoE router reads
     it unguarded; without this a MoE forward raises ``NameError``.
     """
+    from megatron.core.transformer import multi_latent_attention
     from megatron.core.transformer.moe import moe_utils
 
     if not hasattr(moe_utils, "te_general_gemm"):
         moe_utils.te_general_gemm = None
+    # Its TE import succeeds without TE (the extension module binds TELinear to a MagicMock), so
+    # MLA's ``isinstance(..., TELinear)`` check would raise: mark TE absent there.
+    if not isinstance(multi_latent_attention.TELinear, type):
+        multi_latent_attention.HAVE_TE = False
 
 
 def is_applied() -> bool:

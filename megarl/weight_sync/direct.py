@@ -110,9 +110,9 @@ class DirectTargets:
         """(hf_name, vLLM view, Megatron view) per tensor, and whether they were (re)built now."""
         from megarl.models.converters import build_plan, dims_of
         from megarl.models.converters.transforms import views_of_unsharded
-        from megarl.models.weights import _find_param
+        from megarl.models.weights import _find_param, converted_tensors
 
-        params = dict(model.named_parameters())
+        params = converted_tensors(model)
         pointers = tuple(p.data_ptr() for p in params.values())  # offload moves parameters: rebuild then
         if self._pairs is not None and self._pairs[0] == pointers:
             return self._pairs[1], False

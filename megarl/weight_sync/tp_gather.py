@@ -501,9 +501,9 @@ def export_hf_weights_bucketed(
     destinations = dict(destinations or {})
 
     if tp == 1:
-        from megarl.models.weights import _find_param
+        from megarl.models.weights import _find_param, converted_tensors
 
-        params = dict(model.named_parameters())
+        params = converted_tensors(model)
         plan = [e for e in build_plan(hf_config, model.config, value_head=meta["value_head"]) if e.export]
         dims = dims_of(hf_config)
         for entry in plan:
@@ -516,8 +516,10 @@ def export_hf_weights_bucketed(
     cached = _EXPORTERS.get(cache_key)
     exporter = cached[1] if cached is not None and cached[0]() is model else None
     if exporter is None:
+        from megarl.models.weights import converted_tensors
+
         plan = [e for e in build_plan(hf_config, model.config, value_head=meta["value_head"]) if e.export]
-        params = dict(model.named_parameters())
+        params = converted_tensors(model)
         buckets = _schedule(plan, params, tp, dims_of(hf_config), ring_bytes, destinations)
         device = next(iter(params.values())).device
         exporter = _Exporter(buckets, tp, ring_bytes, device, group)

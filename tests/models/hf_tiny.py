@@ -24,13 +24,52 @@ TINY = {
             mlp_only_layers=[],
         ),
     ),
+    # Dense first layer, load-balancing loss on (output_router_logits), renormalised top-k.
+    "qwen3_moe_dense0": (
+        "Qwen3MoeConfig",
+        dict(tie_word_embeddings=False, head_dim=16, num_experts=4, num_experts_per_tok=2,
+             moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[0],
+             output_router_logits=True, router_aux_loss_coef=0.05),
+    ),
+    # Shared expert with its sigmoid gate, dense first layer, top-k weights not renormalised.
+    "qwen2_moe": (
+        "Qwen2MoeConfig",
+        dict(tie_word_embeddings=False, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+             shared_expert_intermediate_size=48, norm_topk_prob=False, mlp_only_layers=[0]),
+    ),
+    "mixtral": (
+        "MixtralConfig",
+        dict(tie_word_embeddings=False, num_local_experts=4, num_experts_per_tok=2, sliding_window=None),
+    ),
+    # GLM-4.5 shape: dense first layer, sigmoid router with score-correction bias and scaling,
+    # shared expert, QK norm, QKV bias, rotary on half of each head.
+    "glm4_moe": (
+        "Glm4MoeConfig",
+        dict(tie_word_embeddings=False, head_dim=16, n_routed_experts=4, num_experts_per_tok=2,
+             moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1,
+             norm_topk_prob=True, routed_scaling_factor=2.5, use_qk_norm=True, attention_bias=True,
+             num_nextn_predict_layers=0),
+    ),
+    # DeepSeek-V3 shape: MLA (q LoRA), dense first layer, sigmoid router with bias, 2 groups.
+    "deepseek_v3": (
+        "DeepseekV3Config",
+        dict(tie_word_embeddings=False, num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=16,
+             qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2,
+             moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
+             norm_topk_prob=True, routed_scaling_factor=2.5, rope_interleave=True,
+             # YaRN as DeepSeek-V3 ships it (factor 40, mscale = mscale_all_dim), scaled down
+             rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                              "original_max_position_embeddings": 32, "beta_fast": 32, "beta_slow": 1,
+                              "mscale": 1.0, "mscale_all_dim": 1.0}),
+    ),
 }
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe_dense0", "glm4_moe", "deepseek_v3")
 
 
 def make_tiny_hf(name: str, out_dir: str, *, vocab_size: int = 96, num_layers: int = 4, seed: int = 0) -> str:
     """Save a randomly initialised tiny model ``name`` (see TINY) to ``out_dir``; return it."""
     cls_name, extra = TINY[name]
-    config = getattr(transformers, cls_name)(
+    sizes = dict(
         vocab_size=vocab_size,
         hidden_size=64,
         intermediate_size=96,
@@ -40,8 +79,8 @@ def make_tiny_hf(name: str, out_dir: str, *, vocab_size: int = 96, num_layers: i
         max_position_embeddings=128,
         rms_norm_eps=1e-6,
         dtype="float32",
-        **extra,
     )
+    config = getattr(transformers, cls_name)(**{**sizes, **extra})
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     # Random (not default-init) norms and biases so a wrong mapping cannot hide.
@@ -51,6 +90,9 @@ def make_tiny_hf(name: str, out_dir: str, *, vocab_size: int = 96, num_layers: i
                 param.uniform_(0.5, 1.5)
             elif pname.endswith(".bias"):
                 param.normal_(0, 0.1)
+        for bname, buf in model.named_buffers():  # GLM-4.5's router bias (a buffer)
+            if bname.endswith("e_score_correction_bias"):
+                buf.normal_(0, 0.1)
     model.save_pretrained(out_dir, safe_serialization=True)
     return out_dir
 
@@ -79,3 +121,32 @@ def hf_token_log_probs(hf_dir: str, input_ids, attention_mask, position_ids) -> 
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
         ).logits
     return torch.log_softmax(logits[:, :-1].float(), dim=-1).gather(-1, input_ids[:, 1:, None])[..., 0]
+
+
+# model_type -> (MoE block name in the checkpoint, expert gate / up / down projection names)
+_CHECKPOINT_EXPERTS = {"mixtral": ("block_sparse_moe", "w1", "w3", "w2")}
+_QWEN_EXPERTS = ("mlp", "gate_proj", "up_proj", "down_proj")
+
+
+def checkpoint_named_grads(model) -> dict[str, torch.Tensor]:
+    """``.grad`` of every parameter under its checkpoint name. transformers 5 keeps MoE experts
+    fused in memory (``mlp.experts.gate_up_proj`` ``[E, 2I, H]``, ``down_proj`` ``[E, H, I]``) and
+    saves them per expert (Mixtral under ``block_sparse_moe`` as w1 / w3 / w2): split them so."""
+    block, gate_name, up_name, down_name = _CHECKPOINT_EXPERTS.get(model.config.model_type, _QWEN_EXPERTS)
+    grads = {}
+    for name, param in model.named_parameters():
+        if name.endswith("mlp.experts.down_proj"):
+            continue
+        if name.endswith("mlp.experts.gate_up_proj"):
+            prefix = name[: -len("mlp.experts.gate_up_proj")]
+            down = dict(model.named_parameters())[prefix + "mlp.experts.down_proj"].grad
+            for e in range(param.grad.shape[0]):
+                gate, up = param.grad[e].chunk(2)
+                expert = f"{prefix}{block}.experts.{e}."
+                grads.update({expert + f"{gate_name}.weight": gate, expert + f"{up_name}.weight": up,
+                              expert + f"{down_name}.weight": down[e]})
+        elif name.endswith("mlp.gate.weight") and block != "mlp":
+            grads[name.replace(".mlp.gate.", f".{block}.gate.")] = param.grad
+        else:
+            grads[name] = param.grad
+    return grads

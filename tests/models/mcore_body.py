@@ -105,7 +105,9 @@ def convert_and_forward(megatron_cfg: dict, cases: list[dict], device: str = "cp
         grads = None
         if case.get("grad"):
             grads = hf_layout_grads(chunks, hf_config, case["batch"])
-        out.append(_to({"result": result, "packed": packed, "export": exported, "grads": grads}, "cpu"))
+        experts = sorted({type(m).__name__ for n, m in chunks[0].named_modules() if n.endswith("mlp.experts")})
+        out.append(_to({"result": result, "packed": packed, "export": exported, "grads": grads,
+                        "experts": experts}, "cpu"))
     return out
 
 
@@ -210,3 +212,37 @@ def packed_log_probs(chunk, input_ids, attention_mask):
         idx = attention_mask[row].nonzero()[:, 0]
         result[row, idx[:-1]] = logp[int(cu[row]): int(cu[row + 1]) - 1]
     return result
+
+
+def aux_loss_grads(megatron_cfg: dict, hf_dirs: list[str], input_ids: torch.Tensor) -> list[dict]:
+    """Per model: gradients of megatron's router load-balancing loss alone, in HF names and layout.
+
+    One forward of the whole (unpadded) batch ``[b, s]`` in training mode outside the pipeline
+    schedule, the aux-loss gradient scale set to 1 (the schedule sets 1 / micro-batches), and a
+    backward of ``0 * logits``: only the routers' load-balancing terms reach the gradients.
+    """
+    from megatron.core.transformer.moe.router import MoEAuxLossAutoScaler
+
+    from megarl.models import build_model, export_hf_weights, load_hf_weights
+    from megarl.parallel import init_distributed
+
+    init_distributed(megatron_cfg, "cpu", seed=42)
+    out = []
+    for hf_dir in hf_dirs:
+        hf_config = transformers.AutoConfig.from_pretrained(hf_dir)
+        chunks = build_model(hf_config, megatron_cfg, device="cpu", dtype=torch.float32)
+        load_hf_weights(chunks, hf_dir)
+        model = chunks[0]
+        model.train()
+        MoEAuxLossAutoScaler.set_loss_scale(torch.ones(1))
+        positions = torch.arange(input_ids.shape[1])[None].expand_as(input_ids)
+        logits = model(input_ids, positions, None)
+        (0.0 * logits.sum()).backward()
+        with torch.no_grad():
+            for param in model.parameters():
+                param.copy_(param.grad if param.grad is not None else torch.zeros_like(param))
+        out.append({
+            "load_balancing_type": model.config.moe_router_load_balancing_type,
+            "grads": {name: t.clone() for name, t in export_hf_weights(chunks, hf_config)},
+        })
+    return out

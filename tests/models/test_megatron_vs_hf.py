@@ -19,29 +19,31 @@ import pytest
 import torch
 import transformers
 from dist_utils import run_distributed
-from hf_tiny import hf_token_log_probs, make_tiny_hf, padded_batch
+from hf_tiny import MOE_FAMILIES, checkpoint_named_grads, hf_token_log_probs, make_tiny_hf, padded_batch
 from mcore_body import convert_and_forward
 from safetensors.torch import load_file
 
 # layout name -> (world size, megatron cfg, models run in that layout)
 LAYOUTS = {
-    "tp1": (1, {}, ["qwen2", "llama", "qwen3_moe"]),
-    "tp2": (2, {"tensor_model_parallel_size": 2}, ["qwen2", "qwen2_tied", "llama", "qwen3", "qwen3_moe"]),
-    "pp2": (2, {"pipeline_model_parallel_size": 2}, ["qwen2", "qwen2_tied", "qwen3_moe"]),
+    "tp1": (1, {}, ["qwen2", "llama", "qwen3_moe", *MOE_FAMILIES]),
+    "tp2": (2, {"tensor_model_parallel_size": 2}, ["qwen2", "qwen2_tied", "llama", "qwen3", "qwen3_moe",
+                                                   *MOE_FAMILIES]),
+    # qwen2_moe: its dense layer 0 on stage 0, its MoE layer 1 on stage 1.
+    "pp2": (2, {"pipeline_model_parallel_size": 2}, ["qwen2", "qwen2_tied", "qwen3_moe", "qwen2_moe"]),
     "pp2_vpp2": (
         2,
         {"pipeline_model_parallel_size": 2, "virtual_pipeline_model_parallel_size": 2},
         ["qwen3"],
     ),
     # EP=2 on 2 ranks: dense parameters are data-parallel (DP=2), experts split.
-    "ep2": (2, {"expert_model_parallel_size": 2}, ["qwen3_moe"]),
+    "ep2": (2, {"expert_model_parallel_size": 2}, ["qwen3_moe", *MOE_FAMILIES]),
 }
 
 
 # MoE + TP > 1 is forward-only here: megatron requires sequence parallelism to train it
 # (without SP the TP ranks' duplicate tokens double the expert gradients), and SP needs TE.
 GRAD_MODELS = {
-    "tp1": ("qwen3_moe",),
+    "tp1": ("qwen3_moe", "mixtral", "qwen2_moe"),
     "tp2": ("qwen2_v97", "qwen3"),
     "pp2": ("qwen2",),
     "pp2_vpp2": ("qwen3",),
@@ -53,6 +55,8 @@ def hf_dirs(tmp_path_factory):
     dirs = {}
     for name in ["qwen2", "qwen2_tied", "llama", "qwen3", "qwen3_moe"]:
         dirs[name] = make_tiny_hf(name, str(tmp_path_factory.mktemp(name)))
+    for name in MOE_FAMILIES:  # 2 layers: dense + MoE (Mixtral: both MoE)
+        dirs[name] = make_tiny_hf(name, str(tmp_path_factory.mktemp(name)), num_layers=2)
     # Vocab 97 is not divisible by TP=2: exercises megatron vocab padding + masking.
     dirs["qwen2_v97"] = make_tiny_hf("qwen2", str(tmp_path_factory.mktemp("v97")), vocab_size=97)
     return dirs
@@ -91,16 +95,7 @@ def _check_grads(hf_dir: str, batch, per_rank_grads: list[dict]) -> None:
     logp = torch.log_softmax(logits[:, :-1], -1).gather(-1, input_ids[:, 1:, None])[..., 0]
     valid = (attention_mask[:, :-1] * attention_mask[:, 1:]).float()
     (-(logp * valid).sum() / 2).backward()
-    expected = {name: p.grad for name, p in model.named_parameters()}
-    # transformers 5 keeps MoE experts fused in memory ([E, 2I, H] gate|up, [E, H, I]
-    # down) and saves them per expert: split the gradients the same way.
-    for name in [n for n in expected if n.endswith("mlp.experts.gate_up_proj")]:
-        prefix = name[: -len("gate_up_proj")]
-        gate_up, down = expected.pop(name), expected.pop(prefix + "down_proj")
-        for e in range(gate_up.shape[0]):
-            gate, up = gate_up[e].chunk(2)
-            expected.update({f"{prefix}{e}.gate_proj.weight": gate, f"{prefix}{e}.up_proj.weight": up,
-                             f"{prefix}{e}.down_proj.weight": down[e]})
+    expected = checkpoint_named_grads(model)
     for grads in per_rank_grads:
         assert set(grads) == set(expected)
         for name, grad in grads.items():
@@ -125,5 +120,7 @@ def test_logprobs_and_roundtrip(layout, hf_dirs):
     per_rank = run_distributed(convert_and_forward, world, megatron_cfg, cases, timeout=240)
     for index, case in enumerate(cases):
         _check(case["hf_dir"], case["batch"], [r[index] for r in per_rank], case["packed"])
+        # CPU: sequential experts (grouped GEMM only where the transformer-engine spec runs)
+        assert all(r[index]["experts"] in ([], ["SequentialMLP"]) for r in per_rank)
         if case["grad"]:
             _check_grads(case["hf_dir"], case["batch"], [r[index]["grads"] for r in per_rank])

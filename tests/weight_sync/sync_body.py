@@ -11,9 +11,11 @@ def perturb_(chunks, scale: float, shift: float) -> None:
     Elementwise, so it commutes with any sharding, fusing or permutation: the expected
     HF tensors are the HF checkpoint's tensors with the same change applied.
     """
+    from megarl.models.weights import converted_tensors, unwrap_chunk
+
     with torch.no_grad():
         for chunk in chunks:
-            for p in chunk.parameters():
+            for p in converted_tensors(unwrap_chunk(chunk)).values():  # GLM's router bias buffers too
                 p.mul_(scale).add_(shift)
 
 

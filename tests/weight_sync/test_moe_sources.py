@@ -1,4 +1,5 @@
-"""Megatron EP=2 (Qwen3-MoE, 4 experts, top-2) source -> transport -> vLLM.
+"""Megatron EP=2 (4 experts, top-2) source -> transport -> vLLM, per MoE family: Qwen3-MoE,
+Qwen2-MoE (shared expert with gate, dense first layer), Mixtral.
 
 Same checks as test_megatron_sources.py for the expert-parallel layout: the tensors
 handed to vLLM (every expert, gathered from its EP rank) equal the HF export of the
@@ -12,16 +13,16 @@ import pytest
 import torch
 
 from engine_compare import greedy, make_worker, run_layout, write_expected
-from tiny_hf import build_tiny_qwen3_moe
+from tiny_hf import MOE_BUILDERS
 
 pytestmark = pytest.mark.slow
 
 SCALE, SHIFT = 1.01, -0.001
 
 
-@pytest.fixture(scope="module")
-def moe_dir(tmp_path_factory):
-    return build_tiny_qwen3_moe(tmp_path_factory.mktemp("src_moe"))
+@pytest.fixture(scope="module", params=list(MOE_BUILDERS))
+def moe_dir(request, tmp_path_factory):
+    return MOE_BUILDERS[request.param](tmp_path_factory.mktemp(f"src_{request.param}"))
 
 
 @pytest.fixture(scope="module")

