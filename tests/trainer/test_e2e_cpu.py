@@ -100,7 +100,9 @@ def test_grpo_tool_agent_with_calculator_sync_mode_and_verl_agent_keys(demo_dir,
     each); then the same step with rollout.mode=sync (one batched generate)."""
     from pathlib import Path
 
-    tools = Path(__file__).resolve().parents[2] / "configs" / "tools" / "calculator.yaml"
+    import megarl
+
+    tools = Path(megarl.__file__).parent / "configs" / "tools" / "calculator.yaml"
     cfg = demo_config(demo_dir, tmp_path / "tool", [
         "trainer.total_training_steps=1", "trainer.test_freq=-1", "actor_rollout_ref.rollout.mode=async",
         "actor_rollout_ref.rollout.multi_turn.enable=true", f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}",
