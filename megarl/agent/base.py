@@ -113,6 +113,26 @@ def import_class(target: str, what: str) -> type:
         raise ValueError(f"{what}: cannot import {target!r} ({type(exc).__name__}: {exc})") from None
 
 
+def class_entries(path: str, key: str, list_name: str, base_class: type) -> list[tuple[int, dict, type]]:
+    """``(index, entry, class)`` for each entry of the YAML list ``list_name`` at ``path``
+    (verl's tool / interaction files: ``class_name`` + ``config``); errors name ``key``, the file
+    and the entry."""
+    spec = OmegaConf.to_container(OmegaConf.load(resolve_file(path)), resolve=True)
+    entries = spec.get(list_name) if isinstance(spec, dict) else None
+    if not isinstance(entries, list):
+        raise ValueError(f"{key}={path}: expected a mapping with a '{list_name}' list")
+    out = []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict) or "class_name" not in entry:
+            raise ValueError(f"{key}={path}: {list_name}[{i}] needs class_name (module.Class)")
+        cls = import_class(entry["class_name"], f"{key}={path}: {list_name}[{i}]")
+        if not (isinstance(cls, type) and issubclass(cls, base_class)):
+            raise ValueError(f"{key}={path}: {list_name}[{i}] {entry['class_name']} is not a "
+                             f"{base_class.__module__}.{base_class.__name__} subclass")
+        out.append((i, entry, cls))
+    return out
+
+
 def load_agent_loop_config(path: str | None) -> dict[str, type]:
     """Agent name -> class: the built-ins plus those of verl's agent-loop YAML at ``path``."""
     import megarl.agent.single_turn  # noqa: F401  (registers the built-ins)

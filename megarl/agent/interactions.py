@@ -21,9 +21,7 @@ from __future__ import annotations
 from typing import Any
 from uuid import uuid4
 
-from omegaconf import OmegaConf
-
-from megarl.agent.base import import_class, resolve_file
+from megarl.agent.base import class_entries
 
 KEY = "actor_rollout_ref.rollout.multi_turn.interaction_config_path"
 
@@ -52,18 +50,8 @@ def load_interactions(path: str | None) -> dict[str, BaseInteraction]:
     """Interaction name -> instance from the YAML at ``path`` (empty when null)."""
     if not path:
         return {}
-    spec = OmegaConf.to_container(OmegaConf.load(resolve_file(path)), resolve=True)
-    entries = spec.get("interaction") if isinstance(spec, dict) else None
-    if not isinstance(entries, list):
-        raise ValueError(f"{KEY}={path}: expected a mapping with an 'interaction' list")
     out: dict[str, BaseInteraction] = {}
-    for i, entry in enumerate(entries):
-        if not isinstance(entry, dict) or "class_name" not in entry:
-            raise ValueError(f"{KEY}={path}: interaction[{i}] needs class_name (module.Class)")
-        cls = import_class(entry["class_name"], f"{KEY}={path}: interaction[{i}]")
-        if not (isinstance(cls, type) and issubclass(cls, BaseInteraction)):
-            raise ValueError(f"{KEY}={path}: interaction[{i}] {entry['class_name']} is not a "
-                             "megarl.agent.interactions.BaseInteraction subclass")
+    for _, entry, cls in class_entries(path, KEY, "interaction", BaseInteraction):
         name = str(entry.get("name") or cls.__name__)
         if name in out:
             raise ValueError(f"{KEY}={path}: two interactions are named {name!r}")

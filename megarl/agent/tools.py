@@ -22,9 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import uuid4
 
-from omegaconf import OmegaConf
-
-from megarl.agent.base import import_class, resolve_file
+from megarl.agent.base import class_entries
 
 KEY = "actor_rollout_ref.rollout.multi_turn.tool_config_path"
 
@@ -69,20 +67,11 @@ def load_tools(path: str | None) -> dict[str, BaseTool]:
     """Tool name -> tool instance from verl's tool YAML (empty when ``path`` is null)."""
     if not path:
         return {}
-    spec = OmegaConf.to_container(OmegaConf.load(resolve_file(path)), resolve=True)
-    entries = spec.get("tools") if isinstance(spec, dict) else None
-    if not isinstance(entries, list):
-        raise ValueError(f"{KEY}={path}: expected a mapping with a 'tools' list")
     tools: dict[str, BaseTool] = {}
-    for i, entry in enumerate(entries):
-        if not isinstance(entry, dict) or "class_name" not in entry:
-            raise ValueError(f"{KEY}={path}: tools[{i}] needs class_name (module.Class)")
+    for i, entry, cls in class_entries(path, KEY, "tools", BaseTool):
         config = entry.get("config") or {}
         if config.get("type", "native") != "native":
             raise ValueError(f"{KEY}={path}: tools[{i}].config.type={config.get('type')!r}: only 'native' tools exist")
-        cls = import_class(entry["class_name"], f"{KEY}={path}: tools[{i}]")
-        if not (isinstance(cls, type) and issubclass(cls, BaseTool)):
-            raise ValueError(f"{KEY}={path}: tools[{i}] {entry['class_name']} is not a megarl.agent.tools.BaseTool subclass")
         tool = cls(config=config, tool_schema=entry.get("tool_schema"))
         if tool.name in tools:
             raise ValueError(f"{KEY}={path}: two tools are named {tool.name!r}")
