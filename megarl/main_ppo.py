@@ -1,5 +1,8 @@
 """Entry point: `python -m megarl.main_ppo --config-name=ppo_megatron_trainer key=value ...`.
 
+`--dry-run` (optionally with `--gpu-memory-gib N`) prints the launch plan of `python -m megarl.plan`
+(placement, memory per role and phase) and starts nothing.
+
 check override syntax and keys -> compose (Hydra) -> check keys and types -> build the
 demo assets the config points at -> validate everything (layouts against each model's
 config.json, batch sizes, files) -> preflight (load the tokenizer, datasets and reward
@@ -134,6 +137,10 @@ def verl_config_path(argv: list[str]) -> list[str]:
 
 
 def cli() -> None:
+    if "--dry-run" in sys.argv[1:]:  # the launch plan only (megarl.plan), nothing starts
+        from megarl.plan.__main__ import main as plan_main
+
+        sys.exit(plan_main([a for a in sys.argv[1:] if a != "--dry-run"]))
     sys.argv[1:] = verl_config_path(sys.argv[1:])
     issues = check_override_keys(sys.argv[1:])
     if issues:
