@@ -26,11 +26,19 @@ def alive_nodes(address: str) -> dict[str, dict]:
     return {n["NodeManagerAddress"]: n["Resources"] for n in ray.nodes() if n["Alive"]}
 
 
+def _as_ray_names(ip: str) -> str:
+    """Ray registers a node started with 127.0.0.1 / localhost under the host's address."""
+    import ray
+
+    return ray.util.get_node_ip_address() if ip in ("127.0.0.1", "localhost") else ip
+
+
 def wait_for_nodes(address: str, nodes: int, expect: list[str], timeout_s: float, poll_s: float = 1.0) -> dict[str, dict]:
     """Poll until ``nodes`` nodes and every IP in ``expect`` are alive; raise TimeoutError naming the missing."""
     deadline = time.monotonic() + timeout_s
     while True:
         alive = alive_nodes(address)
+        expect = [_as_ray_names(ip) for ip in expect]
         missing = [ip for ip in expect if ip not in alive]
         if len(alive) >= nodes and not missing:
             return alive

@@ -136,7 +136,16 @@ def verl_config_path(argv: list[str]) -> list[str]:
     return out
 
 
+def _exit_on_sigterm(signum: int, frame) -> None:
+    """SIGTERM (scancel, a time limit, torchrun) unwinds like Ctrl-C: the trainer's cleanup runs
+    (workers stopped, an unfinished checkpoint removed, Ray shut down) and the exit code is 143."""
+    raise SystemExit(128 + signum)
+
+
 def cli() -> None:
+    import signal
+
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     if "--dry-run" in sys.argv[1:]:  # the launch plan only (megarl.plan), nothing starts
         from megarl.plan.__main__ import main as plan_main
 
