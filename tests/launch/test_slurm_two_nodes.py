@@ -1,7 +1,8 @@
 """launch/slurm_megarl.sbatch on a local two-node Slurm cluster (launch/local_slurm/up.sh:
 slurmctld + `slurmd -N n1` / `-N n2`): `sbatch --nodes=2` runs the demo job to completion
 over both nodes; then a longer job is cancelled (scancel = SIGTERM) after its first
-checkpoint: every published checkpoint verifies, and no process is left behind."""
+checkpoint (SIGTERM to the batch script and its children, as Slurm does before a time limit):
+every published checkpoint verifies, and no process is left behind."""
 
 from __future__ import annotations
 
@@ -85,7 +86,8 @@ def test_scancel_stops_everything_and_leaves_only_whole_checkpoints(cluster):
     while not os.path.isdir(f"{run_dir}/global_step_1"):
         assert time.monotonic() < deadline, Path(out).read_text()[-4000:]
         time.sleep(2)
-    subprocess.run(["scancel", job], env=env, check=True, timeout=30)
+    # SIGTERM to the batch shell and everything under it, as at the time limit (--signal=B:TERM@120)
+    subprocess.run(["scancel", "--signal=TERM", "--full", job], env=env, check=True, timeout=30)
     deadline = time.monotonic() + 180
     while subprocess.run(["squeue", "-h", "-j", job], env=env, capture_output=True, text=True).stdout.strip():
         assert time.monotonic() < deadline, "the job did not end within 180 s of scancel"
