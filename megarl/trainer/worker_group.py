@@ -197,13 +197,18 @@ class WorkerGroup:
                 except ray.exceptions.RayActorError as error:
                     rank = refs.index(ref)
                     raise WorkerError(
-                        f"{self.name} rank {rank} (pid {self._pid(rank)}): the worker process died during "
+                        f"{self.name} rank {rank} (pid {self._pid(rank)}{self._where(rank)}): the worker process died during "
                         f"{self.name}.{method} ({type(error).__name__}); the run stops. Ray's report:\n{error}",
                         group=self.name, rank=rank, pid=self._pid(rank), method=method, error_type=type(error).__name__,
                         error_text=f"the worker process died during {self.name}.{method}", remote_traceback=str(error),
                         died=True,
                     ) from None
         return ray.get(list(refs))
+
+    def _where(self, rank: int) -> str:
+        """", on node <id> (<ip>)" once the group knows its ranks' nodes (a dead node is named)."""
+        nodes = getattr(self, "nodes", None) or []
+        return f", on node {nodes[rank][0]} ({nodes[rank][1]})" if rank < len(nodes) else ""
 
     def _pid(self, rank: int) -> int | str:
         """Process id of ``rank`` ("?" while the group is being built)."""
