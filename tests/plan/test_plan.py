@@ -34,6 +34,9 @@ def test_groups_follow_megatron_order():
     assert groups(layout, "tp") == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert groups(layout, "dp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
     assert groups(layout, "pp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    # experts: rank = etp + ETP * (ep + EP * (expert_dp + EXPERT_DP * pp)), by hand for ETP=1, EP=4, PP=2
+    moe = ParallelLayout(world_size=8, tp=2, pp=2, ep=4, etp=1)
+    assert groups(moe, "ep") == [[0, 1, 2, 3], [4, 5, 6, 7]]
 
 
 def test_7b_on_two_nodes_fits_with_tp4(tmp_path):
