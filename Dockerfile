@@ -56,7 +56,8 @@ RUN --mount=type=secret,id=ca_bundle,required=false --mount=type=bind,target=/ct
          omegaconf==2.3.1 pyarrow tensordict transformers tokenizers safetensors pytest \
     && (pip uninstall -y torchvision torchaudio torchcodec || true)
 COPY . /workspace/megarl
-RUN pip install --no-deps -e . \
+# the build tools are in the venv already: no index needed (and no isolated build env)
+RUN pip install --no-deps --no-build-isolation -e . \
     && python -c "import torch, megatron.core, vllm, ray, hydra, megarl; print('megarl cpu image OK', torch.__version__)"
 ENV MEGARL_DEMO_DIR=/workspace/demo
 CMD ["python", "-m", "megarl.main_ppo", "--config-name=ppo_megatron_trainer"]
@@ -77,7 +78,7 @@ RUN --mount=type=secret,id=ca_bundle,required=false \
     && pip install -c requirements/gpu-lock.txt --no-build-isolation "transformer-engine[pytorch]==2.20.2"
 COPY . /workspace/megarl
 # Fail the build if anything above moved torch off the validated version.
-RUN pip install --no-deps -e . \
+RUN pip install --no-deps --no-build-isolation -e . \
     && python -c "import torch, vllm, megatron.core, transformer_engine, ray, hydra, megarl; \
 assert torch.__version__.startswith('2.11.0'), torch.__version__; print('megarl gpu image OK', torch.__version__, vllm.__version__)"
 CMD ["/bin/bash"]
