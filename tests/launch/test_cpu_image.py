@@ -23,4 +23,4 @@ def test_cpu_image_builds_and_runs_the_quickstart(tmp_path):
     done = subprocess.run([str(REPO / "scripts" / "build_cpu_image.sh")], env=env, capture_output=True, text=True,
                           timeout=3600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "step:2" in done.stdout, done.stdout[-3000:]
+    assert "[megarl] step 2/2" in done.stdout, done.stdout[-3000:]
