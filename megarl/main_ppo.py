@@ -1,5 +1,8 @@
 """Entry point: `python -m megarl.main_ppo --config-name=ppo_megatron_trainer key=value ...`.
 
+`--dry-run` (optionally with `--gpu-memory-gib N`) prints the launch plan of `python -m megarl.plan`
+(placement, memory per role and phase) and starts nothing.
+
 check override syntax and keys -> compose (Hydra) -> check keys and types -> build the
 demo assets the config points at -> validate everything (layouts against each model's
 config.json, batch sizes, files) -> preflight (load the tokenizer, datasets and reward
@@ -133,7 +136,20 @@ def verl_config_path(argv: list[str]) -> list[str]:
     return out
 
 
+def _exit_on_sigterm(signum: int, frame) -> None:
+    """SIGTERM (scancel, a time limit, torchrun) unwinds like Ctrl-C: the trainer's cleanup runs
+    (workers stopped, an unfinished checkpoint removed, Ray shut down) and the exit code is 143."""
+    raise SystemExit(128 + signum)
+
+
 def cli() -> None:
+    import signal
+
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    if "--dry-run" in sys.argv[1:]:  # the launch plan only (megarl.plan), nothing starts
+        from megarl.plan.__main__ import main as plan_main
+
+        sys.exit(plan_main([a for a in sys.argv[1:] if a != "--dry-run"]))
     sys.argv[1:] = verl_config_path(sys.argv[1:])
     issues = check_override_keys(sys.argv[1:])
     if issues:

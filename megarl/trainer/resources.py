@@ -1,7 +1,9 @@
 """Resource pools: trainer.nnodes x trainer.n_gpus_per_node slots as Ray placement groups.
 
 One placement group per node (STRICT_PACK: its bundles land on one node), one bundle per
-slot. A bundle is ``{"GPU": 1, "CPU": c}`` on CUDA and ``{"CPU": c}`` when
+slot. With several nodes each group is pinned to its own node (Ray's ``node:<ip>`` resource),
+so that CPU nodes, where Ray could pack two groups on one node, get one group each too.
+A bundle is ``{"GPU": 1, "CPU": c}`` on CUDA and ``{"CPU": c}`` when
 ``trainer.device=cpu`` (c may be fractional, so several ranks share this machine's cores).
 Worker groups that share the pool take fractions of each bundle (colocation).
 """
@@ -40,8 +42,9 @@ def create_resource_pool(nnodes: int, slots_per_node: int, use_gpu: bool, cpus_p
     from ray.util.placement_group import placement_group
 
     bundle = {"CPU": cpus_per_slot, **({"GPU": 1} if use_gpu else {})}
-    groups = [placement_group([dict(bundle) for _ in range(slots_per_node)], strategy="STRICT_PACK")
-              for _ in range(nnodes)]
+    pins = _node_pins(nnodes, slots_per_node, bundle) if nnodes > 1 else [{}]
+    groups = [placement_group([{**bundle, **(pin if i == 0 else {})} for i in range(slots_per_node)], strategy="STRICT_PACK")
+              for pin in pins]
     ready = [pg.ready() for pg in groups]
     done, _ = ray.wait(ready, num_returns=len(ready), timeout=PLACEMENT_TIMEOUT_S)
     if len(done) != len(ready):
@@ -54,3 +57,25 @@ def create_resource_pool(nnodes: int, slots_per_node: int, use_gpu: bool, cpus_p
         )
     placements = [(pg, i) for pg in groups for i in range(slots_per_node)]
     return ResourcePool(groups, placements, use_gpu, cpus_per_slot)
+
+
+def _node_pins(nnodes: int, slots_per_node: int, bundle: dict[str, float]) -> list[dict[str, float]]:
+    """One ``{"node:<ip>": 0.001}`` per placement group: ``nnodes`` alive nodes that can hold
+    ``slots_per_node`` bundles, the driver's node first. Raises naming what the cluster has."""
+    here = ray.util.get_node_ip_address()
+    fitting, others = [], []
+    for node in ray.nodes():
+        if not node["Alive"]:
+            continue
+        ip, res = node["NodeManagerAddress"], node["Resources"]
+        enough = all(res.get(k, 0) >= v * slots_per_node for k, v in bundle.items())
+        (fitting if enough and f"node:{ip}" in res else others).append(ip)
+    fitting.sort(key=lambda ip: ip != here)
+    if len(fitting) < nnodes:
+        raise RuntimeError(
+            f"trainer.nnodes={nnodes} needs {nnodes} Ray nodes with {slots_per_node} x {bundle} each "
+            f"(trainer.n_gpus_per_node={slots_per_node}); the cluster has {len(fitting)} such node(s) {fitting}"
+            + (f" and {len(others)} smaller {others}" if others else "")
+            + ": start the missing nodes (launch/ray_cluster.sh worker) or lower trainer.nnodes"
+        )
+    return [{f"node:{ip}": 0.001} for ip in fitting[:nnodes]]

@@ -68,6 +68,10 @@ class WorkerHost:
         """This rank's process id (named in errors when the process dies)."""
         return os.getpid()
 
+    def node(self) -> tuple[str, str]:
+        """(Ray node id, node IP) of this rank."""
+        return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
+
     def address(self) -> tuple[str, int]:
         """(this node's IP, a free port on it): the rendezvous of the group's rank 0."""
         return ray.util.get_node_ip_address(), _free_port()
@@ -158,7 +162,11 @@ class WorkerGroup:
                 self._get([host.set_env.remote({"MASTER_ADDR": master[0], "MASTER_PORT": str(master[1])})], "set_env")
             self.hosts.append(host)
         self.pids: list[int] = self._get([h.pid.remote() for h in self.hosts], "pid")
+        self.nodes: list[tuple[str, str]] = self._get([h.node.remote() for h in self.hosts], "node")
         print(f"[megarl] worker group {name}: rank pids {self.pids}", flush=True)
+        for node_id, ip in dict.fromkeys(self.nodes):
+            ranks = [r for r, n in enumerate(self.nodes) if n == (node_id, ip)]
+            print(f"[megarl] worker group {name}: ranks {ranks} on node {node_id} ({ip})", flush=True)
         self._get([h.build.remote(cls_path, tuple(args), dict(kwargs)) for h in self.hosts], "__init__")
 
     # ------------------------------------------------------------------ calls
@@ -193,13 +201,18 @@ class WorkerGroup:
                 except ray.exceptions.RayActorError as error:
                     rank = refs.index(ref)
                     raise WorkerError(
-                        f"{self.name} rank {rank} (pid {self._pid(rank)}): the worker process died during "
+                        f"{self.name} rank {rank} (pid {self._pid(rank)}{self._where(rank)}): the worker process died during "
                         f"{self.name}.{method} ({type(error).__name__}); the run stops. Ray's report:\n{error}",
                         group=self.name, rank=rank, pid=self._pid(rank), method=method, error_type=type(error).__name__,
                         error_text=f"the worker process died during {self.name}.{method}", remote_traceback=str(error),
                         died=True,
                     ) from None
         return values  # each fetched once: a second ray.get would deserialise every tensor again
+
+    def _where(self, rank: int) -> str:
+        """", on node <id> (<ip>)" once the group knows its ranks' nodes (a dead node is named)."""
+        nodes = getattr(self, "nodes", None) or []
+        return f", on node {nodes[rank][0]} ({nodes[rank][1]})" if rank < len(nodes) else ""
 
     def _pid(self, rank: int) -> int | str:
         """Process id of ``rank`` ("?" while the group is being built)."""

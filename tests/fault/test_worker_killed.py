@@ -1,10 +1,11 @@
 """A Ray worker process killed (`kill -9`) mid-step stops the real driver: non-zero exit,
-the message names the worker group, rank and pid with Ray's ActorDiedError report, no
+the message names the worker group, rank, pid and node with Ray's ActorDiedError report, no
 hang (a generous hang guard, not a speed assertion), and no Ray process left behind."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 
@@ -29,7 +30,8 @@ def test_worker_killed_mid_step_stops_the_run_naming_it(tmp_path):
         print(f"driver exited {time.monotonic() - killed:.1f} s after the worker was killed")
         text = driver.text()
         assert code != 0, text[-3000:]
-        assert f"actor_rollout_ref rank 0 (pid {pid}): the worker process died during actor_rollout_ref." in text
+        assert re.search(rf"actor_rollout_ref rank 0 \(pid {pid}, on node \w+ \([\d.]+\)\): the worker process died "
+                         r"during actor_rollout_ref\.", text), text[-3000:]
         assert "ActorDiedError" in text
         assert "[megarl] step 1000/1000" not in text
         assert not alive(ray_pids), f"Ray processes outlived the driver: {alive(ray_pids)}"

@@ -85,5 +85,6 @@ def test_dead_worker_process_is_named_with_rank_and_pid(group):
     with pytest.raises(WorkerError) as info:
         group.call_all("die_on", 1, 60.0)  # hang guard: the healthy rank would return after 60 s
     message = str(info.value)
-    assert f"toy rank 1 (pid {group.pids[1]}): the worker process died during toy.die_on" in message
+    node_id, ip = group.nodes[1]
+    assert f"toy rank 1 (pid {group.pids[1]}, on node {node_id} ({ip})): the worker process died during toy.die_on" in message
     assert "ActorDiedError" in message

@@ -1,0 +1,98 @@
+"""The plan's memory estimates (megarl.plan) beside the peaks measured on the GPU machine.
+
+    python benchmarks/plan_vs_measured.py
+
+Reads the measured peaks from benchmarks/results/ (torch's max_memory_allocated per GPU) and
+prints, per run, the estimate of megarl.plan.memory for the same shape, layout and micro-batch,
+and the error. No GPU needed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from megarl.parallel.layout import ParallelLayout
+from megarl.plan.memory import TrainSetup, rank_memory
+from megarl.plan.model_size import ModelShape, count_params
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from _common import QWEN25_1P5B, QWEN25_7B  # noqa: E402
+
+GIB = 2**30
+RESULTS = HERE / "results"
+
+
+def _measured(path: str, label: str) -> float:
+    runs = json.loads((RESULTS / path).read_text())["runs"]
+    return next(r["max_mem_GiB"] for r in runs if r["label"] == label)
+
+
+def actor_rows() -> list[tuple[str, float, float]]:
+    """(run, estimate GiB, measured GiB) of the actor-update benchmarks (bench_actor_throughput.py:
+    megatron DDP + distributed optimizer, bf16, fp32 grads, full-length rows, no SP)."""
+    q15 = {**QWEN25_1P5B, "model_type": "qwen2"}
+    q7_8 = {**QWEN25_7B, "model_type": "qwen2", "num_hidden_layers": 8}
+    cases = [
+        ("1.5B TP=1 seq 4096 micro-bs 2, SDPA, padded (H100)", q15, 1, 2 * 4096, "run5_issue23/actor_1p5b_local.json", "b_megarl_actor"),
+        ("1.5B TP=1 seq 4096 micro-bs 2, TE, padded (H100)", q15, 1, 2 * 4096, "run5_issue23/actor_1p5b_transformer_engine.json", "b_megarl_actor"),
+        ("1.5B TP=1 seq 4096 micro-bs 2, SDPA, packed (H100)", q15, 1, 2 * 4096, "run5_issue23/actor_1p5b_rmpad_local.json", "b_megarl_actor_rmpad"),
+        ("1.5B TP=2 seq 4096 micro-bs 4 (2 x H200)", q15, 2, 4 * 4096, "run4_issue10/actor_throughput.json", "b_megarl_actor"),
+        ("1.5B TP=2 seq 4096 micro-bs 4, packed (2 x H200)", q15, 2, 4 * 4096, "run4_issue10/actor_throughput.json", "b_megarl_actor_rmpad"),
+        ("7B shape, 8 layers, TP=1 seq 4096 micro-bs 1, TE bf16 (H100)", q7_8, 1, 4096, "run6_issue16_23/actor_7b_te.json", "b_megarl_actor"),
+        ("7B shape, 8 layers, TP=1 seq 4096 micro-bs 1, TE FP8 (H100)", q7_8, 1, 4096, "run6_issue16_23/actor_7b_te_fp8.json", "b_megarl_actor"),
+    ]
+    rows = []
+    for name, shape, tp, tokens, path, label in cases:
+        params = count_params(ModelShape.from_hf_config(shape))
+        m = rank_memory(params, ParallelLayout(world_size=tp, tp=tp),
+                        TrainSetup(dtype="bfloat16", trainable=True, tokens=tokens, forward_tokens=tokens))
+        rows.append((name, (m.resident + m.activations_train) / GIB, _measured(path, label)))
+    return rows
+
+
+def e2e_rows() -> list[tuple[str, float, float]]:
+    """GRPO end to end (gpu_session.sh e2e_sdpa): the plan of the same overrides; the measured
+    peaks are `memory/*_peak_gib` of steps 2-3 (torch's counter, vLLM's pool included)."""
+    from megarl.config import resolve_config
+    from megarl.config.load import load_config
+    from megarl.plan.build import build_plan
+
+    with tempfile.TemporaryDirectory() as model_dir:
+        env = {**os.environ, "MEGARL_DEMO_DIR": os.environ.get("MEGARL_DEMO_DIR", tempfile.gettempdir() + "/megarl-demo")}
+        subprocess.run([sys.executable, str(HERE / "grpo_model_dir.py"), model_dir, "--config-only"], check=True,
+                       env=env, capture_output=True)
+        cfg = resolve_config(load_config([
+            f"actor_rollout_ref.model.path={model_dir}", "trainer.device=cuda", "trainer.n_gpus_per_node=1",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "data.train_batch_size=64",
+            "data.max_prompt_length=32", "data.max_response_length=224", "actor_rollout_ref.rollout.n=8",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=64", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16", "algorithm.adv_estimator=grpo",
+            "actor_rollout_ref.actor.megatron.sequence_parallel=false", "actor_rollout_ref.rollout.gpu_memory_utilization=0.3"]))
+        plan = build_plan(cfg, gpu_memory_gib=79.19)  # an H100 80GB: 79.19 GiB total
+    steps = [json.loads(line) for line in (RESULTS / "run6_issue16_23/e2e_sdpa.metrics.jsonl").read_text().splitlines()][1:]
+    vllm = plan.vllm.budget
+    rows = []
+    for phase, key, plus_vllm in (("generate", "rollout", False), ("old_log_prob", "old_log_prob", True),
+                                  ("update_actor", "update_actor", True)):
+        measured = [s[f"memory/{key}_peak_gib"] for s in steps]
+        estimate = (plan.phases[phase] + (vllm if plus_vllm else 0)) / GIB
+        label = f"GRPO e2e 0.5B (SDPA, padded), {phase}" + (" + vLLM's sleeping pool" if plus_vllm else "")
+        rows += [(f"{label}, step {s['step']}", estimate, m) for s, m in zip(steps, measured)]
+    return rows
+
+
+def main() -> None:
+    print(f"| run | plan estimate GiB | measured peak GiB | estimate vs measured |")
+    print("|---|---|---|---|")
+    for name, est, meas in actor_rows() + e2e_rows():
+        print(f"| {name} | {est:.1f} | {meas:.1f} | {100 * (est / meas - 1):+.1f} % |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+"""GPU memory of one rank of a Megatron role (actor, reference, critic) and of a vLLM replica.
+
+Bytes per rank, from the model's parameter counts (:mod:`megarl.plan.model_size`) and the
+layout (:class:`~megarl.parallel.layout.ParallelLayout`). The model of each term:
+
+* parameters: ``dtype`` bytes x the parameters of the rank's largest pipeline stage
+  (``layers/pp`` decoder layers, plus the embedding on the first stage and the LM head on
+  the last; tied embeddings sit on both), dense weights / TP, experts / (EP x expert TP).
+* gradients: megatron DDP's contiguous buffer, fp32 unless the precision-aware optimizer
+  keeps ``main_grads_dtype`` lower (``megarl.workers.megatron.optim.grad_reduce_in_fp32``).
+* optimizer (Adam): fp32 main parameters (none when training in fp32) + ``exp_avg`` +
+  ``exp_avg_sq`` per parameter, divided by DP x CP (dense) / expert DP under the
+  distributed optimizer.
+* activations saved for backward, per token of a micro-batch (``tokens / cp`` per rank),
+  2 bytes each (bf16) per decoder layer: attention block = norm input + norm output
+  (``/tp`` with sequence parallelism) + q, k, v + attention output (``/tp``); MLP block = norm
+  input + norm output + gate/up output + SwiGLU output (``/tp``); MoE layers count the routed
+  experts' ``top-k`` copies (``/etp``) and the shared expert. Full recompute keeps only each
+  layer's input plus one layer's activations. The first pipeline stage holds ``pp``
+  micro-batches in flight (1F1B), so ``layers/pp x pp`` layers' worth in total.
+* logits: ``tokens x vocab/tp`` in bf16 saved + one fp32 working copy (the log-softmax),
+  6 bytes per element (critic: a value head, no vocabulary logits).
+* forward-only passes (old log-prob, reference): one layer's activations + the logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from megarl.parallel.layout import ParallelLayout
+from megarl.plan.model_size import ParamCount
+
+__all__ = ["DTYPE_BYTES", "TrainSetup", "RankMemory", "rank_memory", "activation_bytes", "vllm_memory", "VllmMemory"]
+
+DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "fp8": 1}
+ACT_BYTES = 2  # activations are bf16/fp16 (mixed precision)
+LOGIT_BYTES = 2 + 4  # bf16 logits kept for backward + an fp32 copy in the log-softmax
+
+
+@dataclass(frozen=True)
+class TrainSetup:
+    """What a role's memory depends on besides the model and layout.
+
+    ``tokens``: tokens of one training micro-batch on one DP rank (before CP);
+    ``forward_tokens``: the same for forward-only passes (log-prob).
+    """
+
+    dtype: str  # megatron.dtype resolved: float32 | bfloat16 | float16
+    trainable: bool
+    tokens: int
+    forward_tokens: int
+    sequence_parallel: bool = False
+    recompute_full: bool = False
+    distributed_optimizer: bool = True
+    main_grads_dtype: str = "fp32"
+    exp_avg_dtype: str = "fp32"
+    exp_avg_sq_dtype: str = "fp32"
+    value_head: bool = False  # critic: [h] -> 1 instead of the LM head
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """Bytes on one rank. ``optimizer_sharded`` = with the distributed optimizer's DP
+    sharding, ``optimizer_full`` = without; ``optimizer`` is the configured one."""
+
+    params: int
+    grads: int
+    optimizer: int
+    optimizer_full: int
+    optimizer_sharded: int
+    activations_train: int
+    activations_forward: int
+
+    @property
+    def resident(self) -> int:
+        """Parameters, gradients and optimizer state (what stays between phases unless offloaded)."""
+        return self.params + self.grads + self.optimizer
+
+
+def _stage_params(p: ParamCount, layout: ParallelLayout, value_head: bool) -> tuple[float, float]:
+    """(dense, expert) parameters of the largest pipeline stage on one rank."""
+    s = p.shape
+    per_stage = -(-s.layers // layout.pp)
+    share = per_stage / s.layers
+    layers_dense = s.layers * p.attention_and_norms + p.dense_layers * p.dense_mlp + s.moe_layers * p.moe_shared
+    head = s.hidden if value_head else (p.lm_head or p.embedding)
+    if layout.pp == 1:
+        ends = p.embedding + (s.hidden if value_head else p.lm_head) + p.final_norm
+    else:  # the larger of the first stage (embedding) and the last (head + final norm)
+        ends = max(p.embedding, head + p.final_norm)
+    dense = (layers_dense * share + ends) / layout.tp
+    expert = p.expert_params * share / (layout.ep * layout.etp)
+    return dense, expert
+
+
+def activation_bytes(p: ParamCount, layout: ParallelLayout, setup: TrainSetup, tokens: int, *, train: bool) -> int:
+    """Activation bytes on one rank for a micro-batch of ``tokens`` (see the module docstring)."""
+    s = p.shape
+    t = tokens / layout.cp
+    tp, etp = layout.tp, layout.etp
+    norm_div = tp if setup.sequence_parallel else 1
+    q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
+    attention = 2 * s.hidden / norm_div + (2 * q + 2 * kv) / tp
+    dense_mlp = 2 * s.hidden / norm_div + 3 * s.ffn / tp
+    moe_mlp = 2 * s.hidden / norm_div + (3 * s.expert_ffn * s.experts_per_token) / etp + 3 * s.shared_expert_ffn / tp
+    dense_layers = s.layers - s.moe_layers
+    per_layer_avg = attention + (dense_layers * dense_mlp + s.moe_layers * moe_mlp) / s.layers
+    per_layer_max = attention + (moe_mlp if s.moe_layers and moe_mlp > dense_mlp else dense_mlp)
+    layers_in_flight = -(-s.layers // layout.pp) * layout.pp  # first stage: pp micro-batches of layers/pp
+    if not train:
+        layer_elems = per_layer_max
+    elif setup.recompute_full:
+        layer_elems = layers_in_flight * s.hidden / norm_div + per_layer_max
+    else:
+        layer_elems = layers_in_flight * per_layer_avg
+    logits = 0 if setup.value_head else t * s.vocab / tp * LOGIT_BYTES
+    return int(t * layer_elems * ACT_BYTES + logits)
+
+
+def rank_memory(p: ParamCount, layout: ParallelLayout, setup: TrainSetup) -> RankMemory:
+    """Memory of one rank of a Megatron role (see the module docstring for each term)."""
+    dense, expert = _stage_params(p, layout, setup.value_head)
+    n = dense + expert
+    params = int(n * DTYPE_BYTES[setup.dtype])
+    grads = optimizer_full = optimizer_sharded = optimizer = 0
+    if setup.trainable:
+        grads = int(n * DTYPE_BYTES[setup.main_grads_dtype])
+        main = 0 if setup.dtype == "float32" else 4
+        per_param = main + DTYPE_BYTES[setup.exp_avg_dtype] + DTYPE_BYTES[setup.exp_avg_sq_dtype]
+        optimizer_full = int(n * per_param)
+        optimizer_sharded = int((dense / (layout.dp * layout.cp) + expert / layout.expert_dp) * per_param)
+        optimizer = optimizer_sharded if setup.distributed_optimizer else optimizer_full
+    return RankMemory(
+        params=params, grads=grads, optimizer=optimizer, optimizer_full=optimizer_full,
+        optimizer_sharded=optimizer_sharded,
+        activations_train=activation_bytes(p, layout, setup, setup.tokens, train=True) if setup.trainable else 0,
+        activations_forward=activation_bytes(p, layout, setup, setup.forward_tokens, train=False),
+    )
+
+
+@dataclass(frozen=True)
+class VllmMemory:
+    """One vLLM rank: its budget (``gpu_memory_utilization`` x GPU), weights and the KV cache left."""
+
+    budget: int
+    weights: int
+    kv_cache: int
+    kv_bytes_per_token: int
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.kv_cache // self.kv_bytes_per_token if self.kv_bytes_per_token else 0
+
+
+def vllm_memory(p: ParamCount, tp: int, dtype: str, gpu_bytes: int, utilization: float) -> VllmMemory:
+    """vLLM at tensor-parallel size ``tp``: weights / tp; KV cache = budget - weights (vLLM's
+    own activation and CUDA-graph memory are not counted, so the KV figure is an upper bound).
+    KV per token = 2 (k, v) x layers x kv heads (at least one per rank) x head_dim x 2 bytes."""
+    s = p.shape
+    budget = int(gpu_bytes * utilization)
+    weights = int(p.total / tp * DTYPE_BYTES[dtype])
+    kv_heads_per_rank = max(1, s.kv_heads // tp)
+    kv_per_token = 2 * s.layers * kv_heads_per_rank * s.head_dim * DTYPE_BYTES[dtype]
+    return VllmMemory(budget=budget, weights=weights, kv_cache=max(0, budget - weights), kv_bytes_per_token=kv_per_token)

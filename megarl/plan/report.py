@@ -1,0 +1,54 @@
+"""The plan as text: placement, groups, memory per role and per phase, verdict."""
+
+from __future__ import annotations
+
+from megarl.plan.build import GIB, Plan
+from megarl.plan.placement import group_lines, slot_lines
+
+
+def _g(n: int) -> str:
+    return f"{n / GIB:.2f}"
+
+
+def format_plan(plan: Plan, show_slots: int = 64) -> str:
+    world = plan.nnodes * plan.per_node
+    out = [f"megarl plan: {plan.nnodes} node(s) x {plan.per_node} GPU(s) = {world} ranks, "
+           f"{plan.gpu_bytes / GIB:g} GiB per GPU; every role is colocated on every GPU"]
+    out.append("reward: the reward function runs in the driver process (node 0), no GPU")
+    layouts = {name: r.layout for name, r in plan.roles.items()}
+    rollout_replicas = world // plan.rollout_tp
+    out.append(f"rollout: {rollout_replicas} vLLM replica(s) of TP={plan.rollout_tp}")
+    out.append("")
+    out.append("placement (node, GPU -> coordinates):")
+    lines = slot_lines(plan.nnodes, plan.per_node, layouts, plan.rollout_tp)
+    out += ["  " + line for line in lines[:show_slots]]
+    if len(lines) > show_slots:
+        out.append(f"  ... {len(lines) - show_slots} more")
+    out.append("")
+    for name, layout in layouts.items():
+        out += group_lines(name, layout)
+    out.append("")
+    out.append("memory per GPU, GiB (estimate; see megarl/plan/memory.py for the model):")
+    out.append(f"  {'role':<8}{'params(B)':>10}{'weights':>9}{'grads':>8}{'optim':>8}{'optim unsharded':>16}"
+               f"{'offloaded between phases':>26}{'act train':>11}{'act fwd':>9}")
+    for name, r in plan.roles.items():
+        m = r.memory
+        offload = (m.params + m.grads if r.param_offload else 0) + (m.optimizer if r.optimizer_offload else 0)
+        out.append(f"  {name:<8}{r.params.total / 1e9:>10.3f}{_g(m.params):>9}{_g(m.grads):>8}{_g(m.optimizer):>8}"
+                   f"{_g(m.optimizer_full):>16}{_g(offload):>26}{_g(m.activations_train):>11}{_g(m.activations_forward):>9}")
+    v = plan.vllm
+    out.append(f"  vLLM: budget {_g(v.budget)} = weights {_g(v.weights)} + KV cache {_g(v.kv_cache)} "
+               f"({v.kv_tokens} tokens at {v.kv_bytes_per_token} B/token)")
+    out.append("")
+    out.append("peak per phase, GiB per GPU:")
+    for phase, need in plan.phases.items():
+        flag = "  <-- does not fit" if need > plan.gpu_bytes else ""
+        out.append(f"  {phase:<14}{_g(need):>8}{flag}")
+    peak = max(plan.phases.values())
+    out.append("")
+    if plan.issues:
+        out.append(f"REFUSED: {len(plan.issues)} problem(s):")
+        out += ["  " + issue.format() for issue in plan.issues]
+    else:
+        out.append(f"fits: peak {_g(peak)} of {plan.gpu_bytes / GIB:g} GiB per GPU")
+    return "\n".join(out)

@@ -1,0 +1,48 @@
+"""The memory model on a hand-computed example, and its layout arithmetic."""
+
+from __future__ import annotations
+
+from megarl.parallel.layout import ParallelLayout
+from megarl.plan.memory import TrainSetup, rank_memory, vllm_memory
+from megarl.plan.model_size import ModelShape, count_params
+
+TINY = count_params(ModelShape.from_hf_config(dict(
+    model_type="qwen2", vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)))  # 138304 parameters
+
+
+def test_hand_computed_rank_memory_dp2():
+    setup = TrainSetup(dtype="bfloat16", trainable=True, tokens=100, forward_tokens=50)
+    m = rank_memory(TINY, ParallelLayout(world_size=2), setup)  # TP=1, DP=2
+    assert m.params == 2 * 138304  # bf16
+    assert m.grads == 4 * 138304  # fp32 main grads
+    assert m.optimizer_full == 12 * 138304  # fp32 main params + exp_avg + exp_avg_sq
+    assert m.optimizer == m.optimizer_sharded == 12 * 138304 // 2  # distributed optimizer over DP=2
+    # per token per layer: attention 2*64 (norm in/out) + 2*64 (q, attn out) + 2*32 (k, v) = 320;
+    # MLP 2*64 + 3*128 (gate, up, swiglu out) = 512 -> 832 x 2 layers x 100 tokens x 2 bytes = 332800;
+    # logits 100 x 1000 x 6 bytes = 600000
+    assert m.activations_train == 332800 + 600000
+    # forward only: one layer (832 x 50 x 2 = 83200) + logits 50 x 1000 x 6 = 300000
+    assert m.activations_forward == 83200 + 300000
+
+
+def test_tp_and_sequence_parallel_and_offload_free_setup():
+    setup = TrainSetup(dtype="bfloat16", trainable=True, tokens=100, forward_tokens=100, sequence_parallel=True,
+                       distributed_optimizer=False)
+    m = rank_memory(TINY, ParallelLayout(world_size=2, tp=2), setup)
+    assert m.params == 138304  # every weight (incl. the vocab-parallel embedding) split over TP=2
+    assert m.optimizer == m.optimizer_full == 6 * 138304  # not sharded: DP=1 anyway, and the flag is off
+    assert m.activations_train == (332800 + 600000) // 2  # everything /2 with sequence parallelism
+
+
+def test_reference_has_no_gradients_or_optimizer():
+    m = rank_memory(TINY, ParallelLayout(world_size=1), TrainSetup(dtype="bfloat16", trainable=False, tokens=0,
+                                                                    forward_tokens=10))
+    assert (m.grads, m.optimizer, m.activations_train) == (0, 0, 0)
+
+
+def test_vllm_kv_cache():
+    v = vllm_memory(TINY, tp=1, dtype="bfloat16", gpu_bytes=10_000_000, utilization=0.5)
+    assert v.weights == 2 * 138304
+    assert v.kv_cache == 5_000_000 - 2 * 138304
+    assert v.kv_bytes_per_token == 2 * 2 * 2 * 16 * 2  # k+v x layers x kv heads x head_dim x bf16

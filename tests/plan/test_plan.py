@@ -1,0 +1,95 @@
+"""The plan of whole configs: placement from ParallelLayout, a 7B layout that fits and one that
+is refused naming the keys, and the CLI (`python -m megarl.plan`, `main_ppo --dry-run`)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from megarl.config import resolve_config
+from megarl.config.load import load_config
+from megarl.plan.__main__ import main as plan_main
+from megarl.plan.build import GIB, build_plan
+from megarl.plan.placement import groups
+from megarl.parallel.layout import ParallelLayout
+
+QWEN25_7B = dict(model_type="qwen2", vocab_size=152064, hidden_size=3584, intermediate_size=18944,
+                 num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False)
+
+
+def _cfg(tmp_path, *overrides):
+    (tmp_path / "config.json").write_text(json.dumps(QWEN25_7B))
+    return resolve_config(load_config([
+        f"actor_rollout_ref.model.path={tmp_path}", "trainer.nnodes=2", "trainer.n_gpus_per_node=8",
+        "data.max_prompt_length=1024", "data.max_response_length=3072",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4", "critic.ppo_micro_batch_size_per_gpu=2",
+        *overrides]))
+
+
+def test_groups_follow_megatron_order():
+    layout = ParallelLayout(world_size=8, tp=2, pp=2)  # tp fastest, then dp, pp slowest
+    assert groups(layout, "tp") == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert groups(layout, "dp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert groups(layout, "pp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    # experts: rank = etp + ETP * (ep + EP * (expert_dp + EXPERT_DP * pp)), by hand for ETP=1, EP=4, PP=2
+    moe = ParallelLayout(world_size=8, tp=2, pp=2, ep=4, etp=1)
+    assert groups(moe, "ep") == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_7b_on_two_nodes_fits_with_tp4(tmp_path):
+    plan = build_plan(_cfg(tmp_path, "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4",
+                           "critic.megatron.tensor_model_parallel_size=4",
+                           "actor_rollout_ref.rollout.gpu_memory_utilization=0.4"), gpu_memory_gib=80)
+    assert not plan.issues, [i.format() for i in plan.issues]
+    actor = plan.roles["actor"]
+    assert (actor.layout.tp, actor.layout.dp) == (4, 4)
+    assert actor.params.total == 7_615_616_512  # Qwen2.5-7B's published parameter count
+    # distributed optimizer: 12 bytes/param / (TP 4 x DP 4) of the largest stage
+    assert actor.memory.optimizer == pytest.approx(12 * actor.params.total / 16, rel=0.01)
+    # verl's default estimator (gae) trains a critic; no KL -> no reference
+    assert set(plan.phases) == {"generate", "old_log_prob", "update_actor", "values", "update_critic"}
+    assert plan.roles["critic"].layout.tp == 4
+
+
+def test_7b_tp1_is_refused_naming_the_keys(tmp_path, capsys):
+    plan = build_plan(_cfg(tmp_path, "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1",
+                           "actor_rollout_ref.actor.megatron.use_distributed_optimizer=false"), gpu_memory_gib=80)
+    text = "\n".join(i.format() for i in plan.issues)
+    assert "update_actor" in text
+    assert "actor_rollout_ref.actor.megatron.tensor_model_parallel_size" in text
+    assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu" in text
+    assert "actor_rollout_ref.actor.megatron.use_distributed_optimizer=true" in text
+    assert plan.phases["update_actor"] > 80 * GIB
+
+
+def test_vllm_budget_without_room_for_kv_is_refused(tmp_path):
+    plan = build_plan(_cfg(tmp_path, "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4",
+                           "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+                           "actor_rollout_ref.rollout.gpu_memory_utilization=0.18"), gpu_memory_gib=80)
+    # 0.18 x 80 = 14.4 GiB < 14.2 GiB of 7B bf16 weights + one 4096-token sequence of KV
+    assert any(i.key == "actor_rollout_ref.rollout.gpu_memory_utilization" and "KV cache" in i.problem
+               for i in plan.issues)
+
+
+def test_main_ppo_dry_run_prints_the_plan():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "megarl.main_ppo", "--config-name=ppo_megatron_trainer", "--dry-run",
+                           "trainer.total_training_steps=2"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "megarl plan: 1 node(s) x 1 GPU(s)" in done.stdout
+    assert "step" not in done.stdout.lower().split("megarl plan")[1]  # nothing ran
+
+
+def test_cli_prints_demo_plan_and_refuses_a_tiny_gpu(capsys):
+    assert plan_main(["--config-name=ppo_megatron_trainer", "trainer.total_training_steps=2"]) == 0
+    out = capsys.readouterr().out
+    assert "node 0 gpu 0 (rank 0): actor dp0 tp0 pp0 cp0; rollout replica 0 tp0 (head)" in out
+    assert "fits:" in out
+    assert plan_main(["--gpu-memory-gib=0.004", "trainer.total_training_steps=2"]) == 2
+    out = capsys.readouterr().out
+    assert "REFUSED" in out and "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu" in out
