@@ -82,6 +82,7 @@ def test_console_script_composes_the_config(installed):
     assert bad.returncode == 2 and "did you mean trainer.total_training_steps" in bad.stderr, bad.stdout + bad.stderr
 
 
+@pytest.mark.extended  # ~85 s on 2 cores; the two tests above run in the default suite
 def test_quickstart_runs_one_step_from_the_wheel(installed):
     venv, elsewhere = installed
     run_dir = elsewhere / "run"
