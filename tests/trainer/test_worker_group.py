@@ -57,6 +57,7 @@ def test_hung_call_times_out(group):
         group.call_timeout_s = 120
 
 
+@pytest.mark.extended  # ~60 s on 2 cores: both toy ranks import torch and tensordict for it
 def test_call_dp_sends_each_chunk_once_and_collects_one_rank_per_group(group):
     """TP=2 over the 2 ranks: one DP group, both ranks run on the same rows, only the
     output rank (TP rank 0) sends its result back; the rows come back in order."""
