@@ -70,20 +70,15 @@ class DirectTargets:
         if len(chunks) == 1 and all(size() == 1 for size in (
                 ps.get_tensor_model_parallel_world_size, ps.get_pipeline_model_parallel_world_size,
                 ps.get_expert_model_parallel_world_size)):
+            # direct_targets gives views on CUDA only, so the copies can always be a graph
             pairs, built = self._unsharded_pairs(unwrap_chunk(chunks[0]), hf_config)
-            if pairs and pairs[0][1].is_cuda:
-                self._replay_copies(pairs, built)
-                self._account(pairs, integrity_check and built, stats)
-                stats.buckets += 1
-                stats.seconds += time.perf_counter() - start
-                return
-            triples = pairs
+            self._replay_copies(pairs, built)
+            self._account(pairs, integrity_check and built, stats)
         else:
             dtype = unwrap_chunk(chunks[0]).config.params_dtype
             lent = {name: view for name, view in self.views.items() if view.dtype == dtype}
             export = export_hf_weights_bucketed(chunks, hf_config, bucket_size_bytes=bucket_size_bytes, destinations=lent)
-            triples = ((name, self._view_for(name, tensor), tensor) for name, tensor in export)
-        self._copy(triples, integrity_check, stats)
+            self._copy(((name, self._view_for(name, tensor), tensor) for name, tensor in export), integrity_check, stats)
         stats.buckets += 1
         stats.seconds += time.perf_counter() - start
 
