@@ -23,11 +23,11 @@ OUT=${OUT:-$PWD/outputs}; mkdir -p "$OUT"
 TR="torchrun --nproc_per_node=1"
 python3 -c "import torch, vllm, megatron.core as mc; import transformer_engine as te; print('torch', torch.__version__, 'vllm', vllm.__version__, 'mcore', mc.__version__, 'te', te.__version__, torch.cuda.get_device_name())" 2>&1 | tail -1
 
-e2e() {  # $1 = log name, rest = extra overrides; MODEL (q05 | qmoe), GPUS, RTP (rollout TP) from the environment
+e2e() {  # $1 = log name, rest = extra overrides; MODEL (q05 | qmoe | l05), GPUS, RTP (rollout TP) from the environment
   local name=$1; shift
   local model=/tmp/${MODEL:-q05}
   export MEGARL_DEMO_DIR=/tmp/gpu-demo
-  [ -f $model/model.safetensors ] || python3 benchmarks/grpo_model_dir.py $model $([ "${MODEL:-}" = qmoe ] && echo --moe) \
+  [ -f $model/model.safetensors ] || python3 benchmarks/grpo_model_dir.py $model $([ "${MODEL:-}" = qmoe ] && echo --moe) $([ "${MODEL:-}" = l05 ] && echo --llama) \
     > "$OUT/e2e_model_${MODEL:-q05}.log" 2>&1
   rm -rf /tmp/e2e_run
   timeout 280 python3 -m megarl.main_ppo actor_rollout_ref.model.path=$model trainer.device=cuda \

@@ -1,12 +1,14 @@
 """Write a random Qwen2.5-0.5B-shaped policy with the demo tokenizer (issue 23's GRPO run).
 
-  MEGARL_DEMO_DIR=/tmp/demo python benchmarks/grpo_model_dir.py /tmp/q05 [--config-only] [--moe]
+  MEGARL_DEMO_DIR=/tmp/demo python benchmarks/grpo_model_dir.py /tmp/q05 [--config-only] [--moe | --llama]
 
 Builds the demo assets (tokenizer, data) if missing, then saves a randomly initialised
 Qwen2 of Qwen2.5-0.5B's shape (vocabulary = the demo tokenizer's) in bf16 with the tokenizer
 files, so `actor_rollout_ref.model.path=/tmp/q05` runs the demo task at that size.
 ``--moe``: a Qwen3-MoE of about the same active size instead (8 experts, top 2, 12 layers),
-for expert-parallel runs.
+for expert-parallel runs. ``--llama``: the same shape as a Llama (no q/k/v bias), for the verl side by
+side: verl 0.9.1's agent loop picks its token builder by ``model_type``, and its Qwen builder needs a
+tokenizer where "\\n" is one token, which the demo tokenizer does not have.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ def main() -> None:
             hidden_size=896, intermediate_size=2432, moe_intermediate_size=1216, num_hidden_layers=12,
             num_attention_heads=14, num_key_value_heads=2, head_dim=64, num_experts=8, num_experts_per_tok=2,
             norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], **common)
+    elif "--llama" in sys.argv:
+        cfg = transformers.LlamaConfig(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                                       num_attention_heads=14, num_key_value_heads=2, head_dim=64, **common)
     else:
         cfg = transformers.Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                                        num_attention_heads=14, num_key_value_heads=2, **common)

@@ -11,7 +11,8 @@
 #   env: VERL_TIMEOUT (s, split over the backends), VERL_RAY_CPUS (32), VERL_WATCHDOG_S (240), VERL_USE_V1 (true),
 #        VERL_EXTRA_OVERRIDES (appended Hydra overrides)
 #
-# Workload = megarl's e2e: random Qwen2.5-0.5B shape with the demo tokenizer (/tmp/q05, grpo_model_dir.py),
+# Workload = megarl's e2e with MODEL=l05: random Qwen2.5-0.5B shape as a Llama (no q/k/v bias: verl's agent loop
+# takes a Qwen model_type as a Qwen tokenizer), the demo tokenizer (/tmp/l05, grpo_model_dir.py --llama),
 # the demo arithmetic data (/tmp/gpu-demo), 64 prompts x 8 responses, prompt <= 32, response <= 224 tokens,
 # mini-batch 64, micro-batch 16, GRPO, colocated (hybrid engine), 3 steps, CUDA graphs on, vLLM at 0.3 of
 # GPU memory, rollout TP=1, bf16, verl's defaults elsewhere (lr 1e-6, no KL, no reference model).
@@ -44,7 +45,7 @@ overrides() {  # $1 = fsdp | megatron
     algorithm.adv_estimator=grpo
     data.train_files=/tmp/gpu-demo/train.parquet data.val_files=/tmp/gpu-demo/val.parquet
     data.train_batch_size=64 data.max_prompt_length=32 data.max_response_length=224
-    actor_rollout_ref.model.path=/tmp/q05
+    actor_rollout_ref.model.path=/tmp/l05
     actor_rollout_ref.actor.ppo_mini_batch_size=64 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16
     actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.mode=async actor_rollout_ref.rollout.n=8
     actor_rollout_ref.rollout.tensor_model_parallel_size=1 actor_rollout_ref.rollout.gpu_memory_utilization=0.3
@@ -88,7 +89,7 @@ python3 -c "import verl, vllm, ray, torch, transfer_queue; print('verl', verl.__
 say "unpacked"
 
 export MEGARL_DEMO_DIR=/tmp/gpu-demo
-[ -f /tmp/q05/model.safetensors ] || python3 benchmarks/grpo_model_dir.py /tmp/q05 > "$OUT/verl_model.log" 2>&1 \
+[ -f /tmp/l05/model.safetensors ] || python3 benchmarks/grpo_model_dir.py /tmp/l05 --llama > "$OUT/verl_model.log" 2>&1 \
   || { tail -5 "$OUT/verl_model.log"; exit 5; }
 say "model and data ready"
 
