@@ -99,7 +99,10 @@ def _check_grads(hf_dir: str, batch, per_rank_grads: list[dict]) -> None:
     for grads in per_rank_grads:
         assert set(grads) == set(expected)
         for name, grad in grads.items():
-            torch.testing.assert_close(grad, expected[name], atol=2e-5, rtol=1e-4, msg=name)
+            # fp32 summation noise grows with the tensor's scale (Gemma's tied embedding sums sqrt(hidden)-scaled
+            # lookup and LM-head gradients, up to ~25): absolute tolerance relative to the largest element
+            scale = max(1.0, float(expected[name].abs().max()))
+            torch.testing.assert_close(grad, expected[name], atol=2e-5 * scale, rtol=1e-4, msg=name)
 
 
 @pytest.mark.slow
