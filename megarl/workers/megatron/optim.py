@@ -8,8 +8,8 @@ lr_warmup_init, lr_warmup_steps, lr_warmup_steps_ratio, lr_decay_steps, lr_decay
 lr_wsd_decay_style, lr_wsd_decay_steps, weight_decay_incr_style, total_training_steps (set by
 the trainer; -1 = unknown), use_checkpoint_opt_param_scheduler -> `build_scheduler` (megatron-core's
 `OptimizerParamScheduler`). `megatron.use_distributed_optimizer` shards optimizer state over DP
-(GPU only: :data:`DIST_OPT_NEEDS_CUDA`). A non-finite gradient is never applied (`guard_nonfinite_grads`); the workers decide
-whether that stops the run (`trainer.nan_policy`, megarl.utils.nonfinite).
+(GPU only: :data:`DIST_OPT_NEEDS_CUDA`). A non-finite gradient is never applied (`guard_nonfinite_grads`);
+the workers decide whether that stops the run (`trainer.nan_policy`, megarl.utils.nonfinite).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megarl.config.rules_optim import OPTIMIZER_FIELDS_FROM_KEYS
 
 __all__ = [
-    "DIST_OPT_NEEDS_CUDA", "build_optimizer", "build_scheduler", "optimizer_config", "schedule_steps", "grad_reduce_in_fp32",
-    "apply_cpu_optimizer_compat", "guard_nonfinite_grads",
+    "DIST_OPT_NEEDS_CUDA", "build_optimizer", "build_scheduler", "optimizer_config", "schedule_steps",
+    "grad_reduce_in_fp32", "apply_cpu_optimizer_compat", "guard_nonfinite_grads",
 ]
 
 logger = logging.getLogger(__name__)
