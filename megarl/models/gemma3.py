@@ -14,6 +14,12 @@ What Gemma 3 adds to a Llama-like decoder, and where megarl puts it:
 * GeGLU MLP (``gelu_pytorch_tanh``), softmax scale ``query_pre_attn_scalar ** -0.5``, embeddings
   multiplied by ``sqrt(hidden_size)`` rounded to the model dtype (:func:`scale_embeddings`).
 
+One difference from HF remains, in training only: HF's embedding has ``padding_idx = pad_token_id``, so
+the pad token's row gets no gradient from its lookups; megatron's embedding has no such row (the pad token
+only fills padding, whose outputs reach no loss, so in practice that row's gradient is the LM head's alone).
+megatron's TransformerLayer logs "Unknown MLP type" once per layer for :class:`Gemma3MLP` and builds it
+with the default TP group (the one it would pass).
+
 Megatron-core 0.16.1 has no Gemma model; mbridge 0.15.1's gemma3 bridge (a TransformerLayer subclass
 with the two post norms, TE norms and a CUDA attention) was the reference for the structure.
 """

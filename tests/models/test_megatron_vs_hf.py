@@ -29,7 +29,8 @@ LAYOUTS = {
     "tp2": (2, {"tensor_model_parallel_size": 2}, ["qwen2", "qwen2_tied", "llama", "qwen3", "qwen3_moe", "gemma3",
                                                    *MOE_FAMILIES]),
     # qwen2_moe: its dense layer 0 on stage 0, its MoE layer 1 on stage 1.
-    "pp2": (2, {"pipeline_model_parallel_size": 2}, ["qwen2", "qwen2_tied", "qwen3_moe", "qwen2_moe"]),
+    # gemma3: its local / global layer pattern and tied head across the two stages.
+    "pp2": (2, {"pipeline_model_parallel_size": 2}, ["qwen2", "qwen2_tied", "qwen3_moe", "qwen2_moe", "gemma3"]),
     "pp2_vpp2": (
         2,
         {"pipeline_model_parallel_size": 2, "virtual_pipeline_model_parallel_size": 2},
