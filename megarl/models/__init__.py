@@ -29,6 +29,7 @@ from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel
 
 from megarl.models.config import gpt_model_kwargs, hf_to_transformer_config
+from megarl.models.gemma3 import GEMMA3_MODEL_TYPES, ZeroCenteredRMSNorm, gemma3_layer_spec, scale_embeddings
 from megarl.models.spec import (
     get_layer_spec,
     have_transformer_engine,
@@ -102,10 +103,10 @@ def _seq_major_view(module, inputs, output):
     return logits.transpose(0, 1), bias
 
 
-def _block_spec(layer_spec, config, vp_stage, use_te: bool):
+def _block_spec(layer_spec, config, vp_stage, use_te: bool, gemma3: bool):
     """What GPTModel takes as ``transformer_layer_spec`` for one chunk."""
     if not use_te:
-        return local_block(layer_spec, config, vp_stage)
+        return local_block(layer_spec, config, vp_stage, final_norm=ZeroCenteredRMSNorm if gemma3 else None)
     return layer_spec if moe_pattern(config) is None else te_block(config, vp_stage)
 
 
@@ -142,11 +143,17 @@ def build_model(
         dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     config = hf_to_transformer_config(hf_config, megatron_cfg, device=device, dtype=dtype)
     impl, why = resolve_transformer_impl(config.transformer_impl, device, have_transformer_engine())
+    gemma3 = hf_config.model_type in GEMMA3_MODEL_TYPES
+    if gemma3 and impl != "local":
+        impl, why = "local", "Gemma 3's sandwich norms and per-layer rotary are in megarl's local spec only"
     if why and device.type == "cuda":
         logger.warning("layer spec local instead of %s: %s", config.transformer_impl, why)
     config.transformer_impl = impl
     use_te = impl == "transformer_engine"
-    spec = get_layer_spec(config, use_te=use_te, num_experts=config.num_moe_experts)
+    if gemma3:
+        spec = gemma3_layer_spec(config, hf_config)
+    else:
+        spec = get_layer_spec(config, use_te=use_te, num_experts=config.num_moe_experts)
     model_kwargs = gpt_model_kwargs(hf_config, value_head=value_head)
     vpp = parallel_state.get_virtual_pipeline_model_parallel_world_size()
     chunks: list[torch.nn.Module] = []
@@ -156,13 +163,15 @@ def build_model(
         post_process = parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=stage)
         model = GPTModel(
             config=config,
-            transformer_layer_spec=_block_spec(spec, config, stage, use_te),
+            transformer_layer_spec=_block_spec(spec, config, stage, use_te, gemma3),
             pre_process=pre_process,
             post_process=post_process,
             parallel_output=True,
             vp_stage=stage,
             **model_kwargs,
         )
+        if pre_process and gemma3:
+            scale_embeddings(model.embedding.word_embeddings, hf_config.hidden_size)
         if post_process and value_head:
             model.output_layer = ValueHead(config)
         elif post_process:

@@ -6,7 +6,7 @@ Supported ``model_type``: llama, mistral (no sliding window), qwen2 (QKV bias), 
 loss per the HF config), glm4_moe (GLM-4.5: partial rotary embedding, sigmoid router with
 score-correction bias, shared experts), deepseek_v3 (the same MoE, multi-latent attention of
 :mod:`megarl.models.mla_config`). Not supported yet, refused with the reason: see
-:data:`NOT_YET_SUPPORTED`.
+:data:`NOT_YET_SUPPORTED`. gemma3_text (Gemma 3 text): :mod:`megarl.models.gemma3`.
 """
 
 from __future__ import annotations
@@ -20,6 +20,12 @@ import torch.nn.functional as F
 from megatron.core import parallel_state
 from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
+from megarl.models.gemma3 import (
+    GEMMA3_MODEL_TYPES,
+    check_gemma3_supported,
+    gemma3_rope_kwargs,
+    gemma3_transformer_kwargs,
+)
 from megarl.models.mla_config import MLA_MODEL_TYPES, check_mla_supported, mla_transformer_kwargs
 from megarl.models.moe_config import MOE_MODEL_TYPES, check_moe_supported, moe_transformer_kwargs
 from megarl.models.spec import have_transformer_engine, resolve_transformer_impl
@@ -27,13 +33,10 @@ from megarl.parallel.layout import ParallelLayout
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "hf_to_transformer_config", "gpt_model_kwargs", "padded_vocab_size"]
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", *MOE_MODEL_TYPES)
-# model_type -> why megarl refuses it (mbridge 0.15.1 has bridges for them; megarl's local
-# SDPA layer spec and converters do not cover these layers yet).
-_GEMMA3 = ("its per-layer sliding-window attention needs a windowed mask in the SDPA core attention, and its "
-           "sandwich norms (post-attention / post-feedforward), sqrt(hidden)-scaled embeddings and "
-           "query_pre_attn_scalar are not in megarl's layer spec yet")
-NOT_YET_SUPPORTED = {"gemma3": _GEMMA3, "gemma3_text": _GEMMA3}
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", *GEMMA3_MODEL_TYPES, *MOE_MODEL_TYPES)
+# model_type -> why megarl refuses it
+NOT_YET_SUPPORTED = {"gemma3": "it is Gemma 3's vision-language model (a SigLIP vision tower megarl does not build); "
+                               "its text-only checkpoints (Gemma3ForCausalLM, model_type gemma3_text) are supported"}
 _DTYPE_FLAGS = {torch.float32: {}, torch.bfloat16: {"bf16": True}, torch.float16: {"fp16": True}}
 
 
@@ -45,7 +48,9 @@ def _check_supported(hf_config) -> str:
             f"model_type {model_type!r} (actor_rollout_ref.model.path config.json) is not "
             f"supported{why}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
-    if getattr(hf_config, "hidden_act", "silu") != "silu":
+    if model_type in GEMMA3_MODEL_TYPES:
+        check_gemma3_supported(hf_config)
+    elif getattr(hf_config, "hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act {hf_config.hidden_act!r} is not supported (only silu)")
     if model_type == "mistral" and getattr(hf_config, "sliding_window", None):
         raise ValueError("mistral sliding_window attention is not supported; set it to null")
@@ -97,7 +102,7 @@ def gpt_model_kwargs(hf_config, *, value_head: bool = False) -> dict[str, Any]:
         # A critic has its own value head; the LM head is never tied there.
         "share_embeddings_and_output_weights": bool(getattr(hf_config, "tie_word_embeddings", False))
         and not value_head,
-        **_rope_kwargs(hf_config),
+        **(gemma3_rope_kwargs(hf_config) if hf_config.model_type in GEMMA3_MODEL_TYPES else _rope_kwargs(hf_config)),
     }
 
 
@@ -200,12 +205,17 @@ def hf_to_transformer_config(
         kwargs.update(moe_transformer_kwargs(hf_config, grouped_gemm=grouped_gemm, on_cpu=on_cpu))
     if model_type in MLA_MODEL_TYPES:
         kwargs.update(mla_transformer_kwargs(hf_config))
+    if model_type in GEMMA3_MODEL_TYPES:
+        if kwargs["context_parallel_size"] > 1:
+            raise ValueError("gemma3_text under context parallelism is not supported (SDPA's context-parallel "
+                             "attention has no sliding window); set megatron.context_parallel_size=1")
+        kwargs.update(gemma3_transformer_kwargs(hf_config))
     kwargs.update(overrides)
     return (MLATransformerConfig if model_type in MLA_MODEL_TYPES else TransformerConfig)(**kwargs)
 
 
 def _qk_norm(hf_config) -> bool:
-    return hf_config.model_type in ("qwen3", "qwen3_moe") or (
+    return hf_config.model_type in ("qwen3", "qwen3_moe", *GEMMA3_MODEL_TYPES) or (
         hf_config.model_type == "glm4_moe" and bool(getattr(hf_config, "use_qk_norm", False)))
 
 

@@ -31,6 +31,7 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
+from megatron.core.transformer.utils import is_layer_window_attention
 
 from megarl.models.cp_attention import context_parallel_attention
 
@@ -95,7 +96,9 @@ class SDPACoreAttention(MegatronModule):
     fused QKV layout), causal masking, megatron boolean attention masks
     (``True`` = masked out, broadcastable to ``[b, 1, sq, sk]``; combined with the
     causal mask for causal mask types) and packed ``thd`` sequences through
-    ``PackedSeqParams.cu_seqlens_*`` (block-diagonal causal attention). Under context
+    ``PackedSeqParams.cu_seqlens_*`` (block-diagonal causal attention), and megatron's sliding
+    window (``config.window_size = (left, 0)`` on the layers ``config.window_attn_skip_freq``
+    marks: query i sees keys i - left .. i of its own sequence). Under context
     parallelism (``context_parallel_size > 1``) it runs
     :func:`megarl.models.cp_attention.context_parallel_attention` (causal, no mask).
 
@@ -122,13 +125,19 @@ class SDPACoreAttention(MegatronModule):
         self.attn_mask_type = attn_mask_type
         self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
         head_dim = config.kv_channels
+        # (left, right) keys each query sees around itself on a sliding-window layer, else None
+        self.window = config.window_size if is_layer_window_attention(
+            config.window_size, config.window_attn_skip_freq, layer_number) else None
+        if self.window is not None and (self.window[1] != 0 or self.cp_group is not None):
+            raise NotImplementedError(f"SDPACoreAttention supports causal sliding windows (left, 0) without context "
+                                      f"parallelism only; got window_size={config.window_size}")
         self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
         if config.apply_query_key_layer_scaling:
             raise NotImplementedError("apply_query_key_layer_scaling is not supported by SDPA")
 
-    @staticmethod
-    def _packed_allowed(params: PackedSeqParams, sq: int, sk: int, device) -> torch.Tensor:
-        """[sq, sk] bool: True where query i may attend key j (same sequence, j <= i)."""
+    def _packed_allowed(self, params: PackedSeqParams, sq: int, sk: int, device) -> torch.Tensor:
+        """[sq, sk] bool: True where query i may attend key j (same sequence, j <= i, and within
+        the sliding window)."""
         cu_q = params.cu_seqlens_q_padded if params.cu_seqlens_q_padded is not None else params.cu_seqlens_q
         cu_k = params.cu_seqlens_kv_padded if params.cu_seqlens_kv_padded is not None else params.cu_seqlens_kv
         seq_q = torch.bucketize(torch.arange(sq, device=device), cu_q[1:].to(device), right=True)
@@ -136,7 +145,10 @@ class SDPACoreAttention(MegatronModule):
         pos_q = torch.arange(sq, device=device) - cu_q.to(device)[seq_q]
         pos_k = torch.arange(sk, device=device) - cu_k.to(device)[seq_k]
         same = seq_q[:, None] == seq_k[None, :]
-        return same & (pos_k[None, :] <= pos_q[:, None])
+        allowed = same & (pos_k[None, :] <= pos_q[:, None])
+        if self.window is not None:
+            allowed &= pos_k[None, :] >= pos_q[:, None] - self.window[0]
+        return allowed
 
     def _mask_free(self, query, key, value, attention_mask, packed_params) -> Optional[torch.Tensor]:
         """Kernels that need no materialised mask (the masked path below runs SDPA's slow
@@ -146,7 +158,10 @@ class SDPACoreAttention(MegatronModule):
         * no padding mask, sq == sk: SDPA ``is_causal`` (cuDNN / flash backend), GQA native;
         * packed thd on CUDA: ``torch.nn.attention.varlen.varlen_attn`` with a causal
           window over each sequence (KV heads repeated: its GQA support varies by torch).
+        A sliding-window layer takes the masked path (SDPA has no window argument).
         """
+        if self.window is not None:
+            return None
         dropout = self.dropout_p if self.training else 0.0
         sq, b, num_heads, _ = query.shape
         sk, _, num_groups, _ = key.shape
@@ -228,6 +243,8 @@ class SDPACoreAttention(MegatronModule):
             allowed = self._packed_allowed(packed_seq_params, sq, sk, q.device)
         elif mask_type in _CAUSAL_TYPES or attention_mask is None:
             allowed = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(sk - sq)
+            if self.window is not None:  # key j >= query i - left (megatron's window_size)
+                allowed = allowed.triu(sk - sq - self.window[0])
         else:
             allowed = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
         if attention_mask is not None and not packed:
@@ -318,11 +335,12 @@ def _swap_norms(spec) -> None:
             _swap_norms(value)
 
 
-def local_block(layer_spec: ModuleSpec, config: TransformerConfig, vp_stage: Optional[int]):
+def local_block(layer_spec: ModuleSpec, config: TransformerConfig, vp_stage: Optional[int], final_norm=None):
     """The local spec's decoder block for one (virtual) pipeline stage: megatron builds the same
     from a layer spec, but with ``WrappedTorchNorm`` as the final norm. ``layer_spec`` is the
     MoE layer's spec of a MoE model; layers that ``config.moe_layer_freq`` marks dense get
-    the dense spec."""
+    the dense spec. ``final_norm``: the final norm's module (default
+    :class:`SequenceParallelTorchNorm`)."""
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
@@ -334,7 +352,7 @@ def local_block(layer_spec: ModuleSpec, config: TransformerConfig, vp_stage: Opt
         dense = get_layer_spec(config, use_te=False, num_experts=None)
         offset = get_transformer_layer_offset(config, vp_stage=vp_stage)
         specs = [layer_spec if pattern[offset + i] else dense for i in range(layers)]
-    return TransformerBlockSubmodules(layer_specs=specs, layer_norm=SequenceParallelTorchNorm)
+    return TransformerBlockSubmodules(layer_specs=specs, layer_norm=final_norm or SequenceParallelTorchNorm)
 
 
 def moe_pattern(config: TransformerConfig) -> Optional[list[int]]:

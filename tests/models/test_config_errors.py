@@ -34,8 +34,21 @@ def test_attention_backend_reaches_megatron_as_its_enum(name):
 
 
 def test_not_yet_supported_families_say_why_and_list_the_supported():
-    with pytest.raises(ValueError, match=r"'gemma3_text'.*sliding-window.*supported: .*mixtral, qwen2_moe.*deepseek_v3"):
-        hf_to_transformer_config(transformers.Gemma3TextConfig(), {}, device="cpu", dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"'gemma3'.*vision tower.*gemma3_text.*supported: .*gemma3_text.*deepseek_v3"):
+        hf_to_transformer_config(transformers.Gemma3Config(), {}, device="cpu", dtype=torch.float32)
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("attn_logit_softcapping", 50.0, "attn_logit_softcapping=50.0"),
+    ("final_logit_softcapping", 30.0, "final_logit_softcapping=30.0"),
+    ("hidden_activation", "gelu", "hidden_activation 'gelu'"),
+    ("use_bidirectional_attention", True, "use_bidirectional_attention"),
+])
+def test_gemma3_options_megarl_does_not_implement_are_refused(field, value, match):
+    config = transformers.Gemma3TextConfig()
+    setattr(config, field, value)
+    with pytest.raises(ValueError, match=match):
+        hf_to_transformer_config(config, {}, device="cpu", dtype=torch.float32)
 
 
 def test_deepseek_v3_scope_is_refused_naming_the_field():

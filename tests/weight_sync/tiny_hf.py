@@ -120,6 +120,21 @@ def build_tiny_deepseek_v3(out_dir: str | Path) -> Path:
     return _finish(model, Path(out_dir), None)
 
 
+def build_tiny_gemma3(out_dir: str | Path) -> Path:
+    """Gemma 3 text: sliding window 4 (shorter than prompt + response), a local and a global layer,
+    LM head tied to the embedding."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    cfg = Gemma3TextConfig(
+        vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, query_pre_attn_scalar=32, max_position_embeddings=256, sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"], tie_word_embeddings=True, rms_norm_eps=1e-6,
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}},
+    )
+    return _finish(Gemma3ForCausalLM(cfg).to(torch.float32), Path(out_dir), None)
+
+
 MOE_BUILDERS = {"qwen3_moe": build_tiny_qwen3_moe, "qwen2_moe": build_tiny_qwen2_moe, "mixtral": build_tiny_mixtral,
                 "glm4_moe": build_tiny_glm4_moe, "deepseek_v3": build_tiny_deepseek_v3}
 

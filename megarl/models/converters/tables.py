@@ -66,6 +66,13 @@ _ATTENTION = (
     Rule(_M + "pre_mlp_layernorm.weight", (_L + "post_attention_layernorm.weight",), "replicated"),
 )
 _A = _M + "self_attention."
+# Gemma 3: sandwich norms (post-attention on the attention's output, pre-/post-feedforward around the MLP)
+_GEMMA3_NORMS = (
+    _ATTENTION[0], _ATTENTION[1], _ATTENTION[2],
+    Rule(_A + "post_attention_layernorm.weight", (_L + "post_attention_layernorm.weight",), "replicated"),
+    Rule(_M + "pre_mlp_layernorm.weight", (_L + "pre_feedforward_layernorm.weight",), "replicated"),
+    Rule(_M + "mlp.post_feedforward_layernorm.weight", (_L + "post_feedforward_layernorm.weight",), "replicated"),
+)
 _H = _L + "self_attn."
 # DeepSeek-V3 multi-latent attention (megatron's local MLA spec: the down projections are
 # column-parallel too). Without q_lora_rank, q_proj replaces the q_a / q_b pair.
@@ -167,7 +174,12 @@ def arch_tables(hf_config, *, value_head: bool = False) -> ArchTables:
     from megarl.models.moe_config import moe_layer_pattern
 
     model_type = hf_config.model_type
-    layer = list(_mla_attention(hf_config) if model_type == "deepseek_v3" else _ATTENTION)
+    from megarl.models.gemma3 import GEMMA3_MODEL_TYPES
+
+    if model_type == "deepseek_v3":
+        layer = list(_mla_attention(hf_config))
+    else:
+        layer = list(_GEMMA3_NORMS if model_type in GEMMA3_MODEL_TYPES else _ATTENTION)
     if _qkv_bias(hf_config):
         layer += _QKV_BIAS
     if _qk_norm(hf_config):

@@ -28,7 +28,7 @@ from megarl.models import build_model, export_hf_weights, load_hf_weights, unwra
 from megarl.parallel import init_distributed
 from megarl.parallel.dynamic_batch import fixed_size_partitions, partition_by_token_budget, restore_order
 from megarl.workers.megatron.inputs import build_inputs, valid_length
-from megarl.workers.megatron.optim import build_optimizer, build_scheduler, grad_reduce_in_fp32
+from megarl.workers.megatron.optim import DIST_OPT_NEEDS_CUDA, build_optimizer, build_scheduler, grad_reduce_in_fp32
 from megarl.workers.megatron.schedule import MicroBatch, broadcast_from_last_stage, run_schedule
 
 __all__ = ["MegatronEngine", "MicroBatchSpec", "default_device"]
@@ -174,8 +174,7 @@ class MegatronEngine:
             use_dist_opt = bool(self.megatron_cfg.use_distributed_optimizer)
             if use_dist_opt and self.device == "cpu":
                 logger.warning(
-                    "%s.megatron.use_distributed_optimizer is ignored on CPU (megatron-core's "
-                    "distributed optimizer needs CUDA tensors)", self.prefix,
+                    "%s.megatron.use_distributed_optimizer is ignored on CPU: %s", self.prefix, DIST_OPT_NEEDS_CUDA,
                 )
                 use_dist_opt = False
             ddp_config = DistributedDataParallelConfig(

@@ -8,8 +8,8 @@ lr_warmup_init, lr_warmup_steps, lr_warmup_steps_ratio, lr_decay_steps, lr_decay
 lr_wsd_decay_style, lr_wsd_decay_steps, weight_decay_incr_style, total_training_steps (set by
 the trainer; -1 = unknown), use_checkpoint_opt_param_scheduler -> `build_scheduler` (megatron-core's
 `OptimizerParamScheduler`). `megatron.use_distributed_optimizer` shards optimizer state over DP
-(GPU only). A non-finite gradient is never applied (`guard_nonfinite_grads`); the workers decide
-whether that stops the run (`trainer.nan_policy`, megarl.utils.nonfinite).
+(GPU only: :data:`DIST_OPT_NEEDS_CUDA`). A non-finite gradient is never applied (`guard_nonfinite_grads`);
+the workers decide whether that stops the run (`trainer.nan_policy`, megarl.utils.nonfinite).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megarl.config.rules_optim import OPTIMIZER_FIELDS_FROM_KEYS
 
 __all__ = [
-    "build_optimizer", "build_scheduler", "optimizer_config", "schedule_steps", "grad_reduce_in_fp32",
-    "apply_cpu_optimizer_compat", "guard_nonfinite_grads",
+    "DIST_OPT_NEEDS_CUDA", "build_optimizer", "build_scheduler", "optimizer_config", "schedule_steps",
+    "grad_reduce_in_fp32", "apply_cpu_optimizer_compat", "guard_nonfinite_grads",
 ]
 
 logger = logging.getLogger(__name__)
@@ -36,6 +36,15 @@ logger = logging.getLogger(__name__)
 # Names of `main_grads_dtype` / `exp_avg_dtype` / `exp_avg_sq_dtype` (and dtype-valued overrides).
 _STATE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.uint8}
 _CPU_APPLIED = False
+# Why the engine builds the plain (not distributed) optimizer on CPU. Checked on megatron-core 0.16.1 with
+# gloo under torch 2.13: gloo has the reduce_scatter_tensor / all_gather_into_tensor the distributed
+# optimizer uses; what fails is megatron's own device check by type name.
+DIST_OPT_NEEDS_CUDA = (
+    "megatron-core 0.16.1's DistributedOptimizer accepts only parameters whose Tensor.type() is "
+    "'torch.cuda.FloatTensor' / 'torch.cuda.HalfTensor' / 'torch.cuda.BFloat16Tensor' "
+    "(distrib_optimizer.py, _build_model_and_main_param_groups and __init__), so a CPU parameter "
+    "raises TypeError when it is built; the optimizer state is kept whole on every data-parallel rank instead"
+)
 
 
 def apply_cpu_optimizer_compat() -> None:
@@ -159,8 +168,7 @@ def build_optimizer(
 
     Args:
         prefix: dotted path of `optim_cfg` for error messages (e.g. "critic.optim").
-        use_distributed_optimizer: the engine passes False on CPU, where megatron-core
-            0.16.1's distributed optimizer rejects non-CUDA tensors.
+        use_distributed_optimizer: the engine passes False on CPU (:data:`DIST_OPT_NEEDS_CUDA`).
     """
     if device == "cpu":
         apply_cpu_optimizer_compat()
