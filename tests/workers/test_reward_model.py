@@ -2,8 +2,9 @@
 
 Tiny Qwen2 and Llama `*ForSequenceClassification` models (num_labels 1, random score head) are
 built from config and saved; the worker's score of every row must equal HF's `logits[0, 0]` of
-that row alone (no padding: HF reads the last token), fp32, at TP=1 (micro-batches of 3 rows,
-weights offloaded between calls: rollout.free_cache_engine) and TP=2 (one micro-batch).
+that row alone (no padding: HF reads the last token), fp32, at TP=2 (micro-batches of 3 rows,
+weights offloaded between calls: rollout.free_cache_engine) and, in the extended tier, TP=1 (one
+micro-batch, weights kept on the device).
 """
 
 from __future__ import annotations
@@ -91,22 +92,25 @@ def models(tmp_path_factory):
     return [make_tiny_reward_model(str(root / family), family) for family in ("qwen2", "llama")]
 
 
-def test_scores_equal_hf_at_tp1_in_micro_batches_with_offload(models):
-    batch = rows_batch()
-    rollout = {"tensor_model_parallel_size": 1, "max_num_seqs": 3, "free_cache_engine": True}
-    (got,) = run_distributed(_score, 1, models, batch, rollout, timeout=300)
+def _check(results: list[dict], models: list[str], batch: dict, offloaded: tuple[bool, bool]) -> None:
     for path in models:
         want = hf_scores(path, batch)
         assert want.std() > 0.1  # the scores differ between rows: a wrong token position shows
-        torch.testing.assert_close(got[path]["scores"], want, atol=1e-5, rtol=1e-5)
-        assert got[path]["offloaded"] == (True, True)  # free_cache_engine: host memory between calls
+        for rank_out in results:  # every rank returns the same, full result
+            torch.testing.assert_close(rank_out[path]["scores"], want, atol=1e-5, rtol=1e-5)
+            assert rank_out[path]["offloaded"] == offloaded
 
 
-def test_scores_equal_hf_at_tp2(models):
+def test_scores_equal_hf_at_tp2_in_micro_batches_with_offload(models):
+    """TP=2, micro-batches of 3 rows, weights in host memory between calls (free_cache_engine)."""
     batch = rows_batch()
-    rollout = {"tensor_model_parallel_size": 2, "max_num_seqs": 1024, "free_cache_engine": False}
-    results = run_distributed(_score, 2, models[:1], batch, rollout, timeout=300)
-    want = hf_scores(models[0], batch)
-    for rank_out in results:  # every rank returns the same, full result
-        torch.testing.assert_close(rank_out[models[0]]["scores"], want, atol=1e-5, rtol=1e-5)
-        assert rank_out[models[0]]["offloaded"] == (False, False)
+    rollout = {"tensor_model_parallel_size": 2, "max_num_seqs": 3, "free_cache_engine": True}
+    _check(run_distributed(_score, 2, models, batch, rollout, timeout=300), models, batch, (True, True))
+
+
+@pytest.mark.extended
+def test_scores_equal_hf_at_tp1_without_offload(models):
+    """TP=1 in one micro-batch, weights kept on the device (free_cache_engine=false)."""
+    batch = rows_batch()
+    rollout = {"tensor_model_parallel_size": 1, "max_num_seqs": 1024, "free_cache_engine": False}
+    _check(run_distributed(_score, 1, models, batch, rollout, timeout=300), models, batch, (False, False))
