@@ -70,3 +70,21 @@ def test_legacy_reward_model_keys_move_to_reward_reward_model():
     assert (rm.enable, rm.model_path, rm.rollout.tensor_model_parallel_size, rm.rollout.name, rm.n_gpus_per_node) == (
         True, "/rm", 1, "vllm", 4)
     assert cfg.reward_model.model.path is None and cfg.reward_model.rollout.tensor_model_parallel_size is None
+
+
+def test_rows_without_ground_truth_pass_preflight_when_the_reward_model_scores(rm_on, tmp_path):
+    """The rule scorers need reward_model.ground_truth and a known data_source; the reward model neither."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from megarl.config.preflight_data import data_issues
+    from megarl.data.demo_tokenizer import build_demo_tokenizer
+
+    rows = [{"data_source": "chat", "prompt": [{"role": "user", "content": "1+2"}], "reward_model": None,
+             "extra_info": {"index": i}} for i in range(16)]
+    pq.write_table(pa.Table.from_pylist(rows), str(tmp_path / "rlhf.parquet"))
+    files = {"data.train_files": str(tmp_path / "rlhf.parquet")}
+    tok = build_demo_tokenizer()
+    off = rm_on({**files, f"{RM}.enable": False})
+    assert [i.key for i in data_issues(off, tok, "train")] == ["data.train_files"]  # no ground truth
+    assert data_issues(rm_on(files), tok, "train") == []
