@@ -7,6 +7,7 @@ whose layout and batches come from verl's `rollout.*` keys (see the yaml's comme
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 from omegaconf import OmegaConf
@@ -49,6 +50,11 @@ def reward_model(v: View) -> Iterator[Issue]:
         return
     yield from model_type(v, RM_ROLE, hf)
     yield from weights(v, RM_ROLE)
+    path = v.path(RM_ROLE.model_path)
+    if not any(os.path.isfile(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer_config.json")):
+        yield Issue(RM_ROLE.model_path, v.get(RM_ROLE.model_path),
+                    "has no tokenizer (tokenizer.json / tokenizer_config.json): the reward model renders its own input",
+                    "save the reward model's tokenizer in that dir (tokenizer.save_pretrained)")
     labels = len(hf["id2label"]) if isinstance(hf.get("id2label"), dict) else hf.get("num_labels", 2)
     if labels != 1:
         yield Issue(RM_ROLE.model_path, v.get(RM_ROLE.model_path),

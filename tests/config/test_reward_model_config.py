@@ -13,6 +13,7 @@ RM = "reward.reward_model"
 def rm_on(make, tmp_path):
     """make() with a reward model enabled on a one-label model dir (TP 1: the CPU world has 1 rank)."""
     write_model(tmp_path / "rm", architectures=["Qwen2ForSequenceClassification"], id2label={"0": "LABEL_0"})
+    (tmp_path / "rm" / "tokenizer_config.json").write_text("{}")  # only its presence is checked before workers start
 
     def _make(overrides: dict | None = None, **hf):
         if hf:
@@ -45,7 +46,7 @@ def test_rollout_keys_map_onto_the_megatron_layout(rm_on):
     assert (m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.dtype, m.param_offload) == (1, 2, "float16", False)
 
 
-def test_what_megarl_cannot_honour_is_refused_naming_the_key(rm_on, make):
+def test_what_megarl_cannot_honour_is_refused_naming_the_key(rm_on, make, tmp_path):
     issue_for(make({f"{RM}.enable": True}), f"{RM}.model_path", "no model directory")
     issue_for(make({f"{RM}.enable": True}), f"{RM}.rollout.name", "vllm")  # verl's mandatory ???
     issue_for(rm_on({f"{RM}.rollout.name": "sglang"}), f"{RM}.rollout.name", "not supported", "vllm")
@@ -57,6 +58,8 @@ def test_what_megarl_cannot_honour_is_refused_naming_the_key(rm_on, make):
     issue_for(rm_on({"reward.launch_reward_fn_async": True}), "reward.launch_reward_fn_async", "replaces the rule reward")
     issue_for(rm_on(id2label={"0": "a", "1": "b"}), f"{RM}.model_path", "2 labels", "num_labels=1")
     issue_for(rm_on(model_type="gpt2"), f"{RM}.model_path", "not supported")
+    (tmp_path / "rm" / "tokenizer_config.json").unlink()
+    issue_for(rm_on(model_type="qwen2"), f"{RM}.model_path", "has no tokenizer", "save_pretrained")
 
 
 def test_legacy_reward_model_keys_move_to_reward_reward_model():
