@@ -25,9 +25,8 @@ RM_ROLE = Role("reward_model", f"{RM}.rollout", f"{RM}.model_path", None)
 def reward_model(v: View) -> Iterator[Issue]:
     if not v.get(f"{RM}.enable"):
         return
-    name = OmegaConf.select(v.cfg, f"{RM}.rollout.name", throw_on_missing=False)
-    if name != "vllm":  # other values are refused by compat.py; here only verl's mandatory `???`
-        yield Issue(f"{RM}.rollout.name", name, f"{RM}.enable needs the engine named (verl: mandatory)",
+    if OmegaConf.is_missing(OmegaConf.select(v.cfg, f"{RM}.rollout"), "name"):  # other values than vllm: compat.py
+        yield Issue(f"{RM}.rollout.name", "???", f"{RM}.enable needs the engine named (verl: mandatory)",
                     f"set {RM}.rollout.name=vllm (megarl computes vLLM's /classify score on Megatron-Core)")
     if v.get("reward.custom_reward_function.path") is not None:
         yield Issue(f"{RM}.enable", True,
