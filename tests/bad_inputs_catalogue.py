@@ -322,7 +322,7 @@ CASES: tuple[Case, ...] = (
     Case("kl_applied_twice", ("algorithm.use_kl_in_reward=true", f"{A}.use_kl_loss=true"), "algorithm.use_kl_in_reward",
          ("the KL to the reference would be applied twice", "use one")),
     Case("gae_without_critic", ("algorithm.adv_estimator=gae", "critic.enable=false"), "critic.enable", ("needs the critic's values",)),
-    Case("reward_model_enabled", ("reward_model.enable=true",), "reward.reward_model.enable", ("not implemented in megarl yet",)),
+    Case("reward_model_without_model", ("reward_model.enable=true",), "reward.reward_model.model_path", ("no model directory given",)),
     Case("multi_turn_in_sync_mode", (f"{R}.multi_turn.enable=true", f"{R}.mode=sync"), f"{R}.multi_turn.enable",
          ("rollout.mode=async",)),
     Case("tool_config_missing", (f"{R}.multi_turn.tool_config_path=/no/such/tools.yaml",), f"{R}.multi_turn.tool_config_path",

@@ -20,7 +20,10 @@ from typing import Literal
 
 Kind = Literal["refuse", "ignore"]
 
-_RM = "learned reward models are not implemented in megarl yet"
+_RM_LEGACY = "verl 0.9.1 does not carry it over to reward.reward_model (its reward model is loaded from reward.reward_model.model_path alone)"
+_RM_VLLM = ("vLLM engine setting of verl's reward-model server; megarl scores with a Megatron-Core forward "
+            "(reward.reward_model: layout rollout.tensor/pipeline_model_parallel_size, batch rollout.max_num_seqs)")
+_RM_SAMPLING = "sampling setting: a discriminative reward model scores sequences, it samples nothing (verl's /classify ignores it too)"
 _MULTI_TURN = "not implemented in megarl's agent loop (megarl.agent)"
 _LORA = "LoRA is not implemented in megarl yet (full-parameter training only)"
 _PROFILER = "megarl has no profiler integration; run under nsys / torch.profiler yourself"
@@ -39,6 +42,8 @@ class CompatRule:
     pattern: str
     kind: Kind
     reason: str
+    accepted: tuple = ()  # refuse: values accepted besides the yaml default
+
 
     def matches(self, key: str) -> bool:
         return fnmatch.fnmatchcase(key, self.pattern)
@@ -97,11 +102,47 @@ RULES: tuple[CompatRule, ...] = tuple(
     + _rules("refuse", "the driver renders prompts without tool schemas: describe the tools in the prompt "
              "(rollout.multi_turn.tool_config_path gives the tools to the agent loop)",
              "data.tool_config_path", "data.function_tool_path")
-    + _rules("refuse", _RM,
-             "reward.reward_model.*", "reward_model.enable_resource_pool", "reward_model.n_gpus_per_node",
-             "reward_model.nnodes", "reward_model.num_workers", "reward_model.model.*", "reward_model.rollout.*",
-             "reward_model.reward_loop_source", "reward_model.reward_loop_module_path",
-             "reward_model.reward_loop_class_name", "data.return_raw_input_ids")
+    # ---- learned reward model (reward.reward_model; megarl.workers.reward_model)
+    + [CompatRule("reward.reward_model.rollout.name", "refuse",
+                  "megarl scores a discriminative reward model the way verl's vLLM /classify does (the score head's "
+                  "output at the last token) on Megatron-Core; sglang / trtllm have no counterpart", accepted=("vllm",))]
+    + _rules("ignore", _RM_VLLM,
+             "reward.reward_model.rollout.gpu_memory_utilization", "reward.reward_model.rollout.enforce_eager",
+             "reward.reward_model.rollout.cudagraph_capture_sizes", "reward.reward_model.rollout.max_num_batched_tokens",
+             "reward.reward_model.rollout.load_format", "reward.reward_model.rollout.layered_summon",
+             "reward.reward_model.rollout.scheduling_policy", "reward.reward_model.rollout.multi_stage_wake_up",
+             "reward.reward_model.rollout.engine_kwargs", "reward.reward_model.rollout.enable_chunked_prefill",
+             "reward.reward_model.rollout.enable_prefix_caching", "reward.reward_model.rollout.disable_log_stats",
+             "reward.reward_model.rollout.seed")
+    + _rules("ignore", _RM_SAMPLING,
+             "reward.reward_model.rollout.ignore_eos", "reward.reward_model.rollout.temperature",
+             "reward.reward_model.rollout.top_k", "reward.reward_model.rollout.top_p",
+             "reward.reward_model.rollout.do_sample", "reward.reward_model.rollout.n")
+    + _rules("ignore", "verl reads them only with enable_resource_pool=true, which megarl refuses",
+             "reward.reward_model.n_gpus_per_node", "reward.reward_model.nnodes")
+    + _rules("refuse", "megarl colocates the reward model with the actor on trainer.nnodes x trainer.n_gpus_per_node "
+             "(its own Megatron layout, its weights offloaded between calls with rollout.free_cache_engine)",
+             "reward.reward_model.enable_resource_pool")
+    + _rules("refuse", "megarl's reward-model replicas are its data-parallel groups: "
+             "trainer world / (rollout.tensor_model_parallel_size x rollout.pipeline_model_parallel_size)",
+             "reward.reward_model.rollout.data_parallel_size", "reward.reward_model.rollout.expert_parallel_size")
+    + _rules("refuse", "not implemented in megarl's reward model",
+             "reward.reward_model.rollout.full_determinism", "reward.reward_model.rollout.limit_images",
+             "reward.reward_model.rollout.quantization", "reward.reward_model.rollout.quantization_config_file",
+             "reward.reward_model.rollout.mtp", "reward.reward_model.rollout.disaggregation.*")
+    + _rules("refuse", "the reward model's tokenizer renders its input (verl asserts the same)",
+             "reward.reward_model.rollout.skip_tokenizer_init")
+    + _rules("refuse", "legacy location of a reward.reward_model key: moved there at load (megarl.config.legacy, verl's migration)",
+             "reward_model.enable_resource_pool", "reward_model.n_gpus_per_node", "reward_model.nnodes",
+             "reward_model.model.path", "reward_model.rollout.*")
+    + _rules("refuse", "legacy location of reward.num_workers: moved there at load (no effect in megarl)", "reward_model.num_workers")
+    + _rules("refuse", _RM_LEGACY,
+             "reward_model.model.*")  # external_lib, trust_remote_code (model.path is moved, above)
+    + _rules("refuse", "verl's legacy reward-model prompt ids; megarl renders the reward model's input from raw_prompt "
+             "(data.return_raw_chat) with the reward model's chat template",
+             "data.return_raw_input_ids")
+    + _rules("refuse", "legacy location of reward.reward_manager.source / module (refused there)",
+             "reward_model.reward_loop_source", "reward_model.reward_loop_module_path", "reward_model.reward_loop_class_name")
     + _rules("refuse", "megarl's reward managers are built in (naive | batch | prime | dapo); use reward.custom_reward_function for custom scoring",
              "reward.reward_manager.source", "reward.reward_manager.module.*")
     + _rules("refuse", "sandboxed code execution is not implemented in megarl", "sandbox_fusion.*", "reward.sandbox_fusion.*")

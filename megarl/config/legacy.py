@@ -1,8 +1,8 @@
 """verl 0.9's migration of the legacy top-level reward keys into `reward.*`.
 
-verl keeps `custom_reward_function.{path,name}`, `reward_model.{reward_manager,enable}` (and
-more, see compat.py) at null; a non-null value is moved to its `reward.*` place before the run,
-so pre-0.9 command lines keep working. Setting both places to different values is an error.
+verl keeps `custom_reward_function.{path,name}` and `reward_model.{reward_manager, enable,
+enable_resource_pool, n_gpus_per_node, nnodes, num_workers, model.path, rollout.*}` at null; a
+non-null value is moved to its `reward.*` place before the run, so pre-0.9 command lines keep working. Setting both places to different values is an error.
 Added mappings move too: `+custom_reward_function.reward_kwargs.*` and (verl's DAPO scripts)
 `+reward_model.reward_kwargs.*`, merged into `reward.custom_reward_function.reward_kwargs` /
 `reward.reward_kwargs` (verl assigns the whole mapping; at megarl's empty default that is the same).
@@ -20,7 +20,14 @@ MOVES: dict[str, str] = {
     "custom_reward_function.name": "reward.custom_reward_function.name",
     "reward_model.reward_manager": "reward.reward_manager.name",
     "reward_model.enable": "reward.reward_model.enable",
+    "reward_model.enable_resource_pool": "reward.reward_model.enable_resource_pool",
+    "reward_model.n_gpus_per_node": "reward.reward_model.n_gpus_per_node",
+    "reward_model.nnodes": "reward.reward_model.nnodes",
+    "reward_model.model.path": "reward.reward_model.model_path",
+    "reward_model.num_workers": "reward.num_workers",
 }
+# verl moves every non-null `reward_model.rollout.<key>` to `reward.reward_model.rollout.<key>`
+LEGACY_RM_ROLLOUT = ("reward_model.rollout", "reward.reward_model.rollout")
 
 
 def _raw(cfg: DictConfig, key: str):
@@ -34,7 +41,9 @@ def _raw(cfg: DictConfig, key: str):
 def migrate_legacy_reward_keys(cfg: DictConfig, user_keys: set[str] | None = None) -> list[Issue]:
     """Move non-null legacy reward keys of `cfg` to `reward.*` in place; issues for conflicts."""
     issues = []
-    for old, new in MOVES.items():
+    legacy_rollout = OmegaConf.select(cfg, LEGACY_RM_ROLLOUT[0])
+    rollout_moves = {f"{LEGACY_RM_ROLLOUT[0]}.{k}": f"{LEGACY_RM_ROLLOUT[1]}.{k}" for k in (legacy_rollout or {})}
+    for old, new in {**MOVES, **rollout_moves}.items():
         value = _raw(cfg, old)
         if value is None:
             continue

@@ -2,7 +2,8 @@
 check every prompt's length (`data.truncation=error`), that every row has a ground truth
 (`reward_model.ground_truth`; a None would reach the scorer, and the built-in ones compare
 against the string "None"), and that every data source has a built-in scorer when no
-custom reward function is set. Costs one tokenization pass."""
+custom reward function is set; with reward.reward_model.enable only the lengths (the reward model
+replaces the scorers). Costs one tokenization pass."""
 
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ def data_issues(cfg: DictConfig, tokenizer: Any, split: str, tokenizer_key: str 
         dataset = loader.dataset
         if not isinstance(dataset, RLDataset):
             return []  # a custom dataset checks its own rows
+        if value_at(cfg, "reward.reward_model.enable"):  # the reward model scores: no ground truth or scorer read
+            return _overlong(cfg, dataset, files_key)
         issues = _overlong(cfg, dataset, files_key) + _ground_truths(cfg, dataset, files_key)
         return issues + (_data_sources(cfg, dataset, files_key) if not issues else [])
     except DataError as exc:

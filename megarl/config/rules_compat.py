@@ -62,9 +62,11 @@ def changed_compat_keys(cfg: DictConfig) -> Iterator[tuple[str, Any, Any, Compat
 
 def refused_compat_keys(v: View) -> Iterator[Issue]:
     for key, value, default, rule in changed_compat_keys(v.cfg):
-        if rule.kind == "refuse":
+        if rule.kind == "refuse" and value not in rule.accepted:
             shown = "null" if default is None else default
-            yield Issue(key, value, f"not supported: {rule.reason}", f"remove the override (verl's default {shown} is the only value megarl accepts)")
+            accepted = f"verl's default {shown}" + "".join(f" or {a}" for a in rule.accepted)
+            yield Issue(key, value, f"not supported: {rule.reason}",
+                        f"remove the override ({accepted} {'are the values' if rule.accepted else 'is the only value'} megarl accepts)")
 
 
 def compat_notices(cfg: DictConfig) -> list[str]:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from collections.abc import Mapping
 from typing import Any
 
-from megarl.config.names import REWARD_MANAGERS
+from megarl.config.names import DTYPES, REWARD_MANAGERS
 from megarl.config.spec import Section, spec
 
 
@@ -23,8 +23,36 @@ class RewardManagerConfig(Section):
 
 
 @dataclass
+class RewardModelRolloutConfig(Section):
+    """verl's `reward.reward_model.rollout` (its vLLM server) as megarl's Megatron-Core forward reads it."""
+
+    dtype: str = spec(choices=DTYPES)  # megatron params dtype
+    free_cache_engine: bool = spec()  # weights offloaded to host between scoring calls (megatron param_offload)
+    tensor_model_parallel_size: int = spec(ge=1)
+    pipeline_model_parallel_size: int = spec(ge=1)
+    max_model_len: int | None = spec(ge=1)  # tokens of one reward-model input; null = prompt_length + response_length
+    max_num_seqs: int = spec(ge=1)  # sequences per forward micro-batch (per data-parallel rank)
+    prompt_length: int = spec(ge=1)
+    response_length: int = spec(ge=1)
+
+    def max_length(self) -> int:
+        """The longest reward-model input in tokens (verl's vLLM server: max_model_len or prompt + response)."""
+        return self.max_model_len or self.prompt_length + self.response_length
+
+
+@dataclass
+class RewardModelConfig(Section):
+    """A discriminative (sequence-classification) reward model scoring each response."""
+
+    enable: bool = spec()
+    model_path: str | None = spec(path=True)
+    rollout: RewardModelRolloutConfig = spec()
+
+
+@dataclass
 class RewardConfig(Section):
     timeout: float = spec(gt=0)
+    reward_model: RewardModelConfig = spec()
     custom_reward_function: CustomRewardFunctionConfig = spec()
     reward_manager: RewardManagerConfig = spec()
     reward_kwargs: dict[str, Any] = spec()

@@ -8,7 +8,7 @@ from omegaconf import DictConfig
 
 from megarl.config import (
     rules_agent, rules_algo, rules_batch, rules_compat, rules_engines, rules_model, rules_optim, rules_parallel,
-    rules_trainer,
+    rules_reward_model, rules_trainer,
 )
 from megarl.config.errors import ConfigError, Issue
 from megarl.config.schema import MegaRLConfig
@@ -25,6 +25,7 @@ RULES: tuple[Rule, ...] = (
     *rules_compat.RULES,
     *rules_engines.RULES,
     *rules_agent.RULES,
+    *rules_reward_model.RULES,
     rules_model.run,
 )
 

@@ -16,7 +16,7 @@ from safetensors import safe_open
 
 from megarl.models.converters import TE_ALIASES, ParamSource, build_plan, dims_of, from_shards, is_split, to_shard
 
-__all__ = ["load_hf_weights", "export_hf_weights", "save_hf_checkpoint", "unwrap_chunk", "find_param",
+__all__ = ["has_hf_value_head", "load_hf_weights", "export_hf_weights", "save_hf_checkpoint", "unwrap_chunk", "find_param",
            "converted_tensors"]
 
 logger = logging.getLogger(__name__)
@@ -112,6 +112,21 @@ def _local_view():
         (parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_tensor_model_parallel_world_size()),
         (parallel_state.get_expert_tensor_parallel_rank(), parallel_state.get_expert_tensor_parallel_world_size()),
     )
+
+
+def has_hf_value_head(model_path: str | os.PathLike) -> bool:
+    """Whether the HF dir carries a score head (`score.weight`: a saved critic, or a
+    `*ForSequenceClassification` reward model)."""
+    index = os.path.join(model_path, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as handle:
+            return "score.weight" in json.load(handle)["weight_map"]
+    for name in sorted(os.listdir(model_path)):
+        if name.endswith(".safetensors"):
+            with safe_open(os.path.join(model_path, name), framework="pt") as handle:
+                if "score.weight" in handle.keys():
+                    return True
+    return False
 
 
 @torch.no_grad()

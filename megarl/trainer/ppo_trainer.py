@@ -3,7 +3,7 @@
 One step, as the algorithm reads:
 
     prompts -> generate n per prompt (vLLM, after weight sync) [+ one greedy per prompt: remax]
-      -> reward
+      -> reward (rule / custom scorers), or reward_model (a learned reward model, which replaces them as in verl)
       -> old log-prob (actor) -> ref log-prob -> values (critic)
       -> advantages on the controller (+ in-reward KL) -> critic update
       -> actor update (after trainer.critic_warmup steps) -> metrics / validation / checkpoint
@@ -38,6 +38,8 @@ from megarl.config.typed import to_dict, typed_config
 from megarl.parallel.layout import ParallelLayout
 from megarl.protocol import DataProto
 from megarl.reward import build_reward_manager
+from megarl.reward.managers import place_scores
+from megarl.reward.rm_inputs import rm_inputs
 from megarl.trainer import checkpointing as ckpt
 from megarl.trainer.balance import balance_order
 from megarl.trainer.failures import FailureContext
@@ -52,6 +54,7 @@ from megarl.utils.tracking import Tracking, dump_generations
 SHUTDOWN_TIMEOUT_S = 120.0
 ACTOR_CLS = "megarl.workers.hybrid:ActorRolloutRefWorker"
 CRITIC_CLS = "megarl.workers.critic:CriticWorker"
+REWARD_MODEL_CLS = "megarl.workers.reward_model:RewardModelWorker"
 _ENV_PREFIXES = ("VLLM_", "NCCL_", "MEGARL_", "HF_", "TORCH_", "GLOO_", "CUDA_DEVICE_MAX_CONNECTIONS", "OMP_NUM_THREADS",
                  "TOKENIZERS_PARALLELISM", "PYTHONPATH")
 
@@ -139,6 +142,14 @@ class RayPPOTrainer:
         self.use_kl_in_reward = bool(cfg.algorithm.use_kl_in_reward)
         self.kl_ctrl = get_kl_controller(cfg.algorithm.kl_ctrl) if self.use_kl_in_reward else None
         self.reward_fn = build_reward_manager(raw_cfg, self.tokenizer)
+        rm = cfg.reward.reward_model
+        # reward.reward_model.enable: its score replaces the rule reward (verl's reward loop without a custom function)
+        self.rm_tokenizer = None
+        if rm.enable:
+            from transformers import AutoTokenizer
+
+            self.rm_tokenizer = AutoTokenizer.from_pretrained(rm.model_path)
+        self.reward_model: WorkerGroup | None = None
         # reward.launch_reward_fn_async: score in a background thread while the
         # log-prob / value passes run on the workers (not with filter_groups, which needs
         # the scores before those passes).
@@ -189,7 +200,7 @@ class RayPPOTrainer:
         self.device = resolve_device(cfg)
         use_gpu = self.device == "cuda"
         nnodes, per_node = int(cfg.trainer.nnodes), int(cfg.trainer.n_gpus_per_node)
-        groups = 2 if self.use_critic else 1
+        groups = 1 + int(self.use_critic) + int(self.rm_tokenizer is not None)
         # CPU runs share this machine's cores: small fractional reservations per rank.
         cpus_per_slot = 1.0 if use_gpu else 0.5
         self.pool = create_resource_pool(nnodes, per_node, use_gpu, cpus_per_slot)
@@ -211,9 +222,17 @@ class RayPPOTrainer:
             self.critic = WorkerGroup("critic", CRITIC_CLS, (typed.critic,), {"device": self.device},
                                       self.pool.placements, share_cpu, share_gpu, env,
                                       layout=ParallelLayout.from_megatron_config(cfg.critic.megatron, world))
-        # Critic first: its world must exist before vLLM grabs memory on GPUs.
-        if self.critic is not None:
-            self.critic.call_all("init_model")
+        if self.rm_tokenizer is not None:
+            rm = typed.reward.reward_model
+            self.reward_model = WorkerGroup(
+                "reward_model", REWARD_MODEL_CLS, (rm,), {"device": self.device}, self.pool.placements,
+                share_cpu, share_gpu, env,
+                layout=ParallelLayout(world_size=world, tp=rm.rollout.tensor_model_parallel_size,
+                                      pp=rm.rollout.pipeline_model_parallel_size))
+        # Critic and reward model first: their worlds must exist before vLLM grabs memory on GPUs.
+        for group in (self.critic, self.reward_model):
+            if group is not None:
+                group.call_all("init_model")
         self.actor.call_all("init_model")
         self.phase = "start"
 
@@ -221,7 +240,7 @@ class RayPPOTrainer:
         """Release workers, placement groups, loggers. ``graceful``: ask the actor group to shut
         its engines down first (bounded by SHUTDOWN_TIMEOUT_S); after a failure the worker
         processes are killed at once (ranks may be stuck in a collective with a dead peer)."""
-        for group in (self.actor, self.critic):
+        for group in (self.actor, self.critic, self.reward_model):
             if group is not None:
                 if graceful and group is self.actor:
                     try:
@@ -265,7 +284,7 @@ class RayPPOTrainer:
                            meta_info=dict(prompts.meta_info))
         out = self.actor.call_rollout("generate_sequences", greedy, validate=False, do_sample=False)
         out.meta_info.pop("metrics", None)
-        scores, _ = self._reward(out)
+        scores, _ = self._score(out)
         by_uid = dict(zip(out.non_tensor_batch["uid"].tolist(), scores.sum(-1).tolist()))
         return torch.tensor([by_uid[u] for u in batch.non_tensor_batch["uid"].tolist()], dtype=torch.float32)
 
@@ -273,6 +292,22 @@ class RayPPOTrainer:
         scores, extra = self.reward_fn(batch)
         self.reward_timeouts += int(sum(extra["timeout"]))
         return scores, extra
+
+    def _score(self, batch: DataProto, timings: dict[str, float] | None = None,
+               metrics: dict[str, float] | None = None) -> tuple[torch.Tensor, dict[str, list[Any]]]:
+        """``token_level_scores`` ``[B, R]`` and reward extras of ``batch``: the rule / custom reward
+        (phase ``reward``) or, with reward.reward_model.enable, the reward model's score on each
+        response's last token (phase ``reward_model``; verl: it replaces the rule reward)."""
+        if self.reward_model is None:
+            with self._phase("reward", timings):
+                return self._reward(batch)
+        with self._phase("reward_model", timings):
+            rm = self.cfg.reward.reward_model
+            inputs, truncated = rm_inputs(batch, self.tokenizer, self.rm_tokenizer, rm.rollout.max_length())
+            scores = self.reward_model.call_dp("compute_rm_score", inputs).batch["rm_scores"]
+        if metrics is not None:
+            metrics["reward_model/truncated_ratio"] = truncated
+        return place_scores(scores, batch.batch["response_mask"]), {"score": scores.tolist(), "timeout": [0.0] * len(batch)}
 
     def _filter_groups(self, batch: DataProto, scores: torch.Tensor, extra: dict, metrics: dict) -> DataProto:
         metric = self.cfg.algorithm.filter_groups.metric
@@ -289,8 +324,7 @@ class RayPPOTrainer:
         batch = self._generate(first_prompts, timings, metrics)
         if self.reward_pool is not None:
             return batch  # scored in train_step, in the background
-        with self._phase("reward", timings):
-            scores, extra = self._reward(batch)
+        scores, extra = self._score(batch, timings, metrics)
         if not cfg.algorithm.filter_groups.enable:
             self._set_scores(batch, scores, extra)
             return batch
@@ -309,8 +343,7 @@ class RayPPOTrainer:
             if more is None:
                 break
             batch = self._generate(more, timings, metrics)
-            with self._phase("reward", timings):
-                scores, extra = self._reward(batch)
+            scores, extra = self._score(batch, timings, metrics)
             kept.append(self._filter_groups(batch, scores, extra, metrics))
             rounds += 1
         merged = DataProto.concat(kept)
@@ -449,8 +482,9 @@ class RayPPOTrainer:
             prompts.meta_info.update(global_step=self.global_step)
             out = self.actor.call_rollout("generate_sequences", prompts, validate=True, do_sample=bool(vk.do_sample))
             out.meta_info.pop("metrics", None)
-            token_scores, extra = self.reward_fn(out)
-            timeouts += int(sum(extra["timeout"]))
+            before = self.reward_timeouts
+            token_scores, extra = self._score(out)
+            timeouts += self.reward_timeouts - before
             scores = token_scores.sum(-1).tolist()
             for src, s in zip(out.non_tensor_batch[self.reward_fn.reward_fn_key], scores):
                 scores_by_source[str(src)].append(s)

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from megarl.algorithms.value import compute_value_loss
+from megarl.models.weights import has_hf_value_head
 from megarl.protocol import DataProto
 from megarl.workers.megatron.engine import MicroBatchSpec
 from megarl.workers.megatron.inputs import response_mask_of, to_response
@@ -24,25 +25,6 @@ from megarl.workers.megatron.ppo_loop import run_ppo_update, update_inputs
 from megarl.workers.megatron.worker_base import MegatronWorker
 
 __all__ = ["CriticWorker"]
-
-
-def _has_hf_value_head(model_path: str) -> bool:
-    """Whether the HF dir carries a value head (`score.weight`, e.g. a saved critic)."""
-    import json
-    import os
-
-    from safetensors import safe_open
-
-    index = os.path.join(model_path, "model.safetensors.index.json")
-    if os.path.exists(index):
-        with open(index) as handle:
-            return "score.weight" in json.load(handle)["weight_map"]
-    for name in sorted(os.listdir(model_path)):
-        if name.endswith(".safetensors"):
-            with safe_open(os.path.join(model_path, name), framework="pt") as handle:
-                if "score.weight" in handle.keys():
-                    return True
-    return False
 
 
 _SHARE_KEYS = ("critic/vf_loss",)
@@ -76,7 +58,7 @@ class CriticWorker(MegatronWorker):
     def init_model(self) -> None:
         """Process groups, backbone from critic.model.path + deterministic value head, optimizer."""
         super().init_model()
-        if not _has_hf_value_head(self.engine.model_path):
+        if not has_hf_value_head(self.engine.model_path):
             self._init_value_head(int(self.config.megatron.seed))
 
     def _init_value_head(self, seed: int) -> None:

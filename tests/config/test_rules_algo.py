@@ -158,7 +158,6 @@ def test_rollout_is_threshold_takes_a_number_or_lower_upper(make):
 
 
 def test_unimplemented_features_refused_up_front(make, tmp_path):
-    issue_for(make({"reward.reward_model.enable": True}), "reward.reward_model.enable", "not implemented")
     issue_for(make({f"{R}.multi_turn.function_tool_path": "tools.py"}), f"{R}.multi_turn.function_tool_path", "not implemented")
 
 

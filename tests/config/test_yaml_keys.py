@@ -56,7 +56,8 @@ def test_every_compat_rule_matches_a_yaml_key():
     ("global_profiler.tool", "nsys"),
     ("actor_rollout_ref.actor.megatron.router_replay.mode", "R2"),
     ("data.return_raw_input_ids", True),
-    ("reward.reward_model.enable", True),
+    ("reward.reward_model.rollout.name", "sglang"),
+    ("reward.reward_model.enable_resource_pool", True),
     ("actor_rollout_ref.rollout.data_parallel_size", 2),
 ])
 def test_changed_refuse_key_is_refused_naming_it(make, key, value):

@@ -187,6 +187,11 @@ NOT_EXERCISED_HERE = {
             "algorithm.kl_ctrl.target_kl"),
     **_keys("only with sampled validation, val_kwargs.do_sample=true (tests/rollout/test_rollout_config.py)",
             f"{R}.val_kwargs.temperature", f"{R}.val_kwargs.top_k", f"{R}.val_kwargs.top_p"),
+    **_keys("only with reward.reward_model.enable (tests/workers/test_reward_model.py, tests/config/test_reward_model_config.py; "
+            "extended: tests/trainer/test_e2e_reward_model.py)", "reward.reward_model.model_path",
+            *(f"reward.reward_model.rollout.{k}" for k in ("dtype", "free_cache_engine", "tensor_model_parallel_size",
+                                                            "pipeline_model_parallel_size", "max_model_len", "max_num_seqs",
+                                                            "prompt_length", "response_length"))),
     **_keys("only on resume or with use_dist_checkpointing (tests/fault/test_kill_resume.py, tests/workers)",
             f"{A}.checkpoint.load_contents", "critic.checkpoint.load_contents", "critic.checkpoint.save_contents",
             f"{A}.megatron.dist_checkpointing_path", "actor_rollout_ref.ref.megatron.dist_checkpointing_path",

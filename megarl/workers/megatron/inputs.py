@@ -37,7 +37,7 @@ from megatron.core.packed_seq_params import PackedSeqParams
 
 from megarl.parallel.context_parallel import cp_token_index, gather_tokens_from_cp
 
-__all__ = ["MicroBatchInputs", "build_inputs", "next_token_labels", "to_response", "response_mask_of", "valid_length"]
+__all__ = ["MicroBatchInputs", "at_last_token", "build_inputs", "next_token_labels", "to_response", "response_mask_of", "valid_length"]
 
 
 def response_mask_of(data: Any) -> torch.Tensor:
@@ -198,10 +198,27 @@ def to_response(per_position: torch.Tensor, inputs: MicroBatchInputs, response_l
     `[b, L / cp]` / `[1, T / cp]`, all-gathered over the CP group first, differentiably: see
     megarl.parallel.context_parallel) -> `[b, response_length]` (0 where padded), identical on
     every CP rank."""
+    full = _original_layout(per_position, inputs)
+    seq_len = full.shape[1]
+    return full[:, seq_len - response_length - 1 : seq_len - 1]
+
+
+def at_last_token(per_position: torch.Tensor, inputs: MicroBatchInputs) -> torch.Tensor:
+    """Per-position values of this rank's tokens (as :func:`to_response`) -> `[b]`: each row's value
+    at its last valid token (a sequence classifier's score, e.g. a reward model's)."""
+    full = _original_layout(per_position, inputs)
+    valid = inputs.valid_mask
+    positions = torch.arange(1, valid.shape[1] + 1, device=valid.device)
+    last = (valid.long() * positions).argmax(-1)  # [b]
+    return full[torch.arange(full.shape[0], device=full.device), last]
+
+
+def _original_layout(per_position: torch.Tensor, inputs: MicroBatchInputs) -> torch.Tensor:
+    """`[b, L]` / `[1, T]` values (this CP rank's tokens under CP) -> `[b, S]` in the rows' original
+    positions (`valid_mask`), 0 where padded; identical on every CP rank."""
     if inputs.cp_index is not None:
         per_position = gather_tokens_from_cp(per_position, inputs.cp_index, inputs.cp_group)
     valid = inputs.valid_mask
     full = per_position.new_zeros(valid.shape)
     full[valid] = per_position[inputs.token_mask]
-    seq_len = full.shape[1]
-    return full[:, seq_len - response_length - 1 : seq_len - 1]
+    return full

@@ -48,8 +48,12 @@ class Offloader:
 
     def _grad_tensors(self) -> Iterator[torch.Tensor]:
         for chunk in self.engine.chunks:
-            for buffer in list(getattr(chunk, "buffers", [])) + list(getattr(chunk, "expert_parallel_buffers", [])):
-                yield buffer.grad_data
+            # DDP chunks (trained models) hold their grad buffers in lists; a forward-only chunk
+            # (reference, reward model) has none (its `buffers` is nn.Module.buffers)
+            for name in ("buffers", "expert_parallel_buffers"):
+                buffers = getattr(chunk, name, None)
+                if isinstance(buffers, list):
+                    yield from (buffer.grad_data for buffer in buffers)
             for param in chunk.parameters():
                 if param.grad is not None:
                     yield param.grad

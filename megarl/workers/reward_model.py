@@ -1,0 +1,113 @@
+"""Megatron reward-model worker: a forward-only sequence classifier (LM backbone + score head).
+
+One `RewardModelWorker` per rank (SPMD), the data contract of the other Megatron workers (DP
+slices in, every rank returns the same results). The model is an HF `*ForSequenceClassification`
+checkpoint with one label (`score.weight` `[1, hidden]`), built as the critic's GPTModel with its
+value head (megarl.models.value_head) holding `score.weight`; the score of a sequence is the head's
+output at its last token, as HF's forward and verl's vLLM `/classify` read it.
+
+Config: `reward.reward_model` (verl's names, typed: megarl.config.schema_reward). verl serves the
+reward model with vLLM; its `rollout.*` keys map onto the Megatron forward as
+`RewardModelMegatron.from_rollout` says.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from megarl.models.weights import has_hf_value_head
+from megarl.protocol import DataProto
+from megarl.workers.megatron.engine import MicroBatchSpec
+from megarl.workers.megatron.inputs import at_last_token
+from megarl.workers.megatron.worker_base import MegatronWorker
+
+__all__ = ["RewardModelWorker", "RewardModelMegatron"]
+
+PREFIX = "reward.reward_model"
+
+
+@dataclass(frozen=True)
+class RewardModelMegatron:
+    """The `megatron` node MegatronEngine reads, for the reward model (no such node in verl)."""
+
+    tensor_model_parallel_size: int
+    pipeline_model_parallel_size: int
+    dtype: str
+    param_offload: bool
+    virtual_pipeline_model_parallel_size: int | None = None
+    context_parallel_size: int = 1
+    expert_model_parallel_size: int = 1
+    expert_tensor_parallel_size: int | None = None
+    sequence_parallel: bool = False
+    use_dist_checkpointing: bool = False
+    dist_checkpointing_path: str | None = None
+    seed: int = 0  # a forward-only scoring draws no random numbers
+    override_transformer_config: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_rollout(cls, rollout: Any) -> "RewardModelMegatron":
+        """verl's `reward.reward_model.rollout` (vLLM server) -> the Megatron layout: TP and PP sizes
+        as given, parameters in `dtype`, offloaded between calls when `free_cache_engine` (verl
+        sleeps its server then); data parallel over the rest of the world (verl's replicas)."""
+        return cls(
+            tensor_model_parallel_size=rollout.tensor_model_parallel_size,
+            pipeline_model_parallel_size=rollout.pipeline_model_parallel_size,
+            dtype=rollout.dtype,
+            param_offload=rollout.free_cache_engine,
+        )
+
+
+@dataclass(frozen=True)
+class _ModelNode:
+    """The `model` node MegatronWorker reads."""
+
+    path: str
+    override_config: dict[str, Any] = field(default_factory=dict)
+    use_remove_padding: bool = False  # padded rows: every layer spec, CPU included
+    trust_remote_code: bool = False
+
+
+class RewardModelWorker(MegatronWorker):
+    """A reward model on Megatron-Core, scoring whole sequences.
+
+    Args:
+        config: the `reward.reward_model` node (typed).
+        device: "cpu" | "cuda"; default cuda when available.
+    """
+
+    def __init__(self, config: Any, device: str | None = None) -> None:
+        self.config = config
+        rollout = config.rollout
+        super().__init__(
+            _ModelNode(config.model_path), RewardModelMegatron.from_rollout(rollout), None, None,
+            value_head=True, prefix=PREFIX, device=device,
+        )
+        self.spec = MicroBatchSpec(
+            rollout.max_num_seqs, False, None,
+            micro_batch_key=f"{PREFIX}.rollout.max_num_seqs", max_token_len_key=f"{PREFIX}.rollout.max_model_len",
+        )
+
+    def init_model(self) -> None:
+        """Process groups and the model from `model_path` (its `score.weight` required); offloaded
+        right away with `rollout.free_cache_engine` (onloaded for each scoring call)."""
+        path = self.config.model_path
+        if not has_hf_value_head(path):
+            raise ValueError(f"{PREFIX}.model_path={path!r} has no score.weight: not a sequence-classification "
+                             "reward model (save it with AutoModelForSequenceClassification, num_labels=1)")
+        super().init_model()
+        self.offload()
+
+    def compute_rm_score(self, data: DataProto) -> DataProto:
+        """`rm_scores` `[B]` float32: the score head at each row's last valid token.
+
+        Input batch: the reward model's own `input_ids` / `attention_mask` / `position_ids` `[B, L]`
+        (megarl.reward.rm_inputs), in micro-batches of `rollout.max_num_seqs` rows.
+        """
+
+        def per_micro_batch(output, mb):
+            return {"rm_scores": at_last_token(output[..., 0].float(), mb.inputs)}
+
+        with self._onloaded():
+            result = self.engine.forward(data, self.spec, (), per_micro_batch)
+        return DataProto.from_dict({"rm_scores": result["rm_scores"]})
