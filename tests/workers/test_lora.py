@@ -1,0 +1,143 @@
+"""LoRA (actor_rollout_ref.model.lora.*) against independent references.
+
+fp32, gloo, tiny Qwen2 (vocab 97: TP=2 pads it), rank 4, alpha 8 (scale 2):
+  * B starts at zero: the LoRA actor's log-probs and its reference (adapters off) equal HF
+    transformers' forward of the base checkpoint;
+  * one PPO step changes only adapter parameters (every base tensor bitwise unchanged; B moves);
+    after it the reference is still the base model and the actor's log-probs equal HF's forward
+    of the exported merged checkpoint (merged weights == adapter forward);
+  * the merged export is W + (alpha / r) B @ A, computed by hand from the HF checkpoint and the
+    adapters (o_proj, down_proj, gate/up of layer 0);
+  * TP=2, with and without sequence parallelism, equals TP=1 (log-probs, grad norm, merged export);
+  * the adapters saved at TP=2 (adapters only in the checkpoint) load at TP=1 to the same log-probs;
+    an actor with another LoRA rank refuses them;
+  * with vLLM (ActorRolloutRefWorker, one rank): no reference model is built, the weights streamed
+    into vLLM equal W + scale B @ A, vLLM's sampled-token log-probs equal the LoRA actor's (so vLLM
+    computes the adapted model), and the sync leaves the base weights bitwise unchanged.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from dist_utils import run_distributed
+from lora_bodies import ALPHA, RANK, lora_actor_suite, lora_hybrid_sync
+from tiny import hf_response_log_probs, make_tiny_qwen2, megatron_node, rollout_batch
+from worker_bodies import TEMPERATURE
+
+pytestmark = pytest.mark.slow
+
+SCALE = ALPHA / RANK
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lora")
+    return {"root": root, "model_path": make_tiny_qwen2(str(root / "model")), "batch": rollout_batch(8),
+            "ckpt": str(root / "ckpt_tp2")}
+
+
+@pytest.fixture(scope="module")
+def tp2(setup):
+    layouts = {"tp2": megatron_node(tensor_model_parallel_size=2),
+               "tp2sp": megatron_node(tensor_model_parallel_size=2, sequence_parallel=True)}
+    return run_distributed(lora_actor_suite, 2, setup["model_path"], setup["batch"], layouts, setup["ckpt"], timeout=400)
+
+
+@pytest.fixture(scope="module")
+def tp1(setup, tp2):  # after tp2: loads its checkpoint
+    return run_distributed(lora_actor_suite, 1, setup["model_path"], setup["batch"], {"tp1": megatron_node()},
+                           None, setup["ckpt"], timeout=400)[0]
+
+
+def _close(a, b, atol=1e-5):
+    assert (a - b).abs().max() < atol, f"max diff {(a - b).abs().max():.2e}"
+
+
+def test_lora_trains_adapters_only_and_reference_is_the_base(setup, tp1):
+    hf_lp, _ = hf_response_log_probs(setup["model_path"], setup["batch"], TEMPERATURE)
+    res = tp1["tp1"]
+    assert res["trainable"] and all(".lora." in n for n in res["trainable"])
+    assert len(res["trainable"]) == 2 * 4 * 4  # A and B of qkv, proj, fc1, fc2 in each of 4 layers
+    _close(res["lp0"], hf_lp)  # B = 0: the adapted model is the base model
+    _close(res["ref0"], hf_lp)
+    assert res["changed"] and all(".lora." in n for n in res["changed"])  # base bitwise unchanged
+    assert any(n.endswith(".lora.B") for n in res["changed"])
+    _close(res["ref1"], hf_lp)  # the reference stays the base model
+    assert (res["lp1"] - hf_lp).abs().max() > 1e-3  # the step moved the policy
+    assert res["base_unchanged_by_export"]
+
+
+def test_merged_export_is_w_plus_scaled_ba_and_forwards_like_the_adapters(setup, tp1, tmp_path):
+    res = tp1["tp1"]
+    merged, base = res["merged"], load_file(f"{setup['model_path']}/model.safetensors")
+    adapters = res["layer0"]
+    delta = {path: SCALE * ab["B"].double() @ ab["A"].double() for path, ab in adapters.items()}
+    half = delta["mlp.linear_fc1"].shape[0] // 2  # megatron's fc1 rows: [gate; up]
+    expected = {
+        "model.layers.0.self_attn.o_proj.weight": delta["self_attention.linear_proj"],
+        "model.layers.0.mlp.down_proj.weight": delta["mlp.linear_fc2"],
+        "model.layers.0.mlp.gate_proj.weight": delta["mlp.linear_fc1"][:half],
+        "model.layers.0.mlp.up_proj.weight": delta["mlp.linear_fc1"][half:],
+    }
+    for name, d in expected.items():
+        assert d.abs().max() > 1e-4, name  # B moved: a real change
+        _close(merged[name].double(), base[name].double() + d, atol=1e-6)
+    untouched = [n for n in base if "norm" in n or "embed" in n or n == "lm_head.weight"]
+    assert untouched and all(torch.equal(merged[n], base[n]) for n in untouched)
+    # HF transformers on the merged checkpoint = the LoRA actor (adapter forward)
+    merged_dir = tmp_path / "merged"
+    shutil.copytree(setup["model_path"], merged_dir)
+    save_file({k: v.contiguous() for k, v in merged.items()}, str(merged_dir / "model.safetensors"))
+    hf_merged, _ = hf_response_log_probs(str(merged_dir), setup["batch"], TEMPERATURE)
+    _close(res["lp1"], hf_merged)
+
+
+@pytest.mark.parametrize("layout", ["tp2", "tp2sp"])
+def test_lora_tp2_equals_tp1(tp1, tp2, layout):
+    ref, res = tp1["tp1"], tp2[0][layout]
+    for key in ("lp0", "ref0", "lp1", "ref1"):
+        _close(res[key], ref[key])
+    assert res["metrics"]["actor/grad_norm"] == pytest.approx(ref["metrics"]["actor/grad_norm"], rel=1e-4)
+    assert res["changed"] and all(".lora." in n for n in res["changed"])
+    assert sorted(res["merged"]) == sorted(ref["merged"])
+    for name, tensor in ref["merged"].items():
+        _close(res["merged"][name], tensor, atol=1e-5)
+
+
+def test_adapter_checkpoint_tp2_to_tp1_and_refusal(setup, tp1, tp2):
+    from torch.distributed.checkpoint import FileSystemReader
+
+    keys = FileSystemReader(f"{setup['ckpt']}/dist_ckpt").read_metadata().state_dict_metadata
+    model_keys = [k for k in keys if not k.startswith(("optimizer", "rng_state"))]
+    assert model_keys and all(".lora." in k for k in model_keys), model_keys[:5]
+    _close(tp1["loaded_lp"], tp2[0]["tp2sp"]["lp1"])
+    assert "another base model or adapter shape" in tp1["other_rank_error"]
+
+
+def test_lora_vllm_sync_gets_merged_weights(tmp_path):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "weight_sync"))
+    from tiny_hf import build_tiny_qwen2
+
+    hf_dir = build_tiny_qwen2(tmp_path / "qwen2")
+    res = run_distributed(lora_hybrid_sync, 1, str(hf_dir), [[5, 6, 7], [11, 12, 13, 14, 15]], 0.7, timeout=600)[0]
+    assert not res["has_ref_model"]  # the reference is the actor without adapters
+    base = load_file(f"{hf_dir}/model.safetensors")
+    for hf_name, path in (("self_attn.o_proj.weight", "self_attention.linear_proj"),
+                          ("mlp.down_proj.weight", "mlp.linear_fc2")):
+        ab = res["adapters"][path]
+        expected = base[f"model.layers.0.{hf_name}"].double() + SCALE * ab["B"].double() @ ab["A"].double()
+        _close(res["streamed"][hf_name].double(), expected, atol=1e-6)  # what vLLM's reload_weights got
+    mask = res["sampled"]["response_mask"].bool()
+    gap = (res["sampled"]["rollout_log_probs"] - res["old_log_probs"]).abs()[mask]
+    assert gap.max() < 1e-4, f"max |vLLM - LoRA actor| = {gap.max():.2e}"
+    assert (res["ref_log_prob"] - res["old_log_probs"]).abs()[mask].max() > 1e-3  # the reference is the base
+    assert res["base_unchanged"]
+    assert res["sync"]["weight_sync/bytes"] > 0
