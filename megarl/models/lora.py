@@ -200,19 +200,28 @@ def apply_lora(model: torch.nn.Module, spec: LoraSpec) -> list[str]:
     """Freeze every parameter of `model` (a GPTModel chunk with its weights loaded) and add
     adapters to the linears `spec` targets. Returns the adapted layers' global names.
 
-    Raises ValueError naming `actor_rollout_ref.model.lora.*` for an MoE model, a target that
-    names no layer, or a targeted linear megarl cannot adapt."""
+    Raises ValueError naming `actor_rollout_ref.model.lora.*` for an MoE model, a target name no
+    layer has, a targeted linear megarl cannot adapt, or targets that leave nothing adapted."""
     if model.config.num_moe_experts:
         raise ValueError("actor_rollout_ref.model.lora.rank > 0 on an MoE model is not implemented in megarl "
                          "(adapters on expert layers); train it full-parameter (lora.rank=0)")
     for param in model.parameters():
         param.requires_grad_(False)
     sequence_parallel = bool(model.config.sequence_parallel)
+    linears = list(_global_linears(model))
+    present = {name.rsplit(".", 1)[-1] for name, module in linears}
+    unknown = [t for t in spec.target_modules if not any(c in t for c in "*?[") and t not in present]
+    if unknown:
+        tp_linears = sorted({n.rsplit(".", 1)[-1] for n, m in linears if isinstance(m, (ColumnParallelLinear, RowParallelLinear))})
+        raise ValueError(f"actor_rollout_ref.model.lora.target_modules: {unknown} name no layer of this model; "
+                         f"its linear layers are {tp_linears}")
     adapted = []
-    for name, module in list(_global_linears(model)):
+    for name, module in linears:
         if not _matches(name, spec.target_modules) or _matches(name, spec.exclude_modules):
             continue
         kind = _parallel_kind(module)
+        if kind is None and name.rsplit(".", 1)[-1] not in spec.target_modules:
+            continue  # a pattern also covers the layer's other modules: it adapts the linears among them
         if kind is None:
             raise ValueError(f"actor_rollout_ref.model.lora.target_modules: {name} is a {type(module).__name__}, "
                              "not a tensor-parallel linear; target linear_qkv, linear_proj, linear_fc1, linear_fc2")
@@ -220,6 +229,9 @@ def apply_lora(model: torch.nn.Module, spec: LoraSpec) -> list[str]:
         module.register_forward_hook(_hook)
         module.sharded_state_dict = _sharded_state_dict_with_adapter(module, module.sharded_state_dict)
         adapted.append(name)
+    if not adapted and linears:
+        raise ValueError(f"actor_rollout_ref.model.lora: target_modules {list(spec.target_modules)} minus exclude_modules "
+                         f"{list(spec.exclude_modules)} leave no layer of this model (pipeline stage) adapted")
     return adapted
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from tiny import actor_rollout_ref_config
+from tiny import actor_rollout_ref_config, megatron_node
 from worker_bodies import _allow_checkpoint_writer_processes, _data, _dp_rows, _export, _rank0
 
 RANK, ALPHA = 4, 8.0  # scale alpha / rank = 2
@@ -23,12 +23,47 @@ def _params(actor) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for chunk in actor.engine.unwrapped_chunks() for n, p in chunk.named_parameters()}
 
 
+def key_effects(model_path: str) -> dict:
+    """Which linears each model.lora setting adapts, A's init per method, and the errors of bad
+    targets (one process, TP = 1)."""
+    import transformers
+
+    from megarl.models import build_model, load_hf_weights
+    from megarl.models.lora import LoraSpec, adapters, apply_lora
+
+    from omegaconf import OmegaConf
+
+    hf = transformers.AutoConfig.from_pretrained(model_path)
+    megatron = lora_config(model_path, megatron_node()).actor.megatron  # the actor's build settings
+    build_cfg = {"sequence_parallel": False,
+                 "override_transformer_config": OmegaConf.to_container(megatron.override_transformer_config)}
+    defaults = {"rank": RANK, "alpha": ALPHA, "target_modules": ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"),
+                "exclude_modules": (), "a_init": "xavier", "seed": 42}
+
+    def adapt(**change):
+        chunks = build_model(hf, build_cfg, device="cpu")
+        load_hf_weights(chunks, model_path)
+        try:
+            names = apply_lora(chunks[0], LoraSpec(**{**defaults, **change}))
+        except ValueError as error:
+            return str(error)
+        return {"names": names, "A": {n: a.A.detach().clone() for n, (_, a) in zip(names, adapters(chunks))}}
+
+    return {
+        "default": adapt(), "qkv_only": adapt(target_modules=("linear_qkv",)),
+        "pattern": adapt(target_modules=("*.layers.1.*",)), "exclude": adapt(exclude_modules=("decoder.layers.0.*", "linear_fc2")),
+        "kaiming": adapt(a_init="kaiming"), "normal": adapt(a_init="normal"), "typo": adapt(target_modules=("linear_qkvv",)),
+        "nothing": adapt(exclude_modules=("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")),
+    }
+
+
 def lora_actor_suite(model_path: str, batch: dict, layouts: dict[str, dict], ckpt_dir: str | None = None,
                      load_dir: str | None = None) -> dict:
     """Per layout (one world, e.g. TP=2 without and with sequence parallelism): a LoRA actor's
     log-probs, reference (adapters off) log-probs, one PPO step (which parameters changed), the
     same after it, and the merged HF export. `ckpt_dir`: the last layout saves its adapters there.
-    `load_dir`: a fresh actor loads those adapters (and one with another rank must refuse them)."""
+    `load_dir` (after that save): a fresh actor loads those adapters, one with another rank must
+    refuse them. In a world of one process `key_effects` runs too."""
     from megarl.workers.actor import ActorWorker
 
     out: dict = {}
@@ -57,6 +92,8 @@ def lora_actor_suite(model_path: str, batch: dict, layouts: dict[str, dict], ckp
     if ckpt_dir is not None:
         _allow_checkpoint_writer_processes()
         actor.save_checkpoint(ckpt_dir)
+    if torch.distributed.get_world_size() == 1:
+        out["key_effects"] = key_effects(model_path)
     if load_dir is not None:
         _allow_checkpoint_writer_processes()
         fresh = ActorWorker(lora_config(model_path, next(iter(layouts.values()))), "actor", device="cpu")

@@ -8,9 +8,10 @@ fp32, gloo, tiny Qwen2 (vocab 97: TP=2 pads it), rank 4, alpha 8 (scale 2):
     of the exported merged checkpoint (merged weights == adapter forward);
   * the merged export is W + (alpha / r) B @ A, computed by hand from the HF checkpoint and the
     adapters (o_proj, down_proj, gate/up of layer 0);
-  * TP=2, with and without sequence parallelism, equals TP=1 (log-probs, grad norm, merged export);
-  * the adapters saved at TP=2 (adapters only in the checkpoint) load at TP=1 to the same log-probs;
-    an actor with another LoRA rank refuses them;
+  * the checkpoint holds the adapters only; they load into a fresh actor to the same log-probs; an
+    actor with another LoRA rank refuses them;
+  * extended tier (a 2-rank job): TP=2, with and without sequence parallelism, equals TP=1
+    (log-probs, grad norm, merged export), and the TP=1 adapters load at TP=2;
   * with vLLM (ActorRolloutRefWorker, one rank): no reference model is built, the weights streamed
     into vLLM equal W + scale B @ A, vLLM's sampled-token log-probs equal the LoRA actor's (so vLLM
     computes the adapted model), and the sync leaves the base weights bitwise unchanged.
@@ -38,20 +39,21 @@ SCALE = ALPHA / RANK
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("lora")
     return {"root": root, "model_path": make_tiny_qwen2(str(root / "model")), "batch": rollout_batch(8),
-            "ckpt": str(root / "ckpt_tp2")}
+            "ckpt": str(root / "ckpt_tp1")}
 
 
 @pytest.fixture(scope="module")
-def tp2(setup):
+def tp1(setup):  # saves its adapters after the step, then loads them into a fresh actor
+    return run_distributed(lora_actor_suite, 1, setup["model_path"], setup["batch"], {"tp1": megatron_node()},
+                           setup["ckpt"], setup["ckpt"], timeout=400)[0]
+
+
+@pytest.fixture(scope="module")
+def tp2(setup, tp1):  # after tp1: loads its checkpoint at TP=2
     layouts = {"tp2": megatron_node(tensor_model_parallel_size=2),
                "tp2sp": megatron_node(tensor_model_parallel_size=2, sequence_parallel=True)}
-    return run_distributed(lora_actor_suite, 2, setup["model_path"], setup["batch"], layouts, setup["ckpt"], timeout=400)
-
-
-@pytest.fixture(scope="module")
-def tp1(setup, tp2):  # after tp2: loads its checkpoint
-    return run_distributed(lora_actor_suite, 1, setup["model_path"], setup["batch"], {"tp1": megatron_node()},
-                           None, setup["ckpt"], timeout=400)[0]
+    return run_distributed(lora_actor_suite, 2, setup["model_path"], setup["batch"], layouts, None, setup["ckpt"],
+                           timeout=400)
 
 
 def _close(a, b, atol=1e-5):
@@ -97,6 +99,7 @@ def test_merged_export_is_w_plus_scaled_ba_and_forwards_like_the_adapters(setup,
     _close(res["lp1"], hf_merged)
 
 
+@pytest.mark.extended  # a 2-rank job (~40 s on 2 cores)
 @pytest.mark.parametrize("layout", ["tp2", "tp2sp"])
 def test_lora_tp2_equals_tp1(tp1, tp2, layout):
     ref, res = tp1["tp1"], tp2[0][layout]
@@ -109,14 +112,20 @@ def test_lora_tp2_equals_tp1(tp1, tp2, layout):
         _close(res["merged"][name], tensor, atol=1e-5)
 
 
-def test_adapter_checkpoint_tp2_to_tp1_and_refusal(setup, tp1, tp2):
+def test_adapter_only_checkpoint_loads_and_refuses_another_rank(setup, tp1):
     from torch.distributed.checkpoint import FileSystemReader
 
     keys = FileSystemReader(f"{setup['ckpt']}/dist_ckpt").read_metadata().state_dict_metadata
     model_keys = [k for k in keys if not k.startswith(("optimizer", "rng_state"))]
     assert model_keys and all(".lora." in k for k in model_keys), model_keys[:5]
-    _close(tp1["loaded_lp"], tp2[0]["tp2sp"]["lp1"])
+    _close(tp1["loaded_lp"], tp1["tp1"]["lp1"])
     assert "another base model or adapter shape" in tp1["other_rank_error"]
+
+
+@pytest.mark.extended
+def test_adapter_checkpoint_tp1_loads_at_tp2(tp1, tp2):
+    """The adapters saved at TP=1 load at TP=2 (B / A resharded, a gated fc1's B split as megatron's W)."""
+    _close(tp2[0]["loaded_lp"], tp1["tp1"]["lp1"])
 
 
 def test_lora_vllm_sync_gets_merged_weights(tmp_path):
@@ -141,3 +150,21 @@ def test_lora_vllm_sync_gets_merged_weights(tmp_path):
     assert (res["ref_log_prob"] - res["old_log_probs"]).abs()[mask].max() > 1e-3  # the reference is the base
     assert res["base_unchanged"]
     assert res["sync"]["weight_sync/bytes"] > 0
+
+
+def test_lora_keys_change_what_is_adapted(tp1):
+    """target_modules / exclude_modules pick the layers (names, or fnmatch patterns over global
+    names), lora_A_init_method A's distribution; a typo or an empty selection is an error."""
+    fx = tp1["key_effects"]
+    default = fx["default"]["names"]
+    assert len(default) == 16 and {n.rsplit(".", 1)[1] for n in default} == {"linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"}
+    assert fx["qkv_only"]["names"] == [f"decoder.layers.{i}.self_attention.linear_qkv" for i in range(4)]
+    assert fx["pattern"]["names"] == [n for n in default if n.startswith("decoder.layers.1.")]
+    assert fx["exclude"]["names"] == [n for n in default if not n.startswith("decoder.layers.0.") and not n.endswith("linear_fc2")]
+    a = {k: fx[k]["A"]["decoder.layers.0.self_attention.linear_qkv"] for k in ("default", "kaiming", "normal")}
+    fan_in = a["default"].shape[1]  # hidden 32; A is [rank 4, 32]
+    assert a["kaiming"].abs().max() <= 1 / fan_in ** 0.5  # kaiming_uniform(a=sqrt(5)): U(-1/sqrt(in), 1/sqrt(in))
+    assert a["normal"].std() == pytest.approx(0.02, rel=0.3)
+    assert a["default"].std() == pytest.approx((2 / (RANK + fan_in)) ** 0.5, rel=0.3)  # xavier normal
+    assert "['linear_qkvv'] name no layer of this model" in fx["typo"] and "linear_qkv" in fx["typo"]
+    assert "leave no layer" in fx["nothing"]
