@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from megarl.config import names
-from megarl.config.names import DTYPES, LOAD_FORMATS, LORA_A_INITS, LORA_B_INITS, ROLLOUT_MODES, TRUNCATE_SIDES
+from megarl.config.names import DTYPES, LOAD_FORMATS, LORA_A_INITS, ROLLOUT_MODES, TRUNCATE_SIDES
 from megarl.config.schema_megatron import (
     CheckpointConfig,
     MegatronInferConfig,
@@ -36,7 +36,7 @@ class LoraConfig(Section):
     target_modules: list[str] = spec()
     exclude_modules: list[str] = spec()
     lora_A_init_method: str = spec(choices=LORA_A_INITS)
-    lora_B_init_method: str = spec(choices=LORA_B_INITS, note="a zero B makes the adapted model start as the base model")
+    lora_B_init_method: Literal["zero"] = spec(note="a zero B makes the adapted model start as the base model")
 
 
 @dataclass
