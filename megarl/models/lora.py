@@ -73,22 +73,19 @@ class LoraSpec:
 
 
 def _parallel_kind(module: torch.nn.Module) -> str | None:
-    """"column" | "row" for a tensor-parallel linear megarl can adapt, else None."""
+    """"column" | "row" for a megatron tensor-parallel linear, None for another module; raises for
+    transformer-engine's linears (not implemented: its fused layernorm + linear takes the
+    un-normalised hidden state, and its other linears are untested here)."""
     if isinstance(module, ColumnParallelLinear):
         return "column"
     if isinstance(module, RowParallelLinear):
         return "row"
-    name = type(module).__name__
-    if name == "TELayerNormColumnParallelLinear":
+    if type(module).__name__.startswith("TE") and hasattr(module, "weight"):
         raise ValueError(
-            "actor_rollout_ref.model.lora: LoRA on transformer-engine's fused layernorm + linear is not implemented "
-            "in megarl (its input is the un-normalised hidden state); build the local layer spec: "
+            f"actor_rollout_ref.model.lora: LoRA on transformer-engine's {type(module).__name__} is not implemented "
+            "in megarl; build the local layer spec: "
             "+actor_rollout_ref.actor.megatron.override_transformer_config.transformer_impl=local"
         )
-    if name in ("TEColumnParallelLinear",):
-        return "column"
-    if name in ("TERowParallelLinear",):
-        return "row"
     return None
 
 

@@ -6,7 +6,8 @@ computed on the last pipeline stage and broadcast over the pipeline group, so ev
 returns the same DataProto / metrics (TP ranks agree by construction).
 
 Config: the `actor_rollout_ref` subtree (verl names): model.{path, override_config,
-use_remove_padding, trust_remote_code}; actor.* (PPO and
+use_remove_padding, trust_remote_code, lora (the actor's adapters; with them the reference is this
+model with its adapters off, `compute_ref_log_prob`)}; actor.* (PPO and
 optim keys, `actor.megatron`, `actor.calculate_sum_pi_squared`); ref.{log_prob_*,
 megatron}; rollout.{n, temperature, log_prob_*} (the actor's old-log-prob pass uses the
 rollout's log_prob_* keys, as verl). Read by attribute: every key must be present.
