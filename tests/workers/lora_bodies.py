@@ -16,6 +16,7 @@ def lora_config(model_path: str, megatron: dict, rank: int = RANK):
     cfg = actor_rollout_ref_config(model_path, megatron)
     cfg.model.lora.rank = rank
     cfg.model.lora.alpha = ALPHA
+    cfg.actor.checkpoint.save_contents = ["model", "optimizer", "extra", "hf_model"]  # + the merged HF export
     return cfg
 
 

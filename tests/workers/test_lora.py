@@ -8,8 +8,8 @@ fp32, gloo, tiny Qwen2 (vocab 97: TP=2 pads it), rank 4, alpha 8 (scale 2):
     of the exported merged checkpoint (merged weights == adapter forward);
   * the merged export is W + (alpha / r) B @ A, computed by hand from the HF checkpoint and the
     adapters (o_proj, down_proj, gate/up of layer 0);
-  * the checkpoint holds the adapters only; they load into a fresh actor to the same log-probs; an
-    actor with another LoRA rank refuses them;
+  * the checkpoint holds the adapters only (its hf_model export is the merged model); they load
+    into a fresh actor to the same log-probs; an actor with another LoRA rank refuses them;
   * extended tier (a 2-rank job): TP=2, with and without sequence parallelism, equals TP=1
     (log-probs, grad norm, merged export), and the TP=1 adapters load at TP=2;
   * with vLLM (ActorRolloutRefWorker, one rank): no reference model is built, the weights streamed
@@ -118,6 +118,9 @@ def test_adapter_only_checkpoint_loads_and_refuses_another_rank(setup, tp1):
     keys = FileSystemReader(f"{setup['ckpt']}/dist_ckpt").read_metadata().state_dict_metadata
     model_keys = [k for k in keys if not k.startswith(("optimizer", "rng_state"))]
     assert model_keys and all(".lora." in k for k in model_keys), model_keys[:5]
+    exported = load_file(f"{setup['ckpt']}/huggingface/model.safetensors")  # save_contents hf_model: merged
+    assert sorted(exported) == sorted(tp1["tp1"]["merged"])
+    assert all(torch.equal(exported[n], t) for n, t in tp1["tp1"]["merged"].items())
     _close(tp1["loaded_lp"], tp1["tp1"]["lp1"])
     assert "another base model or adapter shape" in tp1["other_rank_error"]
 
