@@ -67,6 +67,10 @@ def _check_checkpoint(local_dir: Path) -> dict[str, Any]:
     if "model" not in meta.get("contents", ["model"]):
         raise MergeError(f"--local_dir {local_dir}: the checkpoint holds {meta['contents']}, no model weights; "
                          "save with checkpoint.save_contents including model")
+    if "lora" in meta.get("build", {}):
+        raise MergeError(f"--local_dir {local_dir}: the checkpoint holds LoRA adapters only (the base is the run's "
+                         "actor_rollout_ref.model.path); its merged model is the huggingface/ export of a save with "
+                         "checkpoint.save_contents including hf_model")
     return meta
 
 

@@ -25,7 +25,10 @@ _RM_VLLM = ("vLLM engine setting of verl's reward-model server; megarl scores wi
             "(reward.reward_model: layout rollout.tensor/pipeline_model_parallel_size, batch rollout.max_num_seqs)")
 _RM_SAMPLING = "sampling setting: a discriminative reward model scores sequences, it samples nothing (verl's /classify ignores it too)"
 _MULTI_TURN = "not implemented in megarl's agent loop (megarl.agent)"
-_LORA = "LoRA is not implemented in megarl yet (full-parameter training only)"
+_LORA_FSDP = ("verl's Megatron engine reads LoRA from model.lora.* (these are its FSDP keys): set "
+              "actor_rollout_ref.model.lora.rank / alpha / target_modules (Megatron names: linear_qkv, linear_proj, "
+              "linear_fc1, linear_fc2) / exclude_modules")
+_LORA_PART = "not implemented in megarl's LoRA (megarl/models/lora.py)"
 _PROFILER = "megarl has no profiler integration; run under nsys / torch.profiler yourself"
 _MM = "multimodal data is not supported by megarl"
 _PACKING = "megarl pads or packs (model.use_remove_padding) its own way"
@@ -88,9 +91,26 @@ RULES: tuple[CompatRule, ...] = tuple(
     + _rules("refuse", _DEPRECATED_MB,
              "*.ppo_micro_batch_size", "*.log_prob_micro_batch_size")
     + _rules("refuse", _PROFILER, "*.profiler.*", "global_profiler.*")
-    + _rules("refuse", _LORA,
-             "*.model.lora_rank", "*.model.lora_alpha", "*.model.target_modules", "*.model.exclude_modules",
-             "*.model.lora_adapter_path", "*.model.lora.*")
+    + _rules("refuse", _LORA_FSDP,
+             "*.model.lora_rank", "*.model.lora_alpha", "*.model.target_modules", "*.model.exclude_modules")
+    + _rules("refuse", "loading a pre-trained LoRA adapter is " + _LORA_PART + "; resume from a megarl checkpoint "
+             "(trainer.resume_mode) to continue training adapters",
+             "*.model.lora_adapter_path", "actor_rollout_ref.model.lora.adapter_path")
+    + _rules("refuse", "LoRA dropout is " + _LORA_PART, "actor_rollout_ref.model.lora.dropout",
+             "actor_rollout_ref.model.lora.dropout_position")
+    + _rules("refuse", "LoRA adapters take the model's dtype (megatron.dtype) in megarl",
+             "actor_rollout_ref.model.lora.dtype")
+    + _rules("refuse", "training the base weights along with the adapters is " + _LORA_PART,
+             "actor_rollout_ref.model.lora.freeze_language_model")
+    + _rules("ignore", "megarl always syncs merged weights (W + alpha/rank * B @ A) into vLLM: the rollout "
+             "computes the same function as with vLLM LoRA adapters (verl's merge=false)",
+             "actor_rollout_ref.model.lora.merge")
+    + _rules("ignore", _MM, "actor_rollout_ref.model.lora.freeze_vision_model",
+             "actor_rollout_ref.model.lora.freeze_vision_projection")
+    + _rules("ignore", "megarl's LoRA does not adapt MoE experts (it refuses an MoE model), so no expert all-to-all "
+             "carries adapter inputs", "actor_rollout_ref.model.lora.a2a_experimental")
+    + _rules("refuse", "LoRA on the critic is not implemented in megarl (the actor's is: actor_rollout_ref.model.lora.*)",
+             "critic.model.lora.*")
     + _rules("refuse", _MULTI_TURN,
              "actor_rollout_ref.rollout.multi_turn.function_tool_path", "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts",
              "actor_rollout_ref.rollout.agent.custom_async_server.*", "actor_rollout_ref.rollout.trace.*",

@@ -77,6 +77,7 @@ GRAD_DTYPES = ("fp32", "bf16")
 OPTIM_STATE_DTYPES = ("fp32", "bf16", "fp16", "fp8")
 ROLLOUT_MODES = ("async", "sync")
 TRUNCATE_SIDES = ("left", "middle", "right")  # rollout.multi_turn.tool_response_truncate_side
+LORA_A_INITS = ("xavier", "kaiming", "normal")  # model.lora.lora_A_init_method (Megatron-Bridge's names)
 REWARD_MANAGERS = ("naive", "batch", "prime", "dapo")
 LOGGERS = ("console", "tensorboard", "wandb", "mlflow", "swanlab", "file")
 # trainer.logger values backed by an optional package; each imports as, and pip-installs by, its name.

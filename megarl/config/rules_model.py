@@ -194,6 +194,15 @@ def rollout_shape(v: View, hf: dict[str, Any]) -> Iterator[Issue]:
         yield Issue(key, tp, f"vLLM TP must divide num_key_value_heads={kv} or be a multiple of it", f"choose {key} dividing {kv} or a multiple of {kv}")
 
 
+def lora_on_moe(v: View, hf: dict[str, Any]) -> Iterator[Issue]:
+    """megarl's LoRA adapts dense layers only (megarl/models/lora.py)."""
+    key = "actor_rollout_ref.model.lora.rank"
+    experts = _shape(hf)[3]
+    if v.get(key) and experts:
+        yield Issue(key, v.get(key), f"LoRA on an MoE model ({experts} experts) is not implemented in megarl",
+                    f"train it full-parameter ({key}=0)")
+
+
 def tokenizer_dirs(v: View) -> Iterator[Issue]:
     for key in ("data.tokenizer", "actor_rollout_ref.model.tokenizer_path"):
         path = v.path(key)
@@ -223,6 +232,7 @@ def run(v: View) -> Iterator[Issue]:
             if role is ACTOR:
                 yield from _guard(lengths, v, hf)
                 yield from _guard(rollout_shape, v, hf)
+                yield from _guard(lora_on_moe, v, hf)
         except Skip:
             continue
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from megarl.config import names
-from megarl.config.names import DTYPES, LOAD_FORMATS, ROLLOUT_MODES, TRUNCATE_SIDES
+from megarl.config.names import DTYPES, LOAD_FORMATS, LORA_A_INITS, ROLLOUT_MODES, TRUNCATE_SIDES
 from megarl.config.schema_megatron import (
     CheckpointConfig,
     MegatronInferConfig,
@@ -26,10 +26,26 @@ class ModelConfig(Section):
 
 
 @dataclass
+class LoraConfig(Section):
+    """`actor_rollout_ref.model.lora` (verl's Megatron LoRA keys; rank 0 = full-parameter training).
+    Adapters on Megatron's linear layers, see megarl/models/lora.py."""
+
+    type: Literal["lora"] = spec(note="megarl implements plain LoRA (Megatron-Bridge's dora / canonical_lora are not)")
+    rank: int = spec(ge=0)
+    alpha: float = spec(gt=0)
+    target_modules: list[str] = spec()
+    exclude_modules: list[str] = spec()
+    lora_A_init_method: str = spec(choices=LORA_A_INITS)
+    lora_B_init_method: Literal["zero"] = spec(note="a zero B makes the adapted model start as the base model")
+
+
+@dataclass
 class PolicyModelConfig(ModelConfig):
-    """`actor_rollout_ref.model`: the critic's keys plus the chat template prompts are rendered with."""
+    """`actor_rollout_ref.model`: the critic's keys plus the chat template prompts are rendered with,
+    and the actor's LoRA adapters."""
 
     custom_chat_template: str | None = spec()
+    lora: LoraConfig = spec()
 
 
 @dataclass

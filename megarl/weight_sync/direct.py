@@ -82,6 +82,11 @@ class DirectTargets:
         stats.buckets += 1
         stats.seconds += time.perf_counter() - start
 
+    def forget_sources(self) -> None:
+        """Drop the cached copies (and the source tensors they hold): for sources that live only
+        for one sync (LoRA's merged weights, megarl.models.lora.merged_weights)."""
+        self._pairs, self._graph = None, None
+
     def _view_for(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         if name not in self.views:
             raise KeyError(f"direct weight sync: the export has {name!r}, which no vLLM parameter takes")

@@ -6,7 +6,8 @@ computed on the last pipeline stage and broadcast over the pipeline group, so ev
 returns the same DataProto / metrics (TP ranks agree by construction).
 
 Config: the `actor_rollout_ref` subtree (verl names): model.{path, override_config,
-use_remove_padding, trust_remote_code}; actor.* (PPO and
+use_remove_padding, trust_remote_code, lora (the actor's adapters; with them the reference is this
+model with its adapters off, `compute_ref_log_prob`)}; actor.* (PPO and
 optim keys, `actor.megatron`, `actor.calculate_sum_pi_squared`); ref.{log_prob_*,
 megatron}; rollout.{n, temperature, log_prob_*} (the actor's old-log-prob pass uses the
 rollout's log_prob_* keys, as verl). Read by attribute: every key must be present.
@@ -23,6 +24,7 @@ from megarl.algorithms import (
     compute_kl_loss,
     get_policy_loss,
 )
+from megarl.models.lora import adapters_disabled
 from megarl.protocol import DataProto
 from megarl.workers.megatron.engine import MicroBatchSpec
 from megarl.workers.megatron.inputs import next_token_labels, response_mask_of, to_response
@@ -69,6 +71,7 @@ class ActorWorker(MegatronWorker):
         super().__init__(
             config.model, node.megatron, config.actor.optim if trainable else None, config.actor.checkpoint,
             value_head=False, prefix=f"actor_rollout_ref.{role}", device=device,
+            lora_cfg=config.model.lora if trainable else None,
         )
         # the old-log-prob pass uses the rollout's log_prob_* keys (verl), the reference its own
         log_prob_node, log_prob_path = (config.rollout, "rollout") if trainable else (config.ref, "ref")
@@ -81,6 +84,18 @@ class ActorWorker(MegatronWorker):
         )
         if trainable:
             self.train_spec = MicroBatchSpec.for_ppo(config.actor, "actor_rollout_ref.actor")
+        if self.uses_lora:  # the reference is this model without adapters (verl's ref_in_actor)
+            self.ref_log_prob_spec = MicroBatchSpec(
+                config.ref.log_prob_micro_batch_size_per_gpu, config.ref.log_prob_use_dynamic_bsz,
+                config.ref.log_prob_max_token_len_per_gpu,
+                micro_batch_key="actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+                max_token_len_key="actor_rollout_ref.ref.log_prob_max_token_len_per_gpu",
+            )
+
+    @property
+    def uses_lora(self) -> bool:
+        """LoRA adapters train on a frozen base (actor_rollout_ref.model.lora.rank > 0)."""
+        return self.engine.lora is not None
 
     # ------------------------------------------------------------------ log-probs
     def _temperature(self, data: DataProto) -> float:
@@ -100,9 +115,21 @@ class ActorWorker(MegatronWorker):
         = sum_v pi(v)^2 of softmax(logits / temperature) per token (vocab-parallel: each TP
         rank sums its vocabulary slice, one all-reduce; the optimal token baseline's input).
         """
+        return self._log_probs(data, reference=self.role == "ref")
+
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        """LoRA's reference: `ref_log_prob` `[B, R]` of the base model (this model with its
+        adapters off; no second model), micro-batched by the ref's log_prob_* keys."""
+        if not self.uses_lora:
+            raise RuntimeError("compute_ref_log_prob on the actor needs LoRA (actor_rollout_ref.model.lora.rank > 0); "
+                               "otherwise the reference is its own model (role='ref')")
+        with adapters_disabled(self.engine.chunks):
+            return self._log_probs(data, reference=True)
+
+    def _log_probs(self, data: DataProto, *, reference: bool) -> DataProto:
         temperature = self._temperature(data)
         response_length = data.batch["responses"].shape[1]
-        want_entropy = self.role == "actor"
+        want_entropy = not reference
         want_spp = want_entropy and bool(self.config.actor.calculate_sum_pi_squared)
 
         def per_micro_batch(logits, mb):
@@ -119,9 +146,10 @@ class ActorWorker(MegatronWorker):
 
         with self._onloaded():
             # bf16 logits straight to the fused log-prob (it upcasts once): no fp32 logits copy
-            result = self.engine.forward(data, self.log_prob_spec, (), per_micro_batch, fp32_output=False)
+            spec = self.ref_log_prob_spec if reference and self.role == "actor" else self.log_prob_spec
+            result = self.engine.forward(data, spec, (), per_micro_batch, fp32_output=False)
         mask = response_mask_of(data).to(result["log_probs"].dtype)
-        if self.role == "ref":
+        if reference:
             tensors = {"ref_log_prob": result["log_probs"] * mask}
         else:
             tensors = {"old_log_probs": result["log_probs"] * mask, "entropys": result["entropy"] * mask}

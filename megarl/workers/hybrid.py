@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from megarl.models.lora import merged_weights
 from megarl.protocol import DataProto
 from megarl.weight_sync import SyncStats, log_prob_gap, plan_for_model, stream_in_process
 from megarl.weight_sync.direct import direct_targets
@@ -88,7 +89,9 @@ class ActorRolloutRefWorker:
         self.role = role
         self.device = device
         self.actor = ActorWorker(config, role="actor", device=device, rollout_correction=rollout_correction)
-        self.ref = ActorWorker(config, role="ref", device=device) if role == "actor_rollout_ref" else None
+        # With LoRA the reference is the actor's base model (adapters off): no second model.
+        want_ref = role == "actor_rollout_ref" and not self.actor.uses_lora
+        self.ref = ActorWorker(config, role="ref", device=device) if want_ref else None
         self.rollout = None
         self.plan = None
         self.direct = None  # DirectTargets when vLLM's parameters take the export as is
@@ -138,8 +141,6 @@ class ActorRolloutRefWorker:
 
         Returns ``weight_sync/{seconds, bytes, gb_per_s, buckets, tensors, peak_extra_bytes}``.
         """
-        from megarl.weight_sync.tp_gather import export_hf_weights_bucketed
-
         stats = SyncStats()
         engine = self.actor.engine
         wake_s = 0.0
@@ -148,20 +149,32 @@ class ActorRolloutRefWorker:
         start = time.perf_counter()
         self.actor.onload()
         try:
-            if self.direct:
-                self.direct.load_from(engine.chunks, engine.hf_config, bucket_size_bytes=self.bucket_size_bytes,
-                                      integrity_check=self.integrity_check, stats=stats)
-                self.rollout.reset_prefix_cache()
-            else:
-                # One all_gather per bucket for TP-only layouts (per-tensor export for PP/EP).
-                export = export_hf_weights_bucketed(engine.chunks, engine.hf_config, bucket_size_bytes=self.bucket_size_bytes)
-                stream = stream_in_process(export, self.plan, integrity_check=self.integrity_check, stats=stats)
-                self.rollout.update_weights(stream)
+            with merged_weights(engine.chunks):  # LoRA: vLLM gets W + alpha/r * B @ A
+                self._load_into_rollout(engine, stats)
+            if self.actor.uses_lora:  # the merged tensors lived for this sync only: keep no views of them
+                from megarl.weight_sync.tp_gather import release_export_buffers
+
+                release_export_buffers()
+                if self.direct:
+                    self.direct.forget_sources()
         finally:
             self.actor.offload()
         stats.seconds = time.perf_counter() - start
         self._synced_version = self._weights_version
         return {**stats.as_metrics(), "weight_sync/direct": float(self.direct is not None), "timing_s/vllm_wake": wake_s}
+
+    def _load_into_rollout(self, engine, stats: SyncStats) -> None:
+        from megarl.weight_sync.tp_gather import export_hf_weights_bucketed
+
+        if self.direct:
+            self.direct.load_from(engine.chunks, engine.hf_config, bucket_size_bytes=self.bucket_size_bytes,
+                                  integrity_check=self.integrity_check, stats=stats)
+            self.rollout.reset_prefix_cache()
+        else:
+            # One all_gather per bucket for TP-only layouts (per-tensor export for PP/EP).
+            export = export_hf_weights_bucketed(engine.chunks, engine.hf_config, bucket_size_bytes=self.bucket_size_bytes)
+            stream = stream_in_process(export, self.plan, integrity_check=self.integrity_check, stats=stats)
+            self.rollout.update_weights(stream)
 
     def generate_sequences(self, prompts: DataProto, *, validate: bool, do_sample: bool) -> DataProto:
         """This replica's share of prompts -> ``B * n`` rows (see RolloutWorker.generate_sequences,
@@ -195,7 +208,9 @@ class ActorRolloutRefWorker:
         return out
 
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
-        """``ref_log_prob`` ``[B, R]`` from the frozen reference."""
+        """``ref_log_prob`` ``[B, R]`` from the frozen reference (LoRA: the actor's base model)."""
+        if self.role == "actor_rollout_ref" and self.actor.uses_lora:
+            return self.actor.compute_ref_log_prob(data)
         if self.ref is None:
             raise RuntimeError("compute_ref_log_prob: this worker has no reference (role='actor_rollout')")
         return self.ref.compute_log_prob(data)

@@ -100,3 +100,24 @@ def test_attention_backend_values(make):
     key = "actor_rollout_ref.actor.megatron.override_transformer_config"
     issue_for(make({key: {"attention_backend": "flsh"}}), f"{key}.attention_backend", "not one of")
     no_issues(make({key: {"attention_backend": "flash"}}))  # CPU: the SDPA spec runs, no TE kernels involved
+
+
+def test_lora_keys_are_checked_up_front(make):
+    """model.lora.* (verl's Megatron LoRA keys) are typed; an MoE model, verl's FSDP LoRA keys, the
+    critic's LoRA and the adapter parts megarl lacks are refused naming the key."""
+    L = "actor_rollout_ref.model.lora"
+    no_issues(make({f"{L}.rank": 8, f"{L}.alpha": 16, f"{L}.target_modules": ["linear_qkv"],
+                    f"{L}.exclude_modules": ["*.layers.0.*"], f"{L}.lora_A_init_method": "kaiming"}))
+    moe = {"model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16}
+    no_issues(make(hf=moe))
+    issue_for(make({f"{L}.rank": 8}, hf=moe), f"{L}.rank", "MoE model (4 experts) is not implemented", f"{L}.rank=0")
+    issue_for(make({f"{L}.rank": -1}), f"{L}.rank")
+    issue_for(make({f"{L}.lora_A_init_method": "orthogonal"}), f"{L}.lora_A_init_method", "orthogonal")
+    issue_for(make({f"{L}.lora_B_init_method": "xavier"}), f"{L}.lora_B_init_method")
+    issue_for(make({f"{L}.type": "dora"}), f"{L}.type", "dora")
+    for key, value in ((f"{L}.dropout", 0.1), (f"{L}.adapter_path", "/x"), (f"{L}.dtype", "bfloat16"),
+                       ("actor_rollout_ref.model.lora_adapter_path", "/x"), ("critic.model.lora.rank", 8),
+                       (f"{L}.freeze_language_model", False)):
+        issue_for(make({key: value}), key, "not supported")
+    issue_for(make({"actor_rollout_ref.model.lora_rank": 8}), "actor_rollout_ref.model.lora_rank",
+              "actor_rollout_ref.model.lora.rank / alpha / target_modules")

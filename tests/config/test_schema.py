@@ -53,7 +53,7 @@ def test_unknown_key_found_elsewhere_in_tree(make):
 
 
 def test_unknown_verl_key_says_not_supported(make):
-    issue_for(make({"actor_rollout_ref.model.lora_rank": 8}), "actor_rollout_ref.model.lora_rank", "LoRA is not implemented")
+    issue_for(make({"actor_rollout_ref.model.lora_rank": 8}), "actor_rollout_ref.model.lora_rank", "reads LoRA from model.lora")
     issue_for(make({"actor_rollout_ref.actor.fsdp_config": {"param_offload": True}}), "actor_rollout_ref.actor.fsdp_config", "FSDP")
 
 

@@ -109,6 +109,9 @@ GAPS: dict[str, dict[str, str]] = {
     "grpo_trainer/run_qwen3_30b_a3b_megatron.sh": {
         "actor_rollout_ref.actor.use_dynamic_bsz": _VPP, "actor_rollout_ref.model.use_remove_padding": _VPP,
     },
+    "lora/run_qwen3_30b_a3b_megatron.sh": {
+        "actor_rollout_ref.model.lora.rank": "megarl's LoRA adapts dense layers only (no adapters on MoE experts)",
+    },
 }
 
 # Keys whose values name the script author's files: pointed at local assets.

@@ -148,6 +148,32 @@ def test_grpo_async_reward_and_dapo_filter_groups(demo_dir, tmp_path):
     assert all(len(set(scores)) > 1 for scores in groups.values())  # no all-equal group was kept
 
 
+@pytest.mark.extended  # a third full GRPO run (tests/workers/test_lora.py covers LoRA in the default tier)
+def test_grpo_lora_two_steps(demo_dir, tmp_path):
+    """LoRA GRPO through the controller: vLLM samples from the synced merged weights (its log-probs
+    equal the LoRA actor's), the reference is the base model (KL 0 until the adapters move), and the
+    checkpoint holds the adapters only."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    cfg = demo_config(demo_dir, tmp_path, [
+        "trainer.total_training_steps=2", "trainer.test_freq=-1", "trainer.save_freq=2", "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.model.lora.rank=8", "actor_rollout_ref.model.lora.alpha=16", "actor_rollout_ref.actor.optim.lr=1e-3",
+        "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_coef=0.1",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",  # one update per step: step 1 scores the untrained adapters
+    ])
+    _run(cfg)
+    metrics = read_metrics(tmp_path)
+    for step in (1, 2):
+        assert metrics[step]["rollout/log_prob_gap_max"] < 1e-4  # vLLM has W + alpha/r * B @ A
+        assert metrics[step]["actor/grad_norm"] > 0
+    assert metrics[1]["actor/kl_loss"] == pytest.approx(0.0, abs=1e-7)  # B = 0: actor = base = reference
+    assert metrics[2]["actor/kl_loss"] > 1e-7
+    assert metrics[2]["weight_sync/bytes"] > 0
+    keys = FileSystemReader(str(tmp_path / "ckpt" / "global_step_2" / "actor" / "dist_ckpt")).read_metadata().state_dict_metadata
+    model_keys = [k for k in keys if not k.startswith(("optimizer", "rng_state"))]
+    assert model_keys and all(".lora." in k for k in model_keys)
+
+
 def _keys(reason: str, *keys: str) -> dict[str, str]:
     return dict.fromkeys(keys, reason)
 
@@ -158,6 +184,11 @@ NOT_EXERCISED_HERE = {
     **_keys("fixed by a Literal type (the one value megarl runs); validated only", f"{A}.strategy",
             "actor_rollout_ref.ref.strategy", "critic.strategy", "actor_rollout_ref.hybrid_engine", f"{R}.name",
             "model_engine"),
+    **_keys("fixed by a Literal type (the one value megarl's LoRA implements); validated only",
+            "actor_rollout_ref.model.lora.type", "actor_rollout_ref.model.lora.lora_B_init_method"),
+    **_keys("only with LoRA on (tests/workers/test_lora.py; the extended test_grpo_lora_two_steps here)",
+            *(f"actor_rollout_ref.model.lora.{k}" for k in ("alpha", "target_modules", "exclude_modules",
+                                                             "lora_A_init_method"))),
     **_keys("read through its interpolation into rollout.weight_sync.bucket_size_mb",
             f"{R}.checkpoint_engine.update_weights_bucket_megabytes"),
     **_keys("verl's legacy keys: moved to reward.* at load (megarl.config.legacy; tests/config/test_rules_algo.py)",

@@ -21,6 +21,7 @@ everything else (Adam's betas, ...) always from the config.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import random
@@ -34,6 +35,7 @@ from megatron.core.dist_checkpointing.mapping import ShardedObject
 from omegaconf import OmegaConf
 
 from megarl.models import save_hf_checkpoint, save_hf_config, unwrap_chunk
+from megarl.models.lora import ADAPTER_KEY, adapters, merged_weights
 from megarl.utils.checksums import digest_files, list_files, write_manifest
 from megarl.utils.storage import raise_if_storage_error
 
@@ -51,10 +53,14 @@ def _check_contents(contents: Sequence[str]) -> None:
 
 
 def _model_sharded_state_dict(chunks: Sequence[torch.nn.Module]) -> dict[str, Any]:
+    """Every chunk's sharded state dict; with LoRA adapters only the adapters' (the base is
+    model.path's, frozen)."""
     models = [unwrap_chunk(c) for c in chunks]
+    lora = bool(adapters(chunks))
+    dicts = [{k: v for k, v in m.sharded_state_dict().items() if not lora or ADAPTER_KEY in k} for m in models]
     if len(models) == 1:
-        return {"model": models[0].sharded_state_dict()}
-    return {f"model{i}": m.sharded_state_dict() for i, m in enumerate(models)}
+        return {"model": dicts[0]}
+    return {f"model{i}": d for i, d in enumerate(dicts)}
 
 
 def _layout() -> dict[str, int]:
@@ -117,8 +123,9 @@ def save_checkpoint(engine, path: str, *, contents: Sequence[str], global_step: 
     try:
         dist_checkpointing.save(state, ckpt_dir)
         if "hf_model" in contents:
-            save_hf_checkpoint(engine.chunks, engine.hf_config, os.path.join(path, "huggingface"),
-                               tokenizer_dir=engine.model_path)
+            with merged_weights(engine.chunks):  # LoRA: the merged model
+                save_hf_checkpoint(engine.chunks, engine.hf_config, os.path.join(path, "huggingface"),
+                                   tokenizer_dir=engine.model_path)
         elif torch.distributed.get_rank() == 0:
             save_hf_config(engine.hf_config, os.path.join(path, "huggingface"), tokenizer_dir=engine.model_path)
         torch.distributed.barrier()
@@ -134,8 +141,37 @@ def _build_record(engine) -> dict[str, Any]:
     overrides = engine.megatron_cfg.override_transformer_config
     # plain containers only: common.pt is loaded with weights_only=True (megarl.utils.safe_checkpoint)
     overrides = OmegaConf.to_container(overrides, resolve=True) if OmegaConf.is_config(overrides) else dict(overrides)
-    return {"dtype": str(engine.dtype).removeprefix("torch."), "value_head": bool(engine.value_head),
-            "override_transformer_config": overrides}
+    record = {"dtype": str(engine.dtype).removeprefix("torch."), "value_head": bool(engine.value_head),
+              "override_transformer_config": overrides}
+    if engine.lora is not None:  # adapters only: they fit this base and this adapter shape alone
+        record["lora"] = _lora_record(engine)
+    return record
+
+
+def _lora_record(engine) -> dict[str, Any]:
+    """What an adapter-only checkpoint must be loaded onto: the base (config.json digest, the
+    safetensors' names and sizes) and the adapters' rank, alpha and layers."""
+    base = engine.model_path
+    with open(os.path.join(base, "config.json"), "rb") as f:
+        config_sha = hashlib.sha256(f.read()).hexdigest()
+    weights = sorted((n, os.path.getsize(os.path.join(base, n))) for n in os.listdir(base) if n.endswith(".safetensors"))
+    spec = engine.lora
+    return {"base_config_sha256": config_sha, "base_weights": [list(w) for w in weights], "rank": spec.rank,
+            "alpha": spec.alpha, "target_modules": list(spec.target_modules), "exclude_modules": list(spec.exclude_modules)}
+
+
+def _check_lora_record(engine, saved: dict[str, Any] | None, path: str) -> None:
+    """Refuse adapters saved for another base model or adapter shape (or a full-model checkpoint)."""
+    want = _lora_record(engine) if engine.lora is not None else None
+    if saved == want:
+        return
+    if want is None or saved is None:
+        what = "LoRA adapters only" if saved is not None else "a full model"
+        raise ValueError(f"checkpoint {path} holds {what}; this run has actor_rollout_ref.model.lora.rank="
+                         f"{0 if want is None else want['rank']}: resume with the LoRA settings it was saved with")
+    diff = sorted(k for k in want if want[k] != saved.get(k))
+    raise ValueError(f"checkpoint {path} holds LoRA adapters for another base model or adapter shape (differs in {diff}): "
+                     "resume with the model.path and model.lora.* it was trained with")
 
 
 def _write_checksums(path: str) -> None:
@@ -159,6 +195,8 @@ def load_checkpoint(engine, path: str, *, contents: Sequence[str]) -> dict[str, 
         raise FileNotFoundError(f"no megatron dist checkpoint at {ckpt_dir}")
     common = dist_checkpointing.load_common_state_dict(ckpt_dir)
     meta = common.get("megarl", {})
+    if "model" in contents or "optimizer" in contents:
+        _check_lora_record(engine, meta.get("build", {}).get("lora"), path)
     saved = set(meta.get("contents", []))
     missing = sorted(set(contents) - saved - {"hf_model"})
     if missing:
@@ -208,12 +246,15 @@ def _restore_configured_hyperparams(engine, configured: list[dict[str, Any]]) ->
 
 
 def _load_model_state(chunks: Sequence[torch.nn.Module], loaded: dict[str, Any]) -> None:
+    """Every tensor of the chunks, or with LoRA every adapter tensor (the base stays model.path's)."""
     models = [unwrap_chunk(c) for c in chunks]
-    if len(models) == 1:
-        models[0].load_state_dict(loaded["model"], strict=True)
-    else:
-        for i, m in enumerate(models):
-            m.load_state_dict(loaded[f"model{i}"], strict=True)
+    lora = bool(adapters(chunks))
+    for i, m in enumerate(models):
+        state = loaded["model"] if len(models) == 1 else loaded[f"model{i}"]
+        missing, unexpected = m.load_state_dict(state, strict=not lora)
+        missing = [k for k in missing if ADAPTER_KEY in k]
+        if missing or unexpected:
+            raise ValueError(f"LoRA checkpoint: adapter tensors missing {missing[:5]}, unexpected {unexpected[:5]}")
 
 
 def load_model_only(chunks: Sequence[torch.nn.Module], path: str) -> None:

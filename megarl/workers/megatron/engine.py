@@ -25,6 +25,7 @@ from megatron.core.transformer.module import Float16Module
 from megatron.core.utils import get_model_config
 
 from megarl.models import build_model, export_hf_weights, load_hf_weights, unwrap_chunk
+from megarl.models.lora import LoraSpec, apply_lora, merged_weights
 from megarl.parallel import init_distributed
 from megarl.parallel.dynamic_batch import fixed_size_partitions, partition_by_token_budget, restore_order
 from megarl.workers.megatron.inputs import build_inputs, valid_length
@@ -96,6 +97,7 @@ class MegatronEngine:
         optim_cfg: verl `optim` node; None = inference only (reference model).
         remove_padding: `model.use_remove_padding` (thd packing).
         prefix: dotted config path of this role, for messages (e.g. "critic").
+        lora: LoRA adapters on the loaded model (only they train; megarl.models.lora); None = full model.
     """
 
     def __init__(
@@ -110,8 +112,10 @@ class MegatronEngine:
         trust_remote_code: bool = False,
         prefix: str,
         device: str | None = None,
+        lora: LoraSpec | None = None,
     ) -> None:
         self.megatron_cfg = megatron_cfg
+        self.lora = lora
         self.model_path = model_path
         self.override_config = dict(override_config or {})
         self.value_head = value_head
@@ -167,6 +171,11 @@ class MegatronEngine:
             load_model_only(chunks, path)
         else:
             load_hf_weights(chunks, self.model_path)
+        if self.lora is not None:
+            adapted = [name for chunk in chunks for name in apply_lora(chunk, self.lora)]
+            if dist.get_rank() == 0:
+                print(f"[megarl] {self.prefix}: LoRA rank {self.lora.rank} on {len(adapted)} linears "
+                      "(base weights frozen)", flush=True)
         config = get_model_config(chunks[0])
         if self.dtype != torch.float32:
             chunks = [Float16Module(config, chunk) for chunk in chunks]
@@ -305,8 +314,10 @@ class MegatronEngine:
 
     # ------------------------------------------------------------------ weights
     def export_hf_weights(self):
-        """Full HF tensors, collective over the model-parallel group (see megarl.models)."""
-        return export_hf_weights(self.chunks, self.hf_config)
+        """Full HF tensors, collective over the model-parallel group (see megarl.models); with
+        LoRA the merged weights W + alpha/r * B @ A."""
+        with merged_weights(self.chunks):
+            yield from export_hf_weights(self.chunks, self.hf_config)
 
     def unwrapped_chunks(self) -> list[torch.nn.Module]:
         return [unwrap_chunk(c) for c in self.chunks]

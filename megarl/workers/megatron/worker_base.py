@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from megarl.models.lora import LoraSpec
 from megarl.workers.megatron.checkpoint import load_checkpoint, save_checkpoint
 from megarl.workers.megatron.engine import MegatronEngine
 from megarl.workers.megatron.offload import Offloader
@@ -30,11 +31,12 @@ class MegatronWorker:
         value_head: critic model (`[b, s, 1]` outputs).
         prefix: dotted config path of the role, for messages (e.g. "critic").
         device: "cpu" | "cuda"; default cuda when available.
+        lora_cfg: the typed `model.lora` node of a trained policy; None = no adapters.
     """
 
     def __init__(
         self, model_cfg: Any, megatron_cfg: Any, optim_cfg: Any | None, checkpoint_cfg: Any, *,
-        value_head: bool, prefix: str, device: str | None,
+        value_head: bool, prefix: str, device: str | None, lora_cfg: Any | None = None,
     ) -> None:
         self.engine = MegatronEngine(
             megatron_cfg,
@@ -46,6 +48,7 @@ class MegatronWorker:
             trust_remote_code=model_cfg.trust_remote_code,
             prefix=prefix,
             device=device,
+            lora=None if lora_cfg is None else LoraSpec.from_config(lora_cfg, seed=megatron_cfg.seed),
         )
         self.megatron_cfg = megatron_cfg
         self.checkpoint_cfg = checkpoint_cfg
