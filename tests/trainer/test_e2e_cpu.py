@@ -132,8 +132,9 @@ def test_grpo_learns_to_call_the_calculator_then_sync_mode(demo_dir, tmp_path):
 
 
 def test_grpo_async_reward_and_dapo_filter_groups(demo_dir, tmp_path):
-    """launch_reward_fn_async scores in the background; then DAPO dynamic sampling keeps only
-    groups whose scores differ (a second run dir)."""
+    """launch_reward_fn_async in rollout.mode=async scores each sample in the rollout worker as its agent
+    loop returns (megarl.reward.streaming); then DAPO dynamic sampling keeps only groups whose scores
+    differ (a second run dir)."""
     cfg = demo_config(demo_dir, tmp_path / "async", ["trainer.total_training_steps=1", "trainer.test_freq=-1",
                                                      "reward.launch_reward_fn_async=true"])
     _run(cfg)
@@ -141,7 +142,8 @@ def test_grpo_async_reward_and_dapo_filter_groups(demo_dir, tmp_path):
     rows = read_rollouts(tmp_path / "async", 1)
     rescored = [compute_score(r["output"], r["ground_truth"]) for r in rows]
     assert [r["score"] for r in rows] == pytest.approx(rescored)
-    assert "timing_s/reward_wait" in m and "actor/pg_loss" in m
+    assert 0.0 <= m["reward/scored_during_rollout"] <= 1.0 and "timing_s/reward_wait" not in m and "actor/pg_loss" in m
+    assert m["critic/score/mean"] == pytest.approx(sum(rescored) / len(rescored), abs=1e-6)
 
     cfg = demo_config(demo_dir, tmp_path / "dapo", [
         "trainer.total_training_steps=1", "trainer.test_freq=-1", "algorithm.filter_groups.enable=true",
