@@ -15,7 +15,7 @@ MATH_SOURCES = (
 
 
 def known_data_sources() -> tuple[str, ...]:
-    return (demo_task.DATA_SOURCE, demo_tool_task.DATA_SOURCE) + GSM8K_SOURCES + MATH_SOURCES
+    return (demo_task.DATA_SOURCE,) + GSM8K_SOURCES + MATH_SOURCES + (demo_tool_task.DATA_SOURCE,)
 
 
 def default_compute_score(
