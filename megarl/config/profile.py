@@ -1,5 +1,7 @@
 """The embedded demo as a profile: megarl/configs/megatron/profiles/demo.yaml fills the keys the user did
-not set, and only when no model is given (`actor_rollout_ref.model.path` null)."""
+not set, and only when no model is given (`actor_rollout_ref.model.path` null). A demo run with
+`actor_rollout_ref.rollout.multi_turn.enable=true` (e.g. `+tools=calculator`) runs the demo's tool task:
+profiles/demo_tools.yaml's keys replace demo.yaml's (megarl.data.demo_tool_data)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from megarl.config.load import CONFIG_DIR
 
 DEMO_PROFILE = Path(CONFIG_DIR) / "profiles" / "demo.yaml"
+DEMO_TOOLS_PROFILE = Path(CONFIG_DIR) / "profiles" / "demo_tools.yaml"
 MODEL_KEY = "actor_rollout_ref.model.path"
 
 
@@ -40,12 +43,13 @@ def apply_demo_profile(cfg: DictConfig, user_keys: Iterable[str]) -> dict[str, o
     if not wants_demo(cfg):
         return {}
     user_keys = set(user_keys)
-    profile = OmegaConf.load(DEMO_PROFILE)
+    profile = OmegaConf.to_container(OmegaConf.load(DEMO_PROFILE), resolve=False)
+    if cfg.actor_rollout_ref.rollout.multi_turn.enable:
+        profile.update(OmegaConf.to_container(OmegaConf.load(DEMO_TOOLS_PROFILE), resolve=False))
     applied: dict[str, object] = {}
-    for key in profile:
+    for key, value in profile.items():
         if _set_by_user(key, user_keys):
             continue
-        value = OmegaConf.to_container(profile, resolve=False)[key]
         OmegaConf.update(cfg, key, value, merge=False)
         applied[key] = value
     return applied

@@ -6,7 +6,11 @@ Assets under ``demo_dir()`` (env ``MEGARL_DEMO_DIR``, default ``~/.cache/megarl/
   (``demo_warmup``, seconds on a CPU core) + its tokenizer (``demo_tokenizer``), stamped
   in ``model/megarl_demo.json`` with ``DATA_VERSION`` and ``MODEL_VERSION``,
 * ``train.parquet`` — ``TRAIN_ROWS`` rows of the "small arithmetic" task (``demo_data``),
-* ``val.parquet``   — ``VAL_ROWS`` rows (every problem once).
+* ``val.parquet``   — ``VAL_ROWS`` rows (every problem once);
+* the tool task's (``demo_tool_data``, ``+tools=calculator``): ``tool_model/`` (the tool
+  tokenizer variant, warmed up by ``warm_up_tools``, stamped with ``TOOL_DATA_VERSION`` and
+  ``TOOL_MODEL_VERSION``), ``tool_train.parquet`` (``TRAIN_ROWS``), ``tool_val.parquet``
+  (``TOOL_VAL_ROWS`` distinct problems).
 
 ``ensure_demo_assets(cfg)`` builds the missing ones among those the config points at, and
 rebuilds an asset whose stamped versions are not the current ones (a cache left by an
@@ -28,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from megarl.data.demo_data import DATA_VERSION, data_version, generate_rows, write_rows_parquet
+from megarl.data.demo_tool_data import TOOL_DATA_VERSION, generate_tool_rows
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +49,11 @@ MODEL_STAMP = "megarl_demo.json"  # in model/: the versions the model was built 
 # model dir stamped with another version is rebuilt. 1: warm-up on "small arithmetic"
 # (the unstamped dirs of earlier megarl versions hold a random-init model).
 MODEL_VERSION = 1
+TOOL_MODEL_NAME = "tool_model"
+TOOL_TRAIN_NAME = "tool_train.parquet"
+TOOL_VAL_NAME = "tool_val.parquet"
+TOOL_VAL_ROWS = 64  # of 16200 problems: a validation of multi-turn samples stays ~1 s on CPU
+TOOL_MODEL_VERSION = 1  # as MODEL_VERSION, for the tool model
 
 # Config keys that may name a demo asset (dotted paths; absent keys are skipped).
 ASSET_KEYS = (
@@ -83,7 +93,9 @@ def _as_paths(value: Any) -> list[str]:
     return [os.fspath(v) for v in value]
 
 
-def _current_model_stamp() -> dict[str, int]:
+def _current_model_stamp(name: str = MODEL_NAME) -> dict[str, int]:
+    if name == TOOL_MODEL_NAME:
+        return {"data_version": TOOL_DATA_VERSION, "model_version": TOOL_MODEL_VERSION}
     return {"data_version": DATA_VERSION, "model_version": MODEL_VERSION}
 
 
@@ -110,9 +122,24 @@ def _build_model_dir(target: Path) -> None:
     (target / MODEL_STAMP).write_text(json.dumps(_current_model_stamp()) + "\n")
 
 
-def _build_split(split: str, num_rows: int) -> Callable[[Path], None]:
+def _build_tool_model_dir(target: Path) -> None:
+    from megarl.data.demo_model import build_demo_model
+    from megarl.data.demo_tokenizer import build_demo_tokenizer
+    from megarl.data.demo_warmup import warm_up_tools
+
+    tokenizer = build_demo_tokenizer(with_tools=True)
+    model = build_demo_model(tokenizer)
+    losses = warm_up_tools(model, tokenizer)
+    logger.info("demo tool model warm-up: %d steps, loss %.3f -> %.3f", len(losses), losses[0], losses[-1])
+    model.save_pretrained(target, safe_serialization=True)
+    tokenizer.save_pretrained(target)
+    (target / MODEL_STAMP).write_text(json.dumps(_current_model_stamp(TOOL_MODEL_NAME)) + "\n")
+
+
+def _build_split(split: str, num_rows: int, generate: Callable = generate_rows,
+                 version: int = DATA_VERSION) -> Callable[[Path], None]:
     def build(target: Path) -> None:
-        write_rows_parquet(generate_rows(split, num_rows, DATA_SEED), target)
+        write_rows_parquet(generate(split, num_rows, DATA_SEED), target, version)
 
     return build
 
@@ -121,22 +148,28 @@ BUILDERS: dict[str, Callable[[Path], None]] = {
     MODEL_NAME: _build_model_dir,
     TRAIN_NAME: _build_split("train", TRAIN_ROWS),
     VAL_NAME: _build_split("val", VAL_ROWS),
+    TOOL_MODEL_NAME: _build_tool_model_dir,
+    TOOL_TRAIN_NAME: _build_split("train", TRAIN_ROWS, generate_tool_rows, TOOL_DATA_VERSION),
+    TOOL_VAL_NAME: _build_split("val", TOOL_VAL_ROWS, generate_tool_rows, TOOL_DATA_VERSION),
 }
+MODEL_NAMES = (MODEL_NAME, TOOL_MODEL_NAME)
 
 
 def _is_current(name: str, target: Path) -> bool:
     """An existing asset is reused if it is stamped with the current versions."""
-    if name == MODEL_NAME:
-        return target.is_dir() and model_stamp(target) == _current_model_stamp()
-    return target.exists() and data_version(target) == DATA_VERSION
+    if name in MODEL_NAMES:
+        return target.is_dir() and model_stamp(target) == _current_model_stamp(name)
+    return target.exists() and data_version(target) == _current_stamp(name)
 
 
 def _stamp_of(name: str, target: Path) -> object:
-    return model_stamp(target) if name == MODEL_NAME else data_version(target)
+    return model_stamp(target) if name in MODEL_NAMES else data_version(target)
 
 
 def _current_stamp(name: str) -> object:
-    return _current_model_stamp() if name == MODEL_NAME else DATA_VERSION
+    if name in MODEL_NAMES:
+        return _current_model_stamp(name)
+    return TOOL_DATA_VERSION if name.startswith("tool_") else DATA_VERSION
 
 
 def build_asset(name: str, root: Path | None = None) -> Path:
@@ -155,7 +188,7 @@ def build_asset(name: str, root: Path | None = None) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))
     try:
         staged = tmp / name
-        if name == MODEL_NAME:
+        if name in MODEL_NAMES:
             staged.mkdir()
         BUILDERS[name](staged)
         if target.is_dir() and not _is_current(name, target):

@@ -95,11 +95,11 @@ def task_corpus() -> Iterator[str]:
     yield "-1"
 
 
-def write_rows_parquet(rows: list[dict[str, Any]], path: str | Path) -> None:
+def write_rows_parquet(rows: list[dict[str, Any]], path: str | Path, version: int = DATA_VERSION) -> None:
     """Write rows to a parquet file (schema inferred by pyarrow; no pandas), stamped with
-    ``DATA_VERSION`` in the schema metadata."""
+    ``version`` (``DATA_VERSION``; the tool task's ``TOOL_DATA_VERSION``) in the schema metadata."""
     table = pa.Table.from_pylist(rows)
-    pq.write_table(table.replace_schema_metadata({VERSION_KEY: str(DATA_VERSION).encode()}), str(path))
+    pq.write_table(table.replace_schema_metadata({VERSION_KEY: str(version).encode()}), str(path))
 
 
 def data_version(path: str | Path) -> int | None:

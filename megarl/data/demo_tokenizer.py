@@ -11,6 +11,13 @@ byte-level symbols and merges learned by ``BpeTrainer`` on the task text, then
 ``len(tokenizer)``. Every digit and the minus sign are their own tokens and spaces are
 kept, so a decoded response reads like ``"-2"``; characters the task never uses are dropped
 on encoding.
+
+The tool variant (``with_tools=True``, the model of the demo's tool task,
+``megarl.data.demo_tool_data``) gives the last six reserved ids to the tool-call markup, one
+token each: ``<tool_call>``, ``</tool_call>``, ``<tool_response>``, ``</tool_response>`` and the
+JSON around a calculator expression (``CALL_OPEN`` / ``CALL_CLOSE``). They are plain (not
+special) tokens, so decoding keeps them and the hermes parser (``megarl.agent.tool_parser``)
+reads the call; its chat template renders a tool message as ``<tool_response>...</tool_response>``.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 from transformers import PreTrainedTokenizerFast
 
 from megarl.data.demo_data import task_corpus
+from megarl.data.demo_tool_data import CALL_CLOSE, CALL_OPEN
 
 VOCAB_SIZE = 64
 PAD_TOKEN = "<pad>"
@@ -28,6 +36,7 @@ EOS_TOKEN = "<eos>"
 UNK_TOKEN = "<unk>"
 ROLES = ("system", "user", "assistant")
 SPECIAL_TOKENS = [PAD_TOKEN, EOS_TOKEN, UNK_TOKEN] + [f"<|{role}|>" for role in ROLES]
+TOOL_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", CALL_OPEN, CALL_CLOSE]
 
 # transformers' Qwen2Tokenizer.PRETOKENIZE_REGEX (digits split one by one).
 QWEN2_SPLIT_REGEX = (
@@ -41,6 +50,17 @@ CHAT_TEMPLATE = (
     "{{ raise_exception('demo chat template supports roles system/user/assistant, got ' + message['role']) }}"
     "{% endif %}"
     "{{ '<|' + message['role'] + '|>' + message['content'] }}"
+    "{% if message['role'] == 'assistant' %}{{ '<eos>' }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+)
+# The tool variant: a tool message is the model's next input, wrapped in <tool_response> (hermes).
+TOOL_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'tool' %}{{ '<tool_response>' + message['content'] + '</tool_response>' }}"
+    "{% elif message['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{ raise_exception('demo chat template supports roles system/user/assistant/tool, got ' + message['role']) }}"
+    "{% else %}{{ '<|' + message['role'] + '|>' + message['content'] }}{% endif %}"
     "{% if message['role'] == 'assistant' %}{{ '<eos>' }}{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
@@ -60,8 +80,9 @@ def _qwen2_pipeline(model: models.Model) -> Tokenizer:
     return tokenizer
 
 
-def build_demo_tokenizer() -> PreTrainedTokenizerFast:
-    """Train the BPE on the task text, pad it to ``VOCAB_SIZE`` and wrap it for transformers."""
+def build_demo_tokenizer(with_tools: bool = False) -> PreTrainedTokenizerFast:
+    """Train the BPE on the task text, pad it to ``VOCAB_SIZE`` and wrap it for transformers;
+    ``with_tools``: the tool variant (module docstring; the same ids for every other token)."""
     trained = _qwen2_pipeline(models.BPE())
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE, special_tokens=SPECIAL_TOKENS, min_frequency=1, show_progress=False
@@ -74,11 +95,13 @@ def build_demo_tokenizer() -> PreTrainedTokenizerFast:
     if len(vocab) > VOCAB_SIZE:
         raise RuntimeError(f"demo task text needs {len(vocab)} tokens, more than VOCAB_SIZE={VOCAB_SIZE}")
     ordered = sorted(vocab, key=vocab.__getitem__)
-    reserved = [f"<reserved_{k}>" for k in range(VOCAB_SIZE - len(ordered))]
+    tool_tokens = TOOL_TOKENS if with_tools else []
+    reserved = [f"<reserved_{k}>" for k in range(VOCAB_SIZE - len(ordered) - len(tool_tokens))]
     full_vocab = {token: i for i, token in enumerate(ordered + reserved)}
 
     tokenizer = _qwen2_pipeline(models.BPE(vocab=full_vocab, merges=merges))
     tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in tool_tokens])
     wrapped = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         pad_token=PAD_TOKEN,
@@ -88,7 +111,7 @@ def build_demo_tokenizer() -> PreTrainedTokenizerFast:
         clean_up_tokenization_spaces=False,
         model_max_length=128,
     )
-    wrapped.chat_template = CHAT_TEMPLATE
+    wrapped.chat_template = TOOL_CHAT_TEMPLATE if with_tools else CHAT_TEMPLATE
     if len(wrapped) != VOCAB_SIZE:
         raise RuntimeError(f"demo tokenizer has {len(wrapped)} entries, expected {VOCAB_SIZE}")
     return wrapped

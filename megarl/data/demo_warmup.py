@@ -20,6 +20,7 @@ count), the caller's RNG state and thread count restored afterwards.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -28,6 +29,7 @@ from megarl.data.demo_data import generate_rows
 # Changing any value below changes the demo model: bump megarl.data.demo.MODEL_VERSION.
 STEPS = 150  # optimizer steps; under-trained on purpose (see the module docstring)
 BATCH = 64  # examples per step
+TOOL_STEPS = 200  # the tool task's warm-up (warm_up_tools): sampled call rate 0.29, 0.72 of those calls right (100 val problems)
 LR = 3.0e-3  # AdamW peak lr; at 6e-3 (no lr warm-up) the model did not learn the table in 400 steps
 LR_WARMUP_STEPS = 30  # linear lr ramp over the first steps on random weights (similar curve without it)
 BETAS = (0.9, 0.98)  # a shorter second-moment memory, common for small transformers
@@ -35,32 +37,83 @@ SEED = 0
 IGNORE_INDEX = -100  # torch cross_entropy's ignore_index: prompt and padding positions
 
 
+def _prompt_ids(tokenizer: PreTrainedTokenizerBase, row: dict) -> list[int]:
+    """The row's prompt as megarl's dataset tokenizes it (chat template with the generation
+    prompt, no extra special tokens), so the model learns exactly what the rollout asks."""
+    text = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def _ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def segments_batch(sequences: list[list[tuple[list[int], bool]]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids ``[N, L]`` (each sequence's segments in order, right-padded with ``pad_token_id``)
+    and labels ``[N, L]`` (the ids of the segments flagged trained; ``IGNORE_INDEX`` elsewhere)."""
+    length = max(sum(len(ids) for ids, _ in segments) for segments in sequences)
+    input_ids = torch.full((len(sequences), length), pad_token_id, dtype=torch.long)
+    labels = torch.full((len(sequences), length), IGNORE_INDEX, dtype=torch.long)
+    for i, segments in enumerate(sequences):
+        start = 0
+        for ids, trained in segments:
+            input_ids[i, start:start + len(ids)] = torch.tensor(ids, dtype=torch.long)
+            if trained:
+                labels[i, start:start + len(ids)] = torch.tensor(ids, dtype=torch.long)
+            start += len(ids)
+    return input_ids, labels
+
+
 def warmup_batch(tokenizer: PreTrainedTokenizerBase, rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids ``[N, L]`` (chat-templated prompt, answer, EOS, right-padded with the pad id)
-    and labels ``[N, L]`` (the answer and EOS ids; ``IGNORE_INDEX`` elsewhere).
+    and labels ``[N, L]`` (the answer and EOS ids; ``IGNORE_INDEX`` elsewhere)."""
+    eos = tokenizer.eos_token_id
+    return segments_batch([[(_prompt_ids(tokenizer, row), False),
+                            (_ids(tokenizer, row["reward_model"]["ground_truth"]) + [eos], True)] for row in rows],
+                          tokenizer.pad_token_id)
 
-    The prompt is tokenized as megarl's dataset does (chat template with the generation
-    prompt, no extra special tokens), so the model learns exactly what the rollout asks."""
-    sequences: list[tuple[list[int], list[int]]] = []
-    for row in rows:
-        text = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)
-        prompt_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        answer_ids = tokenizer(row["reward_model"]["ground_truth"], add_special_tokens=False)["input_ids"]
-        sequences.append((prompt_ids, answer_ids + [tokenizer.eos_token_id]))
-    length = max(len(p) + len(a) for p, a in sequences)
-    input_ids = torch.full((len(sequences), length), tokenizer.pad_token_id, dtype=torch.long)
-    labels = torch.full((len(sequences), length), IGNORE_INDEX, dtype=torch.long)
-    for i, (prompt_ids, answer_ids) in enumerate(sequences):
-        end = len(prompt_ids) + len(answer_ids)
-        input_ids[i, :end] = torch.tensor(prompt_ids + answer_ids)
-        labels[i, len(prompt_ids):end] = torch.tensor(answer_ids)
-    return input_ids, labels
+
+def tool_warmup_batch(tokenizer: PreTrainedTokenizerBase, rows: list[dict], calls: list[bool]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Like :func:`warmup_batch` for the tool task (``megarl.data.demo_tool_data``): a row with
+    ``calls[i]`` is the tool trajectory (trained: the call turn and EOS, then the answer and EOS;
+    not trained: the observation, rendered by the chat template as the tool agent appends it),
+    the others a direct answer."""
+    from megarl.data.demo_tool_data import tool_call_text
+
+    eos = tokenizer.eos_token_id
+    sequences = []
+    for row, call in zip(rows, calls):
+        truth = row["reward_model"]["ground_truth"]
+        answer_ids = _ids(tokenizer, truth) + [eos]
+        segments = [(_prompt_ids(tokenizer, row), False)]
+        if call:
+            turn = {"role": "assistant", "content": tool_call_text(row["extra_info"]["expression"])}
+            before = tokenizer.apply_chat_template(row["prompt"] + [turn], tokenize=False)
+            after = tokenizer.apply_chat_template(row["prompt"] + [turn, {"role": "tool", "content": truth}],
+                                                  tokenize=False, add_generation_prompt=True)
+            segments += [(_ids(tokenizer, turn["content"]) + [eos], True), (_ids(tokenizer, after[len(before):]), False)]
+        sequences.append(segments + [(answer_ids, True)])
+    return segments_batch(sequences, tokenizer.pad_token_id)
 
 
 def warm_up(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, steps: int = STEPS, seed: int = SEED) -> list[float]:
     """Train ``model`` in place for ``steps`` steps; return the loss of each step (nats per
     answer token). The model is left in eval mode."""
-    input_ids, labels = warmup_batch(tokenizer, generate_rows("warmup", steps * BATCH, seed))
+    return _train(model, *warmup_batch(tokenizer, generate_rows("warmup", steps * BATCH, seed)), steps, seed)
+
+
+def warm_up_tools(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, steps: int = TOOL_STEPS,
+                  seed: int = SEED) -> list[float]:
+    """:func:`warm_up` on the tool task (``tool_warmup_batch``): ``TOOL_CALL_FRACTION`` of the rows
+    call the calculator. ``tokenizer``: the tool variant (``build_demo_tokenizer(with_tools=True)``)."""
+    from megarl.data.demo_tool_data import TOOL_CALL_FRACTION, generate_tool_rows
+
+    rows = generate_tool_rows("warmup", steps * BATCH, seed)
+    calls = (np.random.Generator(np.random.PCG64(seed)).random(len(rows)) < TOOL_CALL_FRACTION).tolist()
+    return _train(model, *tool_warmup_batch(tokenizer, rows, calls), steps, seed)
+
+
+def _train(model: PreTrainedModel, input_ids: torch.Tensor, labels: torch.Tensor, steps: int, seed: int) -> list[float]:
     threads = torch.get_num_threads()
     losses: list[float] = []
     with torch.random.fork_rng(devices=[]):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from megarl.reward import demo_task, gsm8k, math_boxed
+from megarl.reward import demo_task, demo_tool_task, gsm8k, math_boxed
 
 GSM8K_SOURCES = ("openai/gsm8k", "gsm8k")
 MATH_SOURCES = (
@@ -15,7 +15,7 @@ MATH_SOURCES = (
 
 
 def known_data_sources() -> tuple[str, ...]:
-    return (demo_task.DATA_SOURCE,) + GSM8K_SOURCES + MATH_SOURCES
+    return (demo_task.DATA_SOURCE,) + GSM8K_SOURCES + MATH_SOURCES + (demo_tool_task.DATA_SOURCE,)
 
 
 def default_compute_score(
@@ -34,6 +34,8 @@ def default_compute_score(
         )
     if data_source == demo_task.DATA_SOURCE:
         return demo_task.compute_score(solution_str, str(ground_truth))
+    if data_source == demo_tool_task.DATA_SOURCE:
+        return demo_tool_task.compute_score(solution_str, str(ground_truth))
     if data_source in GSM8K_SOURCES:
         return gsm8k.compute_score(solution_str, str(ground_truth))
     if data_source in MATH_SOURCES or str(data_source).startswith("aime"):

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -206,8 +207,24 @@ class RewardManager:
     def __call__(self, data: DataProto) -> tuple[torch.Tensor, dict[str, list[Any]]]:
         """Returns token_level_scores ``[B, R]`` and reward_extra_info (lists of length B)."""
         rows = self._rows(data)
+        return self.collect(data, rows, self._outcomes(data, rows))
+
+    def row(self, data_source: Any, response_text: str, reward_model: Any, extra_info: Any) -> tuple:
+        """One sample's scoring call arguments (as ``__call__`` builds them from a batch)."""
+        return (data_source, response_text, _ground_truth(reward_model), extra_info)
+
+    def score_row(self, row: tuple) -> Outcome:
+        """One per-row scoring call (not for ``batch``: its one call covers the whole batch)."""
+        if self.name == "batch":
+            raise ValueError("reward_manager 'batch' scores a whole batch in one call, not row by row")
+        (outcome,) = self.pool.run([row])
+        return outcome
+
+    def collect(self, data: DataProto, rows: list[tuple], outcomes: list[Outcome]) -> tuple[torch.Tensor, dict[str, list[Any]]]:
+        """token_level_scores ``[B, R]`` and reward_extra_info from each row's Outcome (errors raise
+        RewardError naming the row; timeouts score TIMEOUT_SCORE; dapo's overlong penalty)."""
         scores, timeouts, extra = [], [], {}
-        for i, outcome in enumerate(self._outcomes(data, rows)):
+        for i, outcome in enumerate(outcomes):
             if outcome.kind == "timeout":
                 self._report_timeout(data, i, rows[i])
                 scores.append(TIMEOUT_SCORE)
@@ -240,21 +257,43 @@ class RewardManager:
         return token_level_scores, extra
 
 
-def build_reward_manager(cfg: Any, tokenizer: Any) -> RewardManager:
-    """The reward manager of a full config (reward.*, data.*)."""
+@dataclass(frozen=True)
+class RewardSpec:
+    """What a reward manager is built from, picklable: the driver builds one from the config, and with
+    streamed scoring (``reward.launch_reward_fn_async`` in ``rollout.mode=async``) each rollout worker
+    builds its own from the same spec (megarl.reward.streaming). ``custom_fn``: the plain mapping of
+    ``reward.custom_reward_function``; ``overlong``: see :class:`RewardManager`."""
+
+    name: str
+    timeout_s: float
+    reward_fn_key: str
+    custom_fn: dict[str, Any]
+    overlong: tuple[int, float, int] | None
+
+
+def reward_spec(cfg: Any) -> RewardSpec:
+    """The reward spec of a full config (reward.*, data.*)."""
+    from omegaconf import OmegaConf
+
     from megarl.config.schema_reward import overlong_buffer
-    from megarl.reward.custom import load_reward_fn
 
     name = cfg.reward.reward_manager.name
     overlong = None
     buffer = overlong_buffer(dict(cfg.reward.reward_kwargs))
     if name == "dapo" and buffer is not None and buffer.enable:
         overlong = (buffer.len, float(buffer.penalty_factor), int(cfg.data.max_response_length))
-    return RewardManager(
-        tokenizer,
-        load_reward_fn(cfg.reward.custom_reward_function),
-        name=name,
-        timeout_s=float(cfg.reward.timeout),
-        reward_fn_key=cfg.data.reward_fn_key,
-        overlong=overlong,
-    )
+    custom = cfg.reward.custom_reward_function
+    custom = OmegaConf.to_container(custom, resolve=True) if OmegaConf.is_config(custom) else dict(custom or {})
+    return RewardSpec(name, float(cfg.reward.timeout), cfg.data.reward_fn_key, custom, overlong)
+
+
+def make_reward_manager(spec: RewardSpec, tokenizer: Any) -> RewardManager:
+    from megarl.reward.custom import load_reward_fn
+
+    return RewardManager(tokenizer, load_reward_fn(spec.custom_fn), name=spec.name, timeout_s=spec.timeout_s,
+                         reward_fn_key=spec.reward_fn_key, overlong=spec.overlong)
+
+
+def build_reward_manager(cfg: Any, tokenizer: Any) -> RewardManager:
+    """The reward manager of a full config (reward.*, data.*)."""
+    return make_reward_manager(reward_spec(cfg), tokenizer)

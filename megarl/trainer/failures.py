@@ -103,8 +103,10 @@ def _classify(error: BaseException, context: FailureContext) -> RunFailure:
     if isinstance(error, UnsafeCheckpointError):
         return RunFailure(EXIT_CHECKPOINT, str(error), "resume only checkpoints megarl wrote; delete or move this one",
                           **at)
-    if isinstance(error, RewardError):
-        return RunFailure(EXIT_REWARD, _first_lines(str(error)), (
+    # a RewardError raised in a rollout worker that scored the sample as it finished (megarl.reward.streaming)
+    streamed = isinstance(error, WorkerError) and error.error_type == "RewardError"
+    if isinstance(error, RewardError) or streamed:
+        return RunFailure(EXIT_REWARD, _first_lines(error.error_text if streamed else str(error)), (
             "fix the reward function (custom_reward_function.path / name) for this sample, or the sample in the data; "
             f"its traceback is in the log; then {_resume_hint(context)}"), where="reward function", **at)
     if isinstance(error, OSError):

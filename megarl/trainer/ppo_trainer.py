@@ -38,7 +38,7 @@ from megarl.config.typed import to_dict, typed_config
 from megarl.parallel.layout import ParallelLayout
 from megarl.protocol import DataProto
 from megarl.reward import build_reward_manager
-from megarl.reward.managers import place_scores
+from megarl.reward.managers import place_scores, reward_spec
 from megarl.reward.rm_inputs import rm_inputs
 from megarl.trainer import checkpointing as ckpt
 from megarl.trainer.balance import balance_order
@@ -150,11 +150,14 @@ class RayPPOTrainer:
 
             self.rm_tokenizer = AutoTokenizer.from_pretrained(rm.model_path)
         self.reward_model: WorkerGroup | None = None
-        # reward.launch_reward_fn_async: score in a background thread while the
-        # log-prob / value passes run on the workers (not with filter_groups, which needs
-        # the scores before those passes).
+        # reward.launch_reward_fn_async: with rollout.mode=async (per-row managers) the rollout workers
+        # score each training sample as its agent loop returns, overlapping reward with generation
+        # (megarl.reward.streaming); otherwise score in a background thread while the log-prob /
+        # value passes run on the workers (not with filter_groups, which needs the scores before them).
+        self.stream_reward = (reward_spec(raw_cfg) if cfg.reward.launch_reward_fn_async
+                              and arr.rollout.mode == "async" and cfg.reward.reward_manager.name != "batch" else None)
         self.reward_pool = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="megarl-reward")
-                            if cfg.reward.launch_reward_fn_async
+                            if cfg.reward.launch_reward_fn_async and self.stream_reward is None
                             and not cfg.algorithm.filter_groups.enable else None)
         self.rollout_n = int(arr.rollout.n)
         self.global_step = 0
@@ -213,7 +216,8 @@ class RayPPOTrainer:
         # algorithm.rollout_correction: read by the actor's bypass_mode policy loss
         self.actor = WorkerGroup("actor_rollout_ref", ACTOR_CLS, (arr,),
                                  {"role": role, "device": self.device,
-                                  "rollout_correction": typed.algorithm.rollout_correction},
+                                  "rollout_correction": typed.algorithm.rollout_correction,
+                                  "reward": self.stream_reward},
                                  self.pool.placements,
                                  share_cpu, share_gpu, env,
                                  layout=ParallelLayout.from_megatron_config(arr.actor.megatron, world),
@@ -289,7 +293,12 @@ class RayPPOTrainer:
         return torch.tensor([by_uid[u] for u in batch.non_tensor_batch["uid"].tolist()], dtype=torch.float32)
 
     def _reward(self, batch: DataProto) -> tuple[torch.Tensor, dict[str, list[Any]]]:
-        scores, extra = self.reward_fn(batch)
+        if "token_level_scores" in batch.batch.keys():  # scored in the rollout as each sample finished
+            scores = batch.batch.pop("token_level_scores")
+            extra = {k[len("reward_extra/"):]: list(v) for k, v in batch.non_tensor_batch.items()
+                     if k.startswith("reward_extra/")}
+        else:
+            scores, extra = self.reward_fn(batch)
         self.reward_timeouts += int(sum(extra["timeout"]))
         return scores, extra
 

@@ -40,6 +40,7 @@ from megarl.weight_sync.direct import direct_targets
 
 if TYPE_CHECKING:
     from megarl.config.schema_algorithm import RolloutCorrectionConfig
+    from megarl.reward.managers import RewardSpec
 
 ROLES = ("actor_rollout_ref", "actor_rollout")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -67,6 +68,8 @@ class ActorRolloutRefWorker:
         device: ``"cpu"`` | ``"cuda"``; default cuda when available.
         rollout_correction: ``algorithm.rollout_correction``, for the actor's
             ``policy_loss.loss_mode=bypass_mode`` (see :class:`ActorWorker`).
+        reward: the reward spec when training samples are scored in the agent loop as they finish
+            (``reward.launch_reward_fn_async`` with ``rollout.mode=async``; see RolloutWorker).
     """
 
     def __init__(
@@ -75,6 +78,7 @@ class ActorRolloutRefWorker:
         role: str = "actor_rollout_ref",
         device: str | None = None,
         rollout_correction: RolloutCorrectionConfig | None = None,
+        reward: RewardSpec | None = None,
     ) -> None:
         if role not in ROLES:
             raise ValueError(f"ActorRolloutRefWorker role must be one of {ROLES}, got {role!r}")
@@ -93,6 +97,7 @@ class ActorRolloutRefWorker:
         want_ref = role == "actor_rollout_ref" and not self.actor.uses_lora
         self.ref = ActorWorker(config, role="ref", device=device) if want_ref else None
         self.rollout = None
+        self.reward = reward
         self.plan = None
         self.direct = None  # DirectTargets when vLLM's parameters take the export as is
         sync_cfg = config.rollout.weight_sync
@@ -115,7 +120,7 @@ class ActorRolloutRefWorker:
         self.actor.init_model()
         if self.ref is not None:
             self.ref.init_model()
-        self.rollout = RolloutWorker(self.config, self.config.model.path)
+        self.rollout = RolloutWorker(self.config, self.config.model.path, reward=self.reward)
         engine = self.actor.engine
         dtype = _DTYPES[str(self.rollout.llm.llm_engine.model_config.dtype).replace("torch.", "")]
         self.plan = plan_for_model(

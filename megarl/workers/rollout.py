@@ -37,12 +37,16 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from megarl.parallel.layout import ParallelLayout
+
+if TYPE_CHECKING:
+    from megarl.reward.managers import RewardSpec
+    from megarl.reward.streaming import StreamingReward
 
 logger = logging.getLogger(__name__)
 
@@ -153,9 +157,12 @@ class RolloutWorker:
             ``rollout.*`` and ``model.trust_remote_code``.
         hf_dir: HF model directory (config, tokenizer); its weights are NOT read when
             ``rollout.load_format`` is ``dummy`` -- call :meth:`update_weights`.
+        reward: with ``rollout.mode=async``, score each training sample as its agent loop returns
+            (megarl.reward.streaming; the trainer passes it for ``reward.launch_reward_fn_async``);
+            None: the trainer scores the batch.
     """
 
-    def __init__(self, config: Any, hf_dir: str) -> None:
+    def __init__(self, config: Any, hf_dir: str, reward: RewardSpec | None = None) -> None:
         self.config = config
         self.rollout_cfg = config.rollout
         self.hf_dir = str(hf_dir)
@@ -167,8 +174,13 @@ class RolloutWorker:
         self.sleep_freed_bytes: int | None = None  # device memory the last sleep gave back (CUDA)
         self.llm = self._start_engine()
         self.agents = None  # rollout.mode=sync: no agent loops
+        self.stream_reward: StreamingReward | None = None
         if self.rollout_cfg.mode == "async":
             self._start_agent_loops()
+            if reward is not None:
+                from megarl.reward.streaming import StreamingReward
+
+                self.stream_reward = StreamingReward(reward, self.tokenizer, int(self.rollout_cfg.response_length))
 
     def _start_agent_loops(self) -> None:
         from megarl.agent.base import load_agent_loop_config
@@ -348,7 +360,8 @@ class RolloutWorker:
             if not ids:
                 raise ValueError(f"prompt row {i} has no tokens (attention_mask all zero)")
         if self.agents is not None:
-            out = self._generate_agent_loops(prompts, token_lists, params)
+            out = self._generate_agent_loops(prompts, token_lists, params,
+                                             self.stream_reward if not validate else None)
         else:
             out = self._generate_batched(prompts, token_lists, params)
         meta = {**prompts.meta_info, **out.meta_info}
@@ -380,8 +393,10 @@ class RolloutWorker:
         out.meta_info.pop("metrics")  # single-turn: nothing the agent metrics would add
         return out
 
-    def _generate_agent_loops(self, prompts, token_lists: list[list[int]], params):
-        """rollout.mode=async: one agent-loop coroutine per sample on the per-request engine."""
+    def _generate_agent_loops(self, prompts, token_lists: list[list[int]], params, stream: StreamingReward | None):
+        """rollout.mode=async: one agent-loop coroutine per sample on the per-request engine. With
+        ``stream``, each sample is scored as its loop returns: the batch gains ``token_level_scores``
+        ``[B*n, R]``, the ``reward_extra/<key>`` columns and the metric ``reward/scored_during_rollout``."""
         from megarl.agent.base import AgentContext
         from megarl.agent.batch import trajectories_to_batch
         from megarl.protocol import to_object_array
@@ -397,12 +412,22 @@ class RolloutWorker:
         for i, ids in enumerate(token_lists):
             loop = self._agent_loop(str(names[i]), ctx, i)
             sample = {k: v[i] for k, v in columns.items()}
-            coroutines += [loop.run(ids, sample) for _ in range(n)]
-        outputs = self.async_engine.run(coroutines)
+            runs = [loop.run(ids, sample) for _ in range(n)]
+            coroutines += [stream.scored(run, sample) for run in runs] if stream is not None else runs
+        if stream is not None:
+            stream.start_batch()
+        results = self.async_engine.run(coroutines)
+        outputs = [r[0] for r in results] if stream is not None else results
         for row, out in enumerate(outputs):
             if out.prompt_ids != token_lists[row // n]:
                 raise ValueError(f"agent loop of sample {row} changed its prompt tokens (they must be the row's prompt)")
-        return trajectories_to_batch(prompts, outputs, n, params.max_tokens, self.pad_token_id, self.calculate_log_probs)
+        batch = trajectories_to_batch(prompts, outputs, n, params.max_tokens, self.pad_token_id, self.calculate_log_probs)
+        if stream is not None:
+            scores, extra, metrics = stream.collect(batch, [r[1] for r in results], [r[2] for r in results])
+            batch.batch["token_level_scores"] = scores
+            batch.non_tensor_batch.update({f"reward_extra/{k}": to_object_array(v) for k, v in extra.items()})
+            batch.meta_info["metrics"].update(metrics)
+        return batch
 
     def _agent_loop(self, name: str, ctx, row: int):
         """The agent loop instance of ``name`` (built on first use; shares ``ctx`` of this batch)."""
@@ -474,13 +499,16 @@ class RolloutWorker:
         return time.perf_counter() - start
 
     def shutdown(self) -> None:
-        """Stop the engine and free its memory.
+        """Stop the engine (and the streamed scorer's process) and free its memory.
 
         vLLM's own teardown also destroys torch.distributed's default group, which
         belongs to Megatron in the colocated worker; so when vLLM joined an existing
         world only the engine is stopped and vLLM's process groups are left to the
         process (the last engine of the process destroys them if the world is alive).
         """
+        stream, self.stream_reward = getattr(self, "stream_reward", None), None
+        if stream is not None:
+            stream.close()
         llm, self.llm = getattr(self, "llm", None), None
         if llm is None:
             return

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import textwrap
 
+import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -318,3 +319,46 @@ def test_interaction_turns(worker, configure):
     with pytest.raises(ValueError, match="interaction_kwargs.name='nope' is not an interaction"):
         worker.generate_sequences(_batch(PROMPTS[:1], ["tool_agent"], [{"interaction_kwargs": {"name": "nope"}}]),
                                   validate=False, do_sample=True)
+
+
+def test_streamed_reward_equals_the_batch_scores_and_starts_before_the_last_sample(worker, configure, tmp_path):
+    """reward.launch_reward_fn_async in rollout.mode=async (megarl.reward.streaming): each sample is scored
+    as its agent loop returns. Sample 0 is single-turn; sample 1 calls a tool that blocks until
+    multi_turn.tool_timeout_s (0.5 s), so it returns last, after sample 0's score came back. The scores equal
+    the reward manager's on the returned batch (the path without streaming) and a hand computation."""
+    from megarl.reward.managers import RewardSpec, make_reward_manager
+    from megarl.reward.streaming import StreamingReward
+
+    scorer = tmp_path / "score.py"
+    scorer.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+                      "    return float(len(solution_str)) + (0.5 if ground_truth == 'b' else 0.0)\n")
+    spec = RewardSpec("naive", 10.0, "data_source", {"path": str(scorer), "name": "compute_score"}, None)
+    configure(**{"multi_turn.max_assistant_turns": 2, "multi_turn.tool_timeout_s": 0.5})
+    fx.CallsTool.tool = "sleepy"
+    batch = _batch(PROMPTS[:2], ["single_turn_agent", "tool_agent"])
+    batch.non_tensor_batch["data_source"] = np.array(["src", "src"], dtype=object)
+    batch.non_tensor_batch["reward_model"] = np.array([{"ground_truth": "a"}, {"ground_truth": "b"}], dtype=object)
+    worker.stream_reward = stream = StreamingReward(spec, worker.tokenizer, R)
+    try:
+        out = worker.generate_sequences(batch, validate=False, do_sample=True)
+        finished, scored = list(stream.finished_at), list(stream.scored_at)
+        val = worker.generate_sequences(batch, validate=True, do_sample=False)
+    finally:
+        worker.stream_reward = None
+        stream.close()
+    assert "token_level_scores" not in val.batch.keys()  # validation is scored by the trainer
+    assert len(finished) == len(scored) == 2 and min(scored) < max(finished)  # scored while sample 1 still ran
+    assert out.meta_info["metrics"]["reward/scored_during_rollout"] == 0.5
+    assert out.meta_info["metrics"]["agent/tool_errors"] == 1.0  # the sleepy tool timed out: sample 1 ran >= 0.5 s
+
+    streamed = out.batch["token_level_scores"]
+    plain = out.select(["responses", "response_mask", "prompts", "attention_mask"])
+    plain.non_tensor_batch = {k: v for k, v in out.non_tensor_batch.items() if not k.startswith("reward_extra/")}
+    expected, extra = make_reward_manager(spec, worker.tokenizer)(plain)
+    assert torch.equal(streamed, expected)
+    assert list(out.non_tensor_batch["reward_extra/score"]) == extra["score"]
+    for i, bonus in enumerate((0.0, 0.5)):  # by hand: the decoded trajectory's length on the last model token
+        n = int(out.batch["attention_mask"][i, P:].sum())
+        text = worker.tokenizer.decode(out.batch["responses"][i, :n].tolist(), skip_special_tokens=True)
+        last = int(out.batch["response_mask"][i].nonzero().max())
+        assert streamed[i, last] == len(text) + bonus and streamed[i].sum() == len(text) + bonus

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from omegaconf import OmegaConf
+
 from config_testing import issue_for, no_issues
 
 R = "actor_rollout_ref.rollout"
@@ -23,15 +25,28 @@ def test_multi_turn_needs_async_and_one_rank_per_replica(make, tmp_path):
     issue_for(make({**base, f"{R}.multi_turn.tool_timeout_s": 0}), f"{R}.multi_turn.tool_timeout_s")
 
 
-def test_tools_calculator_is_one_override():
-    """`+tools=calculator` (megarl/configs/megatron/tools/calculator.yaml) turns the demo into a tool-agent run;
-    its relative tool_config_path resolves against the checkout from any working directory."""
+def test_tools_calculator_is_one_override(monkeypatch, tmp_path):
+    """`+tools=calculator` (megarl/configs/megatron/tools/calculator.yaml) turns the demo into a tool-agent run
+    on the demo's tool task (profiles/demo_tools.yaml over demo.yaml); its relative tool_config_path resolves
+    against the checkout from any working directory. With a model path none of the demo's values apply."""
     from megarl.config import collect_issues, load_config
 
+    monkeypatch.setenv("MEGARL_DEMO_DIR", str(tmp_path))
     cfg = load_config(["+tools=calculator"])
     rollout = cfg.actor_rollout_ref.rollout
     assert (rollout.mode, rollout.multi_turn.enable, rollout.agent.default_agent_loop) == ("async", True, "tool_agent")
-    assert not collect_issues(cfg)
+    # the only issues: the tool task's assets are not built yet (main_ppo builds them before validating)
+    assert {i.key for i in collect_issues(cfg)} <= {"data.train_files", "data.val_files", "actor_rollout_ref.model.path"}
     from megarl.agent.tools import load_tools
 
     assert list(load_tools(rollout.multi_turn.tool_config_path)) == ["calculator"]
+    assert cfg.actor_rollout_ref.model.path == f"{tmp_path}/tool_model"
+    assert (cfg.data.train_files, cfg.data.val_files) == (f"{tmp_path}/tool_train.parquet", f"{tmp_path}/tool_val.parquet")
+    assert (cfg.data.max_response_length, cfg.trainer.experiment_name) == (24, "demo_tools_grpo")
+    assert load_config([])["data"]["max_response_length"] == 4  # the plain demo keeps its own task
+
+    own = load_config(["+tools=calculator", "actor_rollout_ref.model.path=/my/model"])
+    plain = load_config(["actor_rollout_ref.model.path=/my/model"])
+    for key in ("data.train_files", "data.max_response_length", "data.train_batch_size", "actor_rollout_ref.actor.optim.lr",
+                "trainer.experiment_name", "trainer.total_training_steps"):
+        assert OmegaConf.select(own, key) == OmegaConf.select(plain, key), key

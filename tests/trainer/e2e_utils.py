@@ -7,9 +7,10 @@ import os
 from pathlib import Path
 
 
-def demo_config(demo_dir: Path, run_dir: Path, overrides: list[str]):
+def demo_config(demo_dir: Path, run_dir: Path, overrides: list[str], small_batches: bool = True):
     """The project config with the demo assets under ``demo_dir`` and outputs under ``run_dir``,
-    validated and resolved exactly as ``python -m megarl.main_ppo`` does."""
+    validated and resolved exactly as ``python -m megarl.main_ppo`` does; ``small_batches``: 4 prompts
+    x 4 samples a step (else the demo profile's sizes)."""
     from megarl.config.load import load_config
     from megarl.main_ppo import prepare
 
@@ -21,6 +22,8 @@ def demo_config(demo_dir: Path, run_dir: Path, overrides: list[str]):
         f"trainer.default_local_dir={run_dir}/ckpt",
         f"trainer.rollout_data_dir={run_dir}/rollouts",
         "trainer.val_before_train=false",
+    ]
+    sizes = [
         "data.train_batch_size=4",
         "data.val_batch_size=16",
         "actor_rollout_ref.rollout.n=4",
@@ -28,7 +31,7 @@ def demo_config(demo_dir: Path, run_dir: Path, overrides: list[str]):
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
         "critic.ppo_micro_batch_size_per_gpu=4",
     ]
-    return prepare(load_config(base + overrides))
+    return prepare(load_config(base + (sizes if small_batches else []) + overrides))
 
 
 def read_metrics(run_dir: Path) -> dict[int, dict]:

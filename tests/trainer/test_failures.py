@@ -51,6 +51,15 @@ def test_worker_exception_names_phase_step_worker_and_keeps_the_traceback_in_a_l
     assert 'File "engine.py", line 9, in step' in open(log).read()
 
 
+def test_a_reward_error_in_the_rollout_worker_is_a_reward_failure(tmp_path, capsys):
+    """reward.launch_reward_fn_async in rollout.mode=async scores in the rollout worker: its RewardError
+    arrives as a WorkerError and exits 5 like the trainer's own reward phase."""
+    text = "reward function failed on row 3 (data_source='src') in training at step 2; sample: ...: ValueError: bad"
+    failure = _explain(_worker_error("RewardError", text, "generate_sequences"), phase="gen", step=2, tmp_path=tmp_path)
+    code, err = _report(failure, capsys)
+    assert code == 5 and "reward function failed on row 3" in err and "custom_reward_function" in err, err
+
+
 def test_disk_full_in_a_worker_save_is_a_storage_failure(tmp_path, capsys):
     text = f"no space left on /mnt (12 KiB free) while writing {tmp_path}/global_step_2.saving/actor"
     failure = _explain(_worker_error("StorageError", text, "save_checkpoint"), phase="save_checkpoint", step=2, tmp_path=tmp_path)
