@@ -43,6 +43,10 @@ class MegatronTrainConfig(MegatronInferConfig):
 
     use_distributed_optimizer: bool = spec()
     optimizer_offload: bool = spec()
+    # how the distributed optimizer's state is laid out in a checkpoint (megatron's
+    # distrib_optim_sharding_type, as verl): false = dp_reshardable, true = fully_reshardable
+    dist_ckpt_optim_fully_reshardable: bool = spec()
+    distrib_optim_fully_reshardable_mem_efficient: bool = spec()
 
 
 @dataclass

@@ -237,6 +237,10 @@ NOT_EXERCISED_HERE = {
             *(f"reward.reward_model.rollout.{k}" for k in ("dtype", "free_cache_engine", "tensor_model_parallel_size",
                                                             "pipeline_model_parallel_size", "max_model_len", "max_num_seqs",
                                                             "prompt_length", "response_length"))),
+    **_keys("only with megatron's distributed optimizer, which runs on CUDA only (tests/workers/test_checkpoint_format.py; "
+            "tests/gpu/test_gpu_e2e.py resumes with it)",
+            *(f"{role}.megatron.{k}" for role in (A, "critic") for k in ("dist_ckpt_optim_fully_reshardable",
+                                                                         "distrib_optim_fully_reshardable_mem_efficient"))),
     **_keys("only on resume or with use_dist_checkpointing (tests/fault/test_kill_resume.py, tests/workers)",
             f"{A}.checkpoint.load_contents", "critic.checkpoint.load_contents", "critic.checkpoint.save_contents",
             f"{A}.megatron.dist_checkpointing_path", "actor_rollout_ref.ref.megatron.dist_checkpointing_path",

@@ -68,7 +68,44 @@ def _layout() -> dict[str, int]:
         "tp": parallel_state.get_tensor_model_parallel_world_size(),
         "pp": parallel_state.get_pipeline_model_parallel_world_size(),
         "vpp": parallel_state.get_virtual_pipeline_model_parallel_world_size() or 1,
+        "cp": parallel_state.get_context_parallel_world_size(),
+        "ep": parallel_state.get_expert_model_parallel_world_size(),
     }
+
+
+def optimizer_format(engine) -> str:
+    """How the optimizer state is written: ``torch`` (megatron's plain optimizer: per-parameter
+    tensors, any layout), or for the distributed optimizer megatron's ``distrib_optim_sharding_type``
+    as verl picks it: ``dp_reshardable`` (each DP rank's buffers as they are: fast, but loadable
+    only at the same TP/PP/EP/CP) or, with ``megatron.dist_ckpt_optim_fully_reshardable``,
+    ``fully_reshardable`` (gathered on DP rank 0 into per-parameter form: any layout)."""
+    if not engine.use_distributed_optimizer:
+        return "torch"
+    return "fully_reshardable" if engine.megatron_cfg.dist_ckpt_optim_fully_reshardable else "dp_reshardable"
+
+
+def _optimizer_metadata(engine, fmt: str) -> dict[str, Any] | None:
+    if fmt == "torch":
+        return None
+    return {"distrib_optim_sharding_type": fmt, "distrib_optim_fully_reshardable_mem_efficient":
+            bool(engine.megatron_cfg.distrib_optim_fully_reshardable_mem_efficient)}
+
+
+def _check_optimizer_format(engine, saved: str, saved_layout: dict[str, int] | None, path: str) -> None:
+    """Refuse, naming the keys, an optimizer state this engine cannot read (before megatron fails deep)."""
+    current = optimizer_format(engine)
+    if (saved == "torch") != (current == "torch"):
+        raise ValueError(
+            f"checkpoint {path}: its optimizer state was written {'without' if saved == 'torch' else 'with'} the "
+            f"distributed optimizer and this run has megatron.use_distributed_optimizer="
+            f"{str(engine.use_distributed_optimizer).lower()}; resume with the same setting, or leave 'optimizer' "
+            "out of checkpoint.load_contents")
+    if saved == "dp_reshardable" and saved_layout != _layout():
+        raise ValueError(
+            f"checkpoint {path}: its distributed-optimizer state is dp_reshardable (megatron."
+            f"dist_ckpt_optim_fully_reshardable=false when saved), which loads only at the layout it was saved in "
+            f"({saved_layout}), not {_layout()}; resume at that layout, or leave 'optimizer' out of "
+            "checkpoint.load_contents (save with megatron.dist_ckpt_optim_fully_reshardable=true to change layouts)")
 
 
 def _rng_sharded_object(state: Any) -> ShardedObject:
@@ -109,13 +146,15 @@ def save_checkpoint(engine, path: str, *, contents: Sequence[str], global_step: 
     if torch.distributed.get_rank() == 0:
         os.makedirs(ckpt_dir, exist_ok=True)
     torch.distributed.barrier()
+    fmt = optimizer_format(engine)
     state: dict[str, Any] = {"megarl": {"global_step": int(global_step), "layout": _layout(), "contents": list(contents),
-                                        "build": _build_record(engine)}}
+                                        "build": _build_record(engine), "optimizer_format": fmt}}
     model_sd = _model_sharded_state_dict(engine.chunks)
     if "model" in contents or "optimizer" in contents:
         state.update(model_sd)
     if "optimizer" in contents and engine.optimizer is not None:
-        state["optimizer"] = engine.optimizer.sharded_state_dict(model_sd, is_loading=False)
+        state["optimizer"] = engine.optimizer.sharded_state_dict(model_sd, is_loading=False,
+                                                                 metadata=_optimizer_metadata(engine, fmt))
     if "extra" in contents:
         if engine.scheduler is not None:
             state["lr_scheduler"] = engine.scheduler.state_dict()
@@ -206,7 +245,11 @@ def load_checkpoint(engine, path: str, *, contents: Sequence[str]) -> dict[str, 
     if "model" in contents:
         request.update(model_sd)
     if "optimizer" in contents and engine.optimizer is not None:
-        request["optimizer"] = engine.optimizer.sharded_state_dict(model_sd, is_loading=True)
+        saved = meta.get("optimizer_format")  # None: written before it was recorded, in megatron's default format
+        if saved is not None:
+            _check_optimizer_format(engine, saved, meta.get("layout"), path)
+        request["optimizer"] = engine.optimizer.sharded_state_dict(
+            model_sd, is_loading=True, metadata=None if saved is None else _optimizer_metadata(engine, saved))
     same_layout = meta.get("layout") == _layout()
     if "extra" in contents and same_layout:
         request["rng_state"] = _rng_sharded_object(None)

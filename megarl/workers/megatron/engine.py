@@ -126,6 +126,7 @@ class MegatronEngine:
         self.device = device or default_device()
         self.chunks: list[torch.nn.Module] = []
         self.optimizer = None
+        self.use_distributed_optimizer = False  # as built (megatron's is CUDA-only): the checkpoint format follows it
         self.scheduler = None
         self.hf_config = None
         self.transformer_impl: str | None = None  # layer spec built: "transformer_engine" | "local"
@@ -186,6 +187,7 @@ class MegatronEngine:
                     "%s.megatron.use_distributed_optimizer is ignored on CPU: %s", self.prefix, DIST_OPT_NEEDS_CUDA,
                 )
                 use_dist_opt = False
+            self.use_distributed_optimizer = use_dist_opt
             ddp_config = DistributedDataParallelConfig(
                 grad_reduce_in_fp32=grad_reduce_in_fp32(self.optim_cfg), overlap_grad_reduce=False,
                 use_distributed_optimizer=use_dist_opt,
