@@ -74,13 +74,20 @@ def test_grpo_demo_learns_on_gpu(gpu_ready, demo_dir, tmp_path):
 
 def test_ppo_critic_and_resume_on_gpu(gpu_ready, demo_dir, tmp_path):
     run_dir = tmp_path / "ppo"
+    # verl's distributed optimizer (the demo profile turns it off), in both checkpoint formats:
+    # the actor's dp_reshardable (verl's default), the critic's fully_reshardable
     common = ["algorithm.adv_estimator=gae", "trainer.test_freq=-1", "trainer.val_before_train=false",
-              "trainer.save_freq=2", "trainer.resume_mode=auto"]
+              "trainer.save_freq=2", "trainer.resume_mode=auto",
+              "actor_rollout_ref.actor.megatron.use_distributed_optimizer=true",
+              "critic.megatron.use_distributed_optimizer=true", "critic.megatron.dist_ckpt_optim_fully_reshardable=true"]
     _, first = _main_ppo(demo_dir, run_dir, common + ["trainer.total_training_steps=2"])
     assert sorted(first) == [1, 2]
     for step in (1, 2):
         assert math.isfinite(first[step]["critic/vf_loss"]) and math.isfinite(first[step]["actor/pg_loss"])
     assert (run_dir / "global_step_2" / "critic").is_dir() and (run_dir / "global_step_2" / "actor").is_dir()
+    for role, fmt in (("actor", "dp_reshardable"), ("critic", "fully_reshardable")):
+        common_pt = torch.load(run_dir / "global_step_2" / role / "dist_ckpt" / "common.pt", weights_only=False)
+        assert common_pt["megarl"]["optimizer_format"] == fmt, (role, common_pt["megarl"])
     log, resumed = _main_ppo(demo_dir, run_dir, common + ["trainer.total_training_steps=4"])
     assert "global_step_2" in log, "the second command did not resume from the saved step"
     assert {3, 4} <= set(resumed)

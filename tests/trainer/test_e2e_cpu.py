@@ -238,7 +238,7 @@ NOT_EXERCISED_HERE = {
                                                             "pipeline_model_parallel_size", "max_model_len", "max_num_seqs",
                                                             "prompt_length", "response_length"))),
     **_keys("only with megatron's distributed optimizer, which runs on CUDA only (tests/workers/test_checkpoint_format.py; "
-            "tests/gpu/test_gpu_e2e.py resumes with it)",
+            "tests/gpu/test_gpu_e2e.py saves and resumes with both formats)",
             *(f"{role}.megatron.{k}" for role in (A, "critic") for k in ("dist_ckpt_optim_fully_reshardable",
                                                                          "distrib_optim_fully_reshardable_mem_efficient"))),
     **_keys("only on resume or with use_dist_checkpointing (tests/fault/test_kill_resume.py, tests/workers)",
