@@ -116,6 +116,8 @@ def test_actor_2way_parallel_matches_tp1(demo_dir, straight, tmp_path, layout):
     _assert_same(tp1, two, (1, 2))
 
 
+@pytest.mark.extended  # the suite's 30 minutes; critic TP=2 and actor DP=2 steps vs one rank stay in the default run
+# (tests/workers/test_megatron_workers.py: test_critic_step_tp2_matches_tp1, test_ppo_step_matches_tp1[dp2])
 def test_critic_own_layout_tp2_with_actor_dp2(demo_dir, tmp_path):
     """GAE: critic group on Megatron TP=2 in its own processes while the actor runs DP=2;
     step-1/2 critic and actor metrics equal a one-rank run (greedy rollouts). One mini-batch
