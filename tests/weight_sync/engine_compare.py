@@ -9,7 +9,7 @@ import torch
 
 from dist_utils import run_distributed
 from sync_body import expected_hf_weights, sync_through_transport
-from tiny_hf import actor_rollout_ref_config
+from tiny_hf import actor_rollout_ref_config, left_padded_prompts
 
 PROMPTS = [[5, 6, 7], [11, 12, 13, 14, 15], [40, 41, 42, 43, 44, 45, 46, 47]]
 P, R = 8, 6
@@ -40,15 +40,23 @@ def make_worker(hf_dir: Path, load_format: str):
 
 def greedy(worker) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy responses ``[3, R]`` and their log-probs ``[3, R]``."""
-    from megarl.protocol import DataProto
-
-    ids = torch.zeros((len(PROMPTS), P), dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, row in enumerate(PROMPTS):
-        ids[i, P - len(row):] = torch.tensor(row)
-        mask[i, P - len(row):] = 1
-    data = DataProto.from_dict({"input_ids": ids, "attention_mask": mask,
-                                "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)},
-                               )
-    out = worker.generate_sequences(data, validate=False, do_sample=False)
+    out = worker.generate_sequences(left_padded_prompts(PROMPTS, P), validate=False, do_sample=False)
     return out.batch["responses"], out.batch["rollout_log_probs"]
+
+
+def assert_synced_engine_matches_export(src_dir: Path, captured: dict[str, torch.Tensor], expected_dir: Path) -> None:
+    """An engine loaded with dummy weights then given ``captured`` generates exactly (tokens and
+    log-probs, greedy) what an engine loaded from ``expected_dir`` does."""
+    synced = make_worker(src_dir, "dummy")
+    try:
+        synced.update_weights(iter(captured.items()))
+        tokens, log_probs = greedy(synced)
+    finally:
+        synced.shutdown()
+    reference = make_worker(expected_dir, "auto")
+    try:
+        ref_tokens, ref_log_probs = greedy(reference)
+    finally:
+        reference.shutdown()
+    assert torch.equal(tokens, ref_tokens)
+    assert torch.equal(log_probs, ref_log_probs)

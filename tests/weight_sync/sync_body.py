@@ -82,7 +82,7 @@ def hybrid_generate_and_score(hf_dir: str, overrides: dict, prompt_rows: list[li
     with TP = 1 every rank is its own replica). Returns per rank: sampled batch,
     actor log-probs, ref log-probs, greedy responses, sync metrics, the rank's rollout replica.
     """
-    from tiny_hf import actor_rollout_ref_config
+    from tiny_hf import actor_rollout_ref_config, left_padded_prompts
 
     from megarl.parallel.layout import ParallelLayout
     from megarl.protocol import DataProto
@@ -95,14 +95,7 @@ def hybrid_generate_and_score(hf_dir: str, overrides: dict, prompt_rows: list[li
     perturb_(worker.actor.engine.unwrapped_chunks(), scale, shift)
     worker._weights_version += 1  # what update_actor does after an optimizer step
 
-    ids = torch.zeros((len(prompt_rows), P), dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, row in enumerate(prompt_rows):
-        ids[i, P - len(row):] = torch.tensor(row)
-        mask[i, P - len(row):] = 1
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    prompts = DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": pos},
-                                  {"uid": [str(i) for i in range(len(prompt_rows))]})
+    prompts = left_padded_prompts(prompt_rows, P)
     local = worker.generate_sequences(prompts, validate=False, do_sample=True)
     sync_metrics = dict(local.meta_info["metrics"])
     # The trainer's job: collect the replicas' outputs (first rank of each replica),

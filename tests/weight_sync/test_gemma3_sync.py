@@ -10,9 +10,8 @@ separate vLLM module: the synced engine's logits come from it (megarl.workers.ro
 from __future__ import annotations
 
 import pytest
-import torch
 
-from engine_compare import greedy, make_worker, run_layout, write_expected
+from engine_compare import assert_synced_engine_matches_export, run_layout, write_expected
 from tiny_hf import build_tiny_gemma3
 
 pytestmark = [pytest.mark.slow, pytest.mark.extended]
@@ -25,16 +24,4 @@ def test_gemma3_synced_engine_matches_engine_loaded_from_export(tmp_path):
     results = run_layout(src, 1, {}, SCALE, SHIFT)
     assert results[0]["unequal"] == [] and results[0]["extra"] == [] and results[0]["order_matches_plan"]
     expected_dir = write_expected(src, tmp_path / "expected", SCALE, SHIFT)
-    synced = make_worker(src, "dummy")
-    try:
-        synced.update_weights(iter(results[0]["captured"].items()))
-        tokens, log_probs = greedy(synced)
-    finally:
-        synced.shutdown()
-    reference = make_worker(expected_dir, "auto")
-    try:
-        ref_tokens, ref_log_probs = greedy(reference)
-    finally:
-        reference.shutdown()
-    assert torch.equal(tokens, ref_tokens)
-    assert torch.equal(log_probs, ref_log_probs)
+    assert_synced_engine_matches_export(src, results[0]["captured"], expected_dir)

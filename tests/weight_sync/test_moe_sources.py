@@ -11,9 +11,8 @@ started from that export generates.
 from __future__ import annotations
 
 import pytest
-import torch
 
-from engine_compare import greedy, make_worker, run_layout, write_expected
+from engine_compare import assert_synced_engine_matches_export, run_layout, write_expected
 from tiny_hf import MOE_BUILDERS
 
 pytestmark = pytest.mark.slow
@@ -45,16 +44,4 @@ def test_ep2_transport_hands_vllm_the_exact_hf_export(ep2_results):
 
 def test_ep2_synced_engine_matches_engine_loaded_from_export(ep2_results, moe_dir, tmp_path):
     expected_dir = write_expected(moe_dir, tmp_path / "expected", SCALE, SHIFT)
-    synced = make_worker(moe_dir, "dummy")
-    try:
-        synced.update_weights(iter(ep2_results[0]["captured"].items()))
-        tokens, log_probs = greedy(synced)
-    finally:
-        synced.shutdown()
-    reference = make_worker(expected_dir, "auto")
-    try:
-        ref_tokens, ref_log_probs = greedy(reference)
-    finally:
-        reference.shutdown()
-    assert torch.equal(tokens, ref_tokens)
-    assert torch.equal(log_probs, ref_log_probs)
+    assert_synced_engine_matches_export(moe_dir, ep2_results[0]["captured"], expected_dir)

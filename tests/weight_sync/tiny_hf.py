@@ -168,3 +168,16 @@ def actor_rollout_ref_config(hf_dir: str | Path, prompt_length: int = 8, respons
         OmegaConf.update(cfg.actor_rollout_ref, key, value, force_add=key.startswith("rollout.engine_kwargs."))
     cfg = resolve_config(cfg)
     return cfg.actor_rollout_ref
+
+
+def left_padded_prompts(prompt_rows: list[list[int]], prompt_length: int):
+    """A rollout's prompt DataProto: rows left-padded to ``prompt_length`` ``[B, P]`` with one ``uid`` each."""
+    from megarl.protocol import DataProto
+
+    ids = torch.zeros((len(prompt_rows), prompt_length), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, row in enumerate(prompt_rows):
+        ids[i, prompt_length - len(row):] = torch.tensor(row)
+        mask[i, prompt_length - len(row):] = 1
+    return DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)},
+                               {"uid": [str(i) for i in range(len(prompt_rows))]})

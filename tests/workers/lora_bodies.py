@@ -121,9 +121,9 @@ def lora_hybrid_sync(hf_dir: str, prompt_rows: list[list[int]], temperature: flo
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "weight_sync"))
     from tiny_hf import actor_rollout_ref_config as hf_config_node
+    from tiny_hf import left_padded_prompts
 
     from megarl.models.lora import adapters
-    from megarl.protocol import DataProto
     from megarl.workers.hybrid import ActorRolloutRefWorker
 
     P = 8
@@ -141,14 +141,7 @@ def lora_hybrid_sync(hf_dir: str, prompt_rows: list[list[int]], temperature: flo
     base = {n: p.detach().clone() for n, p in worker.actor.engine.unwrapped_chunks()[0].named_parameters()
             if ".lora." not in n}
 
-    ids = torch.zeros((len(prompt_rows), P), dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, row in enumerate(prompt_rows):
-        ids[i, P - len(row):] = torch.tensor(row)
-        mask[i, P - len(row):] = 1
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    prompts = DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": pos},
-                                  {"uid": [str(i) for i in range(len(prompt_rows))]})
+    prompts = left_padded_prompts(prompt_rows, P)
     # What vLLM's reload_weights receives (its CPU kernels repack the parameters: not readable after)
     streamed: dict[str, torch.Tensor] = {}
     update_weights = worker.rollout.update_weights

@@ -17,6 +17,7 @@ import transformers
 from omegaconf import OmegaConf
 
 from dist_utils import run_distributed
+from tiny import unusual_norms_and_biases_
 from megarl.config.load import CONFIG_DIR, CONFIG_NAME
 
 pytestmark = pytest.mark.slow
@@ -33,12 +34,8 @@ def make_tiny_reward_model(out_dir: str, family: str, seed: int = 0) -> str:
                  num_labels=1, pad_token_id=PAD, dtype="float32")
     torch.manual_seed(seed)
     model = transformers.AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
+    unusual_norms_and_biases_(model)
     with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.uniform_(0.5, 1.5)
-            elif name.endswith(".bias"):
-                param.normal_(0, 0.1)
         model.score.weight.normal_(0, 1.0)
     model.save_pretrained(out_dir, safe_serialization=True)
     return out_dir

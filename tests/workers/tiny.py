@@ -28,14 +28,20 @@ def make_tiny_model(out_dir: str, family: str = "qwen2", *, vocab_size: int = VO
     )
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.uniform_(0.5, 1.5)
-            elif name.endswith(".bias"):
-                param.normal_(0, 0.1)
+    unusual_norms_and_biases_(model)
     model.save_pretrained(out_dir, safe_serialization=True)
     return out_dir
+
+
+@torch.no_grad()
+def unusual_norms_and_biases_(model: torch.nn.Module) -> None:
+    """Norm weights in [0.5, 1.5] and biases ~ N(0, 0.1) instead of HF's ones and zeros, so a
+    wrong or missing mapping of either changes the output."""
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):
+            param.uniform_(0.5, 1.5)
+        elif name.endswith(".bias"):
+            param.normal_(0, 0.1)
 
 
 def make_tiny_qwen2(out_dir: str, *, vocab_size: int = VOCAB, num_layers: int = 4, seed: int = 0) -> str:
