@@ -18,6 +18,7 @@ model, float32 on CPU), alternating, median of ``--repeats``:
 Prints the wall times and ``sync / async`` per scenario (> 1: async is faster).
 
     python benchmarks/bench_async_rollout.py            # CPU defaults, ~10 min on 2 busy cores
+    python benchmarks/bench_async_rollout.py --device cuda --samples 256   # GPU: bf16, CUDA graphs on
 """
 
 from __future__ import annotations
@@ -55,13 +56,16 @@ def make_worker(model_dir: str, args):
     from megarl.workers.rollout import RolloutWorker
 
     max_len = args.prompt + args.turns * (args.short + args.obs) + args.long
+    gpu = args.device == "cuda"
     cfg = load_config([
-        "trainer.device=cpu", "trainer.n_gpus_per_node=1", f"actor_rollout_ref.model.path={model_dir}",
+        f"trainer.device={args.device}", "trainer.n_gpus_per_node=1", f"actor_rollout_ref.model.path={model_dir}",
         f"data.max_prompt_length={args.prompt}", f"data.max_response_length={max_len - args.prompt}",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "actor_rollout_ref.rollout.dtype=float32",
-        "actor_rollout_ref.rollout.enforce_eager=true", "actor_rollout_ref.rollout.load_format=auto",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        f"actor_rollout_ref.rollout.dtype={'bfloat16' if gpu else 'float32'}",
+        f"actor_rollout_ref.rollout.enforce_eager={str(not gpu).lower()}", "actor_rollout_ref.rollout.load_format=auto",
         "actor_rollout_ref.rollout.free_cache_engine=false", "actor_rollout_ref.rollout.mode=async",
-        f"actor_rollout_ref.rollout.max_num_seqs={args.samples}", "actor_rollout_ref.rollout.gpu_memory_utilization=0.05",
+        f"actor_rollout_ref.rollout.max_num_seqs={args.samples}",
+        f"actor_rollout_ref.rollout.gpu_memory_utilization={0.3 if gpu else 0.05}",
     ])
     return RolloutWorker(resolve_config(cfg).actor_rollout_ref, model_dir)
 
@@ -125,6 +129,7 @@ def multi_lockstep(worker, prompts, args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--samples", type=int, default=32)
     parser.add_argument("--prompt", type=int, default=32)
     parser.add_argument("--short", type=int, default=16)
