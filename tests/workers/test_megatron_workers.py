@@ -9,6 +9,8 @@ Checks (fp32, gloo, tiny Qwen2 with vocab 97 so TP=2 pads the vocabulary):
     SGD with momentum: Adam's first step is sign(grad) * lr and would hide a wrongly
     scaled gradient (e.g. a per-micro-batch instead of a global denominator);
   * micro-batch 1 vs 4 vs token-budget (thd packed) micro-batches: same weights;
+  * PP=2 x VPP=2 on micro-batches of different shapes (thd packing, dynamic batch size, both),
+    which run_schedule pads to one: the step equals TP=1's on one micro-batch;
   * save at TP=2 (or CP=2) -> load at TP=1: same log-probs, and the second step equals the
     uninterrupted second step (optimizer + lr scheduler restored); a reference model
     initialised from it (megatron.use_dist_checkpointing) gives the same log-probs;
