@@ -64,9 +64,10 @@ def run_schedule(
     config = get_model_config(chunks[0])
     model_inputs = [mb.inputs for mb in micro_batches]
     if len(chunks) > 1 and not forward_only:
-        # megatron-core 0.16.1's interleaved schedule deadlocks on variable shapes in
-        # forward-backward (stages disagree on when shapes are exchanged; forward-only works):
-        # the model gets every micro-batch padded to the pass's largest shape.
+        # megatron-core 0.16.1's interleaved schedule hangs on variable shapes in forward-backward
+        # (seen at pp = 2, where its shape exchange, always batched, pairs the two sends to one
+        # rank as wrongly as batched p2p does below; forward-only works): the model gets every
+        # micro-batch padded to the pass's largest shape.
         model_inputs = uniform_shapes(model_inputs)
     # Shapes differ between micro-batches with packing, dynamic batch size or a last
     # partial micro-batch; pipeline stages then exchange shapes before each activation.
