@@ -148,7 +148,7 @@ def test_micro_batch_split_invariance(runs):
 @pytest.mark.parametrize("variant", list(VPP_VARIANTS))
 def test_vpp_variable_shapes_match_tp1(runs, variant):
     """PP=2 x VPP=2 with thd packing and/or dynamic batch size: the micro-batches' shapes differ,
-    run_schedule pads them to one (megatron's interleaved schedule deadlocks otherwise); the step
+    run_schedule pads them to one (megatron's interleaved schedule hangs otherwise); the step
     equals TP=1 on one micro-batch of padded rows (weights, global-denominator losses, grad norm)."""
     want = runs("tp1")[0]["split"]
     got = runs("vpp2_variants")
