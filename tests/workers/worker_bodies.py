@@ -138,8 +138,10 @@ VPP_VARIANTS = {
 
 def vpp_variants(model_path: str, batch: dict, megatron: dict) -> dict:
     """Per VPP_VARIANTS entry: metrics, the updated weights (rank 0), and the micro-batch input
-    shapes run_schedule got vs the ones it gave the model (to show the padding happened)."""
+    shapes run_schedule got vs the ones it gave the model (to show the padding happened); then
+    one critic step with dynamic batch size and packing."""
     from megarl.workers.actor import ActorWorker
+    from megarl.workers.critic import CriticWorker
     from megarl.workers.megatron import schedule
 
     uniform_shapes = schedule.uniform_shapes
@@ -161,6 +163,14 @@ def vpp_variants(model_path: str, batch: dict, megatron: dict) -> dict:
         out[name + "_metrics"] = actor.update_policy(_data(batch))
         out[name + "_shapes"] = list(seen)
         out[name] = _rank0(_export(actor))
+    # The critic with both (its values [b, s, 1] cut back like the actor's logits).
+    seen.clear()
+    critic = CriticWorker(critic_config(model_path, megatron, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=30,
+                                        model={"override_config": {}, "use_remove_padding": True}), device="cpu")
+    critic.init_model()
+    out["critic_metrics"] = critic.update_critic(_data(batch))
+    out["critic_shapes"] = list(seen)
+    out["critic_values_after"] = critic.compute_values(_data(batch)).batch["values"]
     schedule.uniform_shapes = uniform_shapes
     return out
 
