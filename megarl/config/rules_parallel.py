@@ -35,26 +35,6 @@ def layout(v: View, role: Role) -> Iterator[Issue]:
         yield Issue(key, v.get(key), problem.message, fixes[problem.size])
 
 
-_TRAINED = {"actor": ("actor_rollout_ref.actor", "actor_rollout_ref.model"), "critic": ("critic", "critic.model")}
-
-
-def interleaved_shapes(v: View, role: Role) -> Iterator[Issue]:
-    """Megatron-core's interleaved schedule deadlocks in training on micro-batches of different
-    shapes (megarl/workers/megatron/schedule.py refuses them mid-step): refuse up front."""
-    m = role.megatron
-    vpp = v.get(f"{m}.virtual_pipeline_model_parallel_size")
-    if role.name not in _TRAINED or vpp is None or vpp <= 1:
-        return
-    section, model = _TRAINED[role.name]
-    for key in (f"{section}.use_dynamic_bsz", f"{model}.use_remove_padding"):
-        if v.get(key):
-            yield Issue(
-                key, True,
-                f"{m}.virtual_pipeline_model_parallel_size={vpp} trains only on micro-batches of one shape, which this setting breaks",
-                f"set {key}=false, or {m}.virtual_pipeline_model_parallel_size=null",
-            )
-
-
 def dist_checkpoint(v: View, role: Role) -> Iterator[Issue]:
     m = role.megatron
     if not v.get(f"{m}.use_dist_checkpointing"):
@@ -76,7 +56,7 @@ def rollout_layout(v: View) -> Iterator[Issue]:
         yield Issue(key, tp, f"vLLM TP must divide {_WORLD_NAME} = {v.world_size()}", f"choose {key} dividing {v.world_size()}")
 
 
-ROLE_RULES = (layout, interleaved_shapes, dist_checkpoint)
+ROLE_RULES = (layout, dist_checkpoint)
 
 
 def run_role_rules(v: View) -> Iterator:

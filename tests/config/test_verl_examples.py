@@ -103,12 +103,8 @@ KNOWN: dict[str, dict[str, str]] = {
         "actor_rollout_ref.rollout.n": "follows from distillation (refused): it samples one response per prompt",
     },
 }
-_VPP = "megarl's interleaved (virtual) pipeline needs micro-batches of one shape; verl's example pads none"
 # verl features megarl lacks and compat.py does not list (script -> key -> what is missing).
 GAPS: dict[str, dict[str, str]] = {
-    "grpo_trainer/run_qwen3_30b_a3b_megatron.sh": {
-        "actor_rollout_ref.actor.use_dynamic_bsz": _VPP, "actor_rollout_ref.model.use_remove_padding": _VPP,
-    },
     "lora/run_qwen3_30b_a3b_megatron.sh": {
         "actor_rollout_ref.model.lora.rank": "megarl's LoRA adapts dense layers only (no adapters on MoE experts)",
     },

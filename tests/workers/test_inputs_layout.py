@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from megarl.workers.megatron.inputs import build_inputs, next_token_labels, to_response, valid_length
+from megarl.workers.megatron.inputs import build_inputs, next_token_labels, pad_inputs, to_response, valid_length
 
 P, R = 5, 4
 
@@ -107,3 +107,38 @@ def test_context_parallel_packing_pads_each_row_to_2c_and_splits_it():
     # rank 1: chunk 1 and chunk 2 of each row (chunk = padded / 4)
     columns = [c for s, p in zip(starts, padded) for c in [*range(s + p // 4, s + p // 2), *range(s + p // 2, s + 3 * p // 4)]]
     assert torch.equal(inputs.local(inputs.input_ids), inputs.input_ids[:, columns])
+
+
+def test_pad_inputs_adds_padding_rows_behind_the_rows():
+    """Padded layout (VPP's one shape per pass): extra rows hold no token; the rows and the
+    response mapping are unchanged; the row length cannot change (the CP split depends on it)."""
+    ids, mask, pos = _batch()
+    inputs = build_inputs(ids, mask, pos, remove_padding=False, length=12)
+    padded = pad_inputs(inputs, 6, 12)
+    assert padded.input_ids.shape == padded.position_ids.shape == padded.token_mask.shape == (6, 12)
+    assert torch.equal(padded.input_ids[:4], inputs.input_ids) and torch.equal(padded.position_ids[:4], inputs.position_ids)
+    assert not padded.token_mask[4:].any() and not padded.valid_mask[4:].any()
+    got = to_response(next_token_labels(padded).float(), padded, R)
+    assert torch.equal(got[:4] * mask[:, P:], (ids[:, P:] * mask[:, P:]).float()) and not got[4:].any()
+    with pytest.raises(ValueError, match="keeps its row length 12"):
+        pad_inputs(inputs, 6, 16)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_pad_inputs_appends_a_packed_padding_segment_after_every_cp_ranks_tokens(rank):
+    """thd under CP=2: 8 more tokens are one trailing segment (real = padded length 8, as
+    build_inputs' dummy segment); each rank's tokens of the rows lead its local tokens, followed by
+    its chunks 1/4 of the new segment, positions restarting at 0."""
+    ids, mask, pos = _batch()
+    inputs = build_inputs(ids, mask, pos, remove_padding=True, pad_multiple=4, cp_group=_CPGroup(2, rank))
+    padded = pad_inputs(inputs, 1, 36)
+    params = padded.packed_seq_params
+    assert params.cu_seqlens_q.tolist() == params.cu_seqlens_kv.tolist() == [0, 9, 12, 16, 21, 29]
+    assert params.cu_seqlens_q_padded.tolist() == params.cu_seqlens_kv_padded.tolist() == [0, 12, 16, 20, 28, 36]
+    assert params.max_seqlen_q == 12
+    local = padded.local(padded.input_ids)
+    assert torch.equal(local[:, :14], inputs.local(inputs.input_ids))
+    assert torch.equal(padded.local(padded.position_ids)[:, 14:], torch.tensor([[2 * rank, 2 * rank + 1, 6 - 2 * rank, 7 - 2 * rank]]))
+    assert not local[:, 14:].any() and not padded.token_mask[:, 28:].any()
+    assert pad_inputs(inputs, 1, 28) is inputs
+

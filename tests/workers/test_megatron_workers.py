@@ -9,6 +9,9 @@ Checks (fp32, gloo, tiny Qwen2 with vocab 97 so TP=2 pads the vocabulary):
     SGD with momentum: Adam's first step is sign(grad) * lr and would hide a wrongly
     scaled gradient (e.g. a per-micro-batch instead of a global denominator);
   * micro-batch 1 vs 4 vs token-budget (thd packed) micro-batches: same weights;
+  * PP=2 x VPP=2 on micro-batches of different shapes (thd packing, dynamic batch size, both),
+    which run_schedule pads to one: the step equals TP=1's on one micro-batch (and a critic step
+    with both equals TP=1's);
   * save at TP=2 (or CP=2) -> load at TP=1: same log-probs, and the second step equals the
     uninterrupted second step (optimizer + lr scheduler restored); a reference model
     initialised from it (megatron.use_dist_checkpointing) gives the same log-probs;
@@ -29,7 +32,7 @@ import torch
 
 from dist_utils import run_distributed
 from tiny import hf_response_log_probs, hf_response_sum_pi_squared, hf_values, make_tiny_qwen2, megatron_node, rollout_batch
-from worker_bodies import TEMPERATURE, actor_and_critic, resume_from_checkpoint, tp1_suite
+from worker_bodies import TEMPERATURE, VPP_VARIANTS, actor_and_critic, resume_from_checkpoint, tp1_suite, vpp_variants
 
 pytestmark = pytest.mark.slow
 
@@ -74,6 +77,9 @@ def runs(setup):
         if name not in cache:
             if name == "tp1":
                 cache[name] = run_distributed(tp1_suite, 1, setup["model_path"], setup["batch"], timeout=400)
+            elif name == "vpp2_variants":
+                world, megatron, _ = LAYOUTS["vpp2"]
+                cache[name] = run_distributed(vpp_variants, world, setup["model_path"], setup["batch"], megatron, timeout=400)
             elif name.startswith("resume_tp1_from_"):
                 saved = name.removeprefix("resume_tp1_from_")
                 get(saved)  # writes the checkpoint
@@ -138,6 +144,31 @@ def test_micro_batch_split_invariance(runs):
             assert split[f"{variant}_metrics"][key] == pytest.approx(split["micro1_metrics"][key], rel=1e-5), key
     _assert_weights_close(split["micro4"], split["micro1"])
     _assert_weights_close(split["dynamic"], split["micro1"])
+
+
+@pytest.mark.parametrize("variant", list(VPP_VARIANTS))
+def test_vpp_variable_shapes_match_tp1(runs, variant):
+    """PP=2 x VPP=2 with thd packing and/or dynamic batch size: the micro-batches' shapes differ,
+    run_schedule pads them to one (megatron's interleaved schedule hangs otherwise); the step
+    equals TP=1 on one micro-batch of padded rows (weights, global-denominator losses, grad norm)."""
+    want = runs("tp1")[0]["split"]
+    got = runs("vpp2_variants")
+    passes = got[-1][f"{variant}_shapes"]  # the last pipeline stage's run_schedule training passes
+    assert passes and all(len(set(padded)) == 1 for _, padded in passes)
+    assert any(len(set(given)) > 1 for given, _ in passes), "no pass had micro-batches of different shapes"
+    _assert_weights_close(got[0][variant], want["micro1"])
+    for key in ("actor/pg_loss", "actor/entropy", "actor/kl_loss", "actor/grad_norm"):
+        assert got[-1][f"{variant}_metrics"][key] == pytest.approx(want["micro1_metrics"][key], rel=1e-4, abs=1e-6), key
+
+
+def test_vpp_critic_step_with_dynamic_batch_and_packing_matches_tp1(runs):
+    want = _main(runs, "tp1")[0]
+    got = runs("vpp2_variants")[-1]
+    assert any(len(set(given)) > 1 for given, _ in got["critic_shapes"]), "no pass had micro-batches of different shapes"
+    torch.testing.assert_close(got["critic_values_after"], want["critic_values_after"], atol=1e-5, rtol=1e-5)
+    # vf_clipfrac is a per-micro-batch mean averaged over micro-batches: it depends on the split.
+    for key in ("critic/vf_loss", "critic/grad_norm"):
+        assert got["critic_metrics"][key] == pytest.approx(want["critic_metrics"][key], rel=1e-4, abs=1e-6), key
 
 
 @pytest.mark.parametrize("saved_at", _SAVED)

@@ -126,6 +126,55 @@ def split_variants(model_path: str, batch: dict) -> dict:
     return out
 
 
+# One PPO step under VPP on micro-batches of different shapes (run_schedule pads them to one):
+# thd packing on 4 micro-batches (more than pp: the steady state's paired p2p), dynamic batch
+# size on padded rows (3 micro-batches of 3, 2, 3 rows), and both.
+VPP_VARIANTS = {
+    "packed": (dict(ppo_micro_batch_size_per_gpu=2), True),
+    "dynamic": (dict(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=30), False),
+    "dynamic_packed": (dict(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=30), True),
+}
+
+
+def vpp_variants(model_path: str, batch: dict, megatron: dict) -> dict:
+    """Per VPP_VARIANTS entry: metrics, the updated weights (rank 0), and the micro-batch input
+    shapes run_schedule got vs the ones it gave the model (to show the padding happened); then
+    one critic step with dynamic batch size and packing."""
+    from megarl.workers.actor import ActorWorker
+    from megarl.workers.critic import CriticWorker
+    from megarl.workers.megatron import schedule
+
+    uniform_shapes = schedule.uniform_shapes
+    seen: list = []
+
+    def recording(inputs):
+        padded = uniform_shapes(inputs)
+        seen.append(([tuple(x.input_ids.shape) for x in inputs], [tuple(x.input_ids.shape) for x in padded]))
+        return padded
+
+    schedule.uniform_shapes = recording
+    out = {}
+    for name, (overrides, remove_padding) in VPP_VARIANTS.items():
+        seen.clear()
+        cfg = actor_rollout_ref_config(model_path, megatron, **overrides)
+        cfg.model.use_remove_padding = remove_padding
+        actor = ActorWorker(cfg, "actor", device="cpu")
+        actor.init_model()
+        out[name + "_metrics"] = actor.update_policy(_data(batch))
+        out[name + "_shapes"] = list(seen)
+        out[name] = _rank0(_export(actor))
+    # The critic with both (its values [b, s, 1] cut back like the actor's logits).
+    seen.clear()
+    critic = CriticWorker(critic_config(model_path, megatron, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=30,
+                                        model={"override_config": {}, "use_remove_padding": True}), device="cpu")
+    critic.init_model()
+    out["critic_metrics"] = critic.update_critic(_data(batch))
+    out["critic_shapes"] = list(seen)
+    out["critic_values_after"] = critic.compute_values(_data(batch)).batch["values"]
+    schedule.uniform_shapes = uniform_shapes
+    return out
+
+
 def offload_roundtrip(model_path: str, batch: dict) -> dict:
     """Offload everything, check storages are freed, onload, check exact restoration."""
     from megarl.workers.actor import ActorWorker

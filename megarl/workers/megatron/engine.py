@@ -234,7 +234,8 @@ class MegatronEngine:
         if cp > 1:
             pad_multiple = cp * math.lcm(2, pad_multiple)
             cp_group = parallel_state.get_context_parallel_group()
-        # The interleaved schedule needs one shape for every micro-batch (see run_schedule).
+        # The interleaved schedule trains on micro-batches of one shape: one row length here (the CP
+        # split depends on it), run_schedule pads the row / packed token counts (uniform_shapes).
         length = valid_length(attention_mask, pad_multiple) if len(self.chunks) > 1 else None
         micro = []
         for rows in parts:

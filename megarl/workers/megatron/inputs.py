@@ -28,7 +28,7 @@ back to the rows' original `[b, S]` layout and takes the response slice, positio
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -37,7 +37,10 @@ from megatron.core.packed_seq_params import PackedSeqParams
 
 from megarl.parallel.context_parallel import cp_token_index, gather_tokens_from_cp
 
-__all__ = ["MicroBatchInputs", "at_last_token", "build_inputs", "next_token_labels", "to_response", "response_mask_of", "valid_length"]
+__all__ = [
+    "MicroBatchInputs", "at_last_token", "build_inputs", "next_token_labels", "pad_inputs", "to_response", "response_mask_of",
+    "valid_length",
+]
 
 
 def response_mask_of(data: Any) -> torch.Tensor:
@@ -180,6 +183,59 @@ def build_inputs(
         token_mask=token_mask.unsqueeze(0),
         cp_group=cp_group,
         cp_index=cp_token_index(segments, cp_size) if cp_group is not None else None,
+    )
+
+
+def pad_inputs(inputs: MicroBatchInputs, rows: int, tokens: int) -> MicroBatchInputs:
+    """The same micro-batch laid out as `[rows, L]` (padded layout, `rows` >= b: extra all-padding
+    rows) or `[1, tokens]` (packed, `tokens` >= T: a trailing padding segment of tokens - T).
+
+    Gives pipeline schedules one input shape for differently sized micro-batches. No original
+    token sees the padding (rows are independent; a segment attends within itself), so the
+    model's output for `inputs` is the leading `[:b, :s]` part of the padded one's, s = this
+    rank's tokens: under context parallelism each segment is split on its own and the added
+    segment's tokens come last on every rank (cp_token_index). The padded layout's row length
+    cannot change here (it moves the CP split): callers fix it in :func:`build_inputs`.
+    """
+    b, length = inputs.input_ids.shape
+    params = inputs.packed_seq_params
+    if params is None:
+        if tokens != length:
+            raise ValueError(f"pad_inputs: the padded layout keeps its row length {length}, got {tokens}")
+        extra = rows - b
+        positions = torch.arange(length, device=inputs.position_ids.device, dtype=inputs.position_ids.dtype)
+        return replace(
+            inputs,
+            input_ids=torch.cat([inputs.input_ids, inputs.input_ids.new_zeros((extra, length))]),
+            position_ids=torch.cat([inputs.position_ids, positions.expand(extra, -1)]),
+            token_mask=torch.cat([inputs.token_mask, inputs.token_mask.new_zeros((extra, length))]),
+            valid_mask=torch.cat([inputs.valid_mask, inputs.valid_mask.new_zeros((extra, inputs.valid_mask.shape[1]))]),
+        )
+    if rows != 1:
+        raise ValueError(f"pad_inputs: the packed layout has one row, got {rows}")
+    extra = tokens - length
+    if extra == 0:
+        return inputs
+    device = inputs.input_ids.device
+
+    def appended(cu: torch.Tensor) -> torch.Tensor:
+        return torch.cat([cu, cu[-1:] + extra])
+
+    cu_padded = params.cu_seqlens_q_padded if params.cu_seqlens_q_padded is not None else params.cu_seqlens_q
+    segments = [*(cu_padded[1:] - cu_padded[:-1]).tolist(), extra]
+    cp_padded = appended(cu_padded) if params.cu_seqlens_q_padded is not None else None
+    padded_params = replace(
+        params, cu_seqlens_q=appended(params.cu_seqlens_q), cu_seqlens_kv=appended(params.cu_seqlens_kv),
+        cu_seqlens_q_padded=cp_padded, cu_seqlens_kv_padded=cp_padded,
+        max_seqlen_q=max(params.max_seqlen_q, extra), max_seqlen_kv=max(params.max_seqlen_kv, extra),
+    )
+    return replace(
+        inputs,
+        input_ids=torch.cat([inputs.input_ids, inputs.input_ids.new_zeros((1, extra))], dim=1),
+        position_ids=torch.cat([inputs.position_ids, torch.arange(extra, device=device, dtype=inputs.position_ids.dtype)[None]], dim=1),
+        packed_seq_params=padded_params,
+        token_mask=torch.cat([inputs.token_mask, inputs.token_mask.new_zeros((1, extra))], dim=1),
+        cp_index=cp_token_index(segments, inputs.cp_group.size()) if inputs.cp_index is not None else None,
     )
 
 

@@ -17,9 +17,9 @@ from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.utils import get_model_config
 
-from megarl.workers.megatron.inputs import MicroBatchInputs
+from megarl.workers.megatron.inputs import MicroBatchInputs, pad_inputs
 
-__all__ = ["MicroBatch", "run_schedule", "broadcast_from_last_stage"]
+__all__ = ["MicroBatch", "run_schedule", "broadcast_from_last_stage", "uniform_shapes"]
 
 LossFn = Callable[[torch.Tensor, "MicroBatch"], tuple[torch.Tensor, dict[str, Any]]]
 
@@ -62,29 +62,34 @@ def run_schedule(
     if not micro_batches:
         return []
     config = get_model_config(chunks[0])
+    model_inputs = [mb.inputs for mb in micro_batches]
+    if len(chunks) > 1 and not forward_only:
+        # megatron-core 0.16.1's interleaved schedule hangs on variable shapes in forward-backward
+        # (seen at pp = 2, where its shape exchange, always batched, pairs the two sends to one
+        # rank as wrongly as batched p2p does below; forward-only works): the model gets every
+        # micro-batch padded to the pass's largest shape.
+        model_inputs = uniform_shapes(model_inputs)
     # Shapes differ between micro-batches with packing, dynamic batch size or a last
     # partial micro-batch; pipeline stages then exchange shapes before each activation.
-    shapes = {tuple(mb.inputs.input_ids.shape) for mb in micro_batches}
+    shapes = {tuple(inputs.input_ids.shape) for inputs in model_inputs}
     config.variable_seq_lengths = len(shapes) > 1
     num_micro_batches = len(micro_batches)
     if len(chunks) > 1:
-        if config.variable_seq_lengths and not forward_only:
-            # megatron-core 0.16.1's interleaved schedule deadlocks on variable shapes in
-            # forward-backward (stages disagree on when shapes are exchanged); forward-only works.
-            raise NotImplementedError(
-                "virtual_pipeline_model_parallel_size needs micro-batches of one shape: set "
-                "use_dynamic_bsz=false, model.use_remove_padding=false and a micro-batch size that "
-                f"divides the mini-batch (got input shapes {sorted(shapes)})"
-            )
         # Interleaved schedule: micro-batches run in groups of N per virtual stage, and
         # megatron needs M % N == 0 (N in [pp, M]); N = M covers counts not divisible by pp.
         pp_size = parallel_state.get_pipeline_model_parallel_world_size()
         config.microbatch_group_size_per_vp_stage = pp_size if num_micro_batches % pp_size == 0 else num_micro_batches
+        # At pp = 2 the previous and next stage are one rank: megatron's batched p2p then posts
+        # two sends to it (activation, gradient) whose order the receiver's two receives do not
+        # follow, so activations and gradients swap silently (same shape) in the steady state of
+        # a training pass with more micro-batches than stages. Its unbatched p2p keeps the two
+        # directions apart (two process groups at size 2).
+        if pp_size == 2:
+            config.batch_p2p_comm = False
     output_kwargs = {} if fp32_output or not _half_wrapped(chunks[0]) else {"fp32_output": False}
 
     def forward_step(data_iterator, model):
-        micro_batch: MicroBatch = next(data_iterator)
-        inputs = micro_batch.inputs
+        inputs, micro_batch = next(data_iterator)
         output = model(
             # No attention mask: rows are front-aligned or packed (see inputs.py), so causal
             # attention alone keeps every token away from padding.
@@ -92,16 +97,17 @@ def run_schedule(
         )
 
         def loss_func(output_tensor):
-            loss, stats = loss_fn(output_tensor, micro_batch)
+            # The micro-batch's own rows / tokens lead a padded layout (pad_inputs): the loss
+            # never sees the padding, whose outputs get no gradient.
+            b, s = micro_batch.inputs.local(micro_batch.inputs.input_ids).shape
+            loss, stats = loss_fn(output_tensor[:b, :s], micro_batch)
             return loss * (loss_scale * num_micro_batches), stats
 
         return output, loss_func
 
-    if len(chunks) > 1:
-        data_iterator = [iter(micro_batches) for _ in chunks]
-    else:
-        data_iterator = iter(micro_batches)
-    first = micro_batches[0].inputs
+    pairs = list(zip(model_inputs, micro_batches))
+    data_iterator = [iter(pairs) for _ in chunks] if len(chunks) > 1 else iter(pairs)
+    first = model_inputs[0]
     return get_forward_backward_func()(
         forward_step_func=forward_step,
         data_iterator=data_iterator,
@@ -111,6 +117,14 @@ def run_schedule(
         micro_batch_size=first.input_ids.shape[0],
         forward_only=forward_only,
     )
+
+
+def uniform_shapes(inputs: Sequence[MicroBatchInputs]) -> list[MicroBatchInputs]:
+    """Every micro-batch's inputs padded to the largest shape among them (see pad_inputs):
+    `[b_max, L]` padded rows (L already common: the engine fixes it under VPP) or `[1, T_max]` packed."""
+    rows = max(x.input_ids.shape[0] for x in inputs)
+    tokens = max(x.input_ids.shape[1] for x in inputs)
+    return [pad_inputs(x, rows, tokens) for x in inputs]
 
 
 def _half_wrapped(chunk: torch.nn.Module) -> bool:
