@@ -154,14 +154,17 @@ class ActorRolloutRefWorker:
         start = time.perf_counter()
         self.actor.onload()
         try:
-            with merged_weights(engine.chunks):  # LoRA: vLLM gets W + alpha/r * B @ A
-                self._load_into_rollout(engine, stats)
-            if self.actor.uses_lora:  # the merged tensors lived for this sync only: keep no views of them
+            if self.actor.uses_lora:
+                with merged_weights(engine.chunks):  # vLLM gets W + alpha/r * B @ A
+                    self._load_into_rollout(engine, stats)
+                # the merged tensors lived for this sync only: keep no views of them
                 from megarl.weight_sync.tp_gather import release_export_buffers
 
                 release_export_buffers()
                 if self.direct:
                     self.direct.forget_sources()
+            else:
+                self._load_into_rollout(engine, stats)
         finally:
             self.actor.offload()
         stats.seconds = time.perf_counter() - start

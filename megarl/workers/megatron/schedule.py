@@ -96,11 +96,15 @@ def run_schedule(
             inputs.local(inputs.input_ids), inputs.local(inputs.position_ids), None, **inputs.model_kwargs(), **output_kwargs
         )
 
+        padded = inputs is not micro_batch.inputs  # uniform_shapes padded it
+
         def loss_func(output_tensor):
-            # The micro-batch's own rows / tokens lead a padded layout (pad_inputs): the loss
-            # never sees the padding, whose outputs get no gradient.
-            b, s = micro_batch.inputs.local(micro_batch.inputs.input_ids).shape
-            loss, stats = loss_fn(output_tensor[:b, :s], micro_batch)
+            if padded:
+                # The micro-batch's own rows / tokens lead a padded layout (pad_inputs): the loss
+                # never sees the padding, whose outputs get no gradient.
+                b, s = micro_batch.inputs.local(micro_batch.inputs.input_ids).shape
+                output_tensor = output_tensor[:b, :s]
+            loss, stats = loss_fn(output_tensor, micro_batch)
             return loss * (loss_scale * num_micro_batches), stats
 
         return output, loss_func
@@ -124,7 +128,8 @@ def uniform_shapes(inputs: Sequence[MicroBatchInputs]) -> list[MicroBatchInputs]
     `[b_max, L]` padded rows (L already common: the engine fixes it under VPP) or `[1, T_max]` packed."""
     rows = max(x.input_ids.shape[0] for x in inputs)
     tokens = max(x.input_ids.shape[1] for x in inputs)
-    return [pad_inputs(x, rows, tokens) for x in inputs]
+    # a micro-batch already of that shape is passed as is (no copies: the common fixed-size case)
+    return [x if tuple(x.input_ids.shape) == (rows, tokens) else pad_inputs(x, rows, tokens) for x in inputs]
 
 
 def _half_wrapped(chunk: torch.nn.Module) -> bool:
