@@ -287,6 +287,9 @@ def plain_gpt_model(shape: dict, seq_len: int, tp: int, dtype: torch.dtype, devi
     else:
         raise ValueError(f"impl {impl!r}: transformer_engine or local")
     cfg.transformer_impl = impl
+    # TE's fused RoPE, as megarl's TE spec runs it (weight-gradient accumulation fusion needs apex
+    # in plain megatron-core: off here; bench_actor_throughput's padded_unfused arm matches that)
+    cfg.apply_rope_fusion = impl == "transformer_engine"
     for key, value in (overrides or {}).items():
         setattr(cfg, key, value)
     with torch.device(device):

@@ -175,8 +175,8 @@ def main() -> None:
     p.add_argument("--skip-megarl", action="store_true")
     p.add_argument("--legacy", action="store_true", help="also time the previous LM-head hooks (same run)")
     p.add_argument("--layouts", default="padded,rmpad",
-                   help="megarl arms to run: padded and/or rmpad (use_remove_padding); one per process "
-                        "where two 1.5B workers do not fit on one GPU")
+                   help="megarl arms to run: padded, rmpad (use_remove_padding), padded_unfused (TE's weight-gradient "
+                        "accumulation fusion off, as the plain arm); one per process where two workers do not fit")
     p.add_argument("--impl", default="local", choices=["local", "transformer_engine"],
                    help="layer spec of both arms (megatron's transformer_impl)")
     p.add_argument("--shape", default="1.5b", choices=["1.5b", "7b"])
@@ -244,14 +244,19 @@ def main() -> None:
         from _actor_path import build_actor_step
 
         layouts = args.layouts.split(",")
-        variants = [(rm, False) for rm, name in ((False, "padded"), (True, "rmpad")) if name in layouts]
-        variants += [(False, True)] if args.legacy else []
-        for remove_padding, legacy in variants:
-            label = "b_megarl_actor" + ("_rmpad" if remove_padding else "") + ("_legacy_head" if legacy else "")
+        # padded_unfused: megarl without TE's weight-gradient accumulation fusion, the kernels the
+        # plain arm runs (megatron-core turns that fusion on only with apex)
+        variants = [(rm, False, extra) for rm, name, extra in (
+            (False, "padded", {}), (True, "rmpad", {}), (False, "padded_unfused", {"gradient_accumulation_fusion": False}),
+        ) if name in layouts]
+        variants += [(False, True, {})] if args.legacy else []
+        for remove_padding, legacy, extra in variants:
+            label = ("b_megarl_actor" + ("_rmpad" if remove_padding else "") + ("_legacy_head" if legacy else "")
+                     + ("_unfused" if extra else ""))
             try:
                 step_b, worker = build_actor_step(
                     shape, seq, args.tp, args.micro_bs, args.n_micro, device, batches, remove_padding=remove_padding,
-                    legacy=legacy, impl=args.impl, overrides=overrides,
+                    legacy=legacy, impl=args.impl, overrides={**overrides, **extra},
                 )
                 times = time_it(step_b, device, args.warmup, args.iters)
                 results["runs"].append(report(label, times, tokens_per_step, fpt, world))
@@ -268,7 +273,7 @@ def main() -> None:
                 torch.cuda.reset_peak_memory_stats(device)
 
     runs = {r["label"]: r for r in results["runs"]}
-    for label in ("b_megarl_actor", "b_megarl_actor_rmpad", "b_megarl_actor_legacy_head"):
+    for label in ("b_megarl_actor", "b_megarl_actor_rmpad", "b_megarl_actor_legacy_head", "b_megarl_actor_unfused"):
         if "a_plain_megatron" in runs and label in runs:
             a, b = runs["a_plain_megatron"], runs[label]
             results[f"overhead_{label}_vs_a_pct"] = 100.0 * (b["step_s_median"] / a["step_s_median"] - 1.0)

@@ -159,8 +159,6 @@ def main() -> None:
     p.add_argument("--no-hf", action="store_true", help="skip the HF reference (timing runs)")
     p.add_argument("--round-len", type=int, default=1,
                    help="padded layout: round each micro-batch's length up to this multiple (fewer distinct shapes)")
-    p.add_argument("--thd-bucket", type=int, default=1,
-                   help="packed layout: round the token count and max_seqlen up to this multiple (fewer distinct shapes)")
     p.add_argument("--profile", action="store_true", help="torch profiler table of one log-prob + update")
     p.add_argument("--time-iters", type=int, default=0, help="also time N update_policy calls per variant")
     args = p.parse_args()
@@ -170,30 +168,13 @@ def main() -> None:
         import megarl.workers.megatron.engine as engine_mod
         from megarl.workers.megatron.inputs import build_inputs, valid_length
 
-        def bucketed(input_ids, attention_mask, position_ids, *, remove_padding, pad_multiple=1, length=None):
+        def bucketed(input_ids, attention_mask, position_ids, *, remove_padding, pad_multiple=1, length=None, **kw):
             if not remove_padding and length is None:
                 length = valid_length(attention_mask, args.round_len * pad_multiple)
             return build_inputs(input_ids, attention_mask, position_ids, remove_padding=remove_padding,
-                                pad_multiple=pad_multiple, length=length)
+                                pad_multiple=pad_multiple, length=length, **kw)
 
         engine_mod.build_inputs = bucketed
-    if args.thd_bucket > 1:  # experiment: bucket the packed micro-batch shapes (TE's cuDNN graphs are per shape)
-        import math
-
-        import megarl.workers.megatron.engine as engine_mod
-        from megarl.workers.megatron.inputs import build_inputs
-
-        def thd_bucketed(input_ids, attention_mask, position_ids, *, remove_padding, pad_multiple=1, length=None):
-            if not remove_padding:
-                return build_inputs(input_ids, attention_mask, position_ids, remove_padding=False,
-                                    pad_multiple=pad_multiple, length=length)
-            out = build_inputs(input_ids, attention_mask, position_ids, remove_padding=True,
-                               pad_multiple=math.lcm(pad_multiple, args.thd_bucket), length=length)
-            p = out.packed_seq_params
-            p.max_seqlen_q = p.max_seqlen_kv = -(-p.max_seqlen_q // 64) * 64
-            return out
-
-        engine_mod.build_inputs = thd_bucketed
     from _actor_path import write_random_hf_dir
 
     from megarl.protocol import DataProto

@@ -11,7 +11,11 @@
 #   e2e          3 GRPO steps through `python -m megarl.main_ppo`, random Qwen2.5-0.5B shape (TE spec, graphs on)
 #   e2e_fp8      the same with override_transformer_config.fp8=hybrid (train/rollout log-prob gap, step time)
 #   shapes       update_policy time on the e2e batch shape: TE/SDPA x padded/packed, and TE packed bucketed
-#   actor7b      actor update vs plain megatron-core, Qwen2.5-7B layer shape (8 layers), TE spec, bf16 then FP8
+#   actor7b      actor update vs plain megatron-core, Qwen2.5-7B layer shape (8 layers), TE spec: padded, padded
+#                without TE's wgrad-accumulation fusion (the plain arm's kernels), packed, and FP8 padded
+#   actor1p5     the same at the 1.5B shape, padded and packed
+#   e2e_moe      the e2e run on a Qwen3-MoE of the same size (issue 18: one-GPU MoE step + sync into vLLM)
+#   async        bench_async_rollout.py on CUDA, 256 samples (issue 17)
 # Two GPUs (issue 20):
 #   tests2       the 2-GPU tests (TP=2 log-probs / update vs TP=1 and HF, sync bitwise, direct sync gathering into vLLM)
 #   e2e_tp2      the e2e run with actor TP=2 and one vLLM TP=2 replica;  e2e_tp2_r1: actor TP=2, two vLLM TP=1 replicas
@@ -71,13 +75,10 @@ for step in "$@"; do
     e2e)     e2e e2e ;;
     e2e_fp8) e2e e2e_fp8 +actor_rollout_ref.actor.megatron.override_transformer_config.fp8=hybrid \
                +actor_rollout_ref.actor.megatron.override_transformer_config.fp8_recipe=delayed ;;
-    shapes)  # update_policy on the e2e run's batch shape (0.5B, 512 rows, <= 32 + 224 tokens, micro 16): spec x layout,
-             # then TE packed with token count and max_seqlen bucketed (cuDNN builds a graph per shape)
-             for extra in "" "--variants transformer_engine:packed --thd-bucket 256"; do
-               timeout 200 $TR benchmarks/check_te_padded.py --shape 0.5b --rows 512 --prompt 32 --response 224 --micro 16 \
-                 --no-hf --time-iters 3 $extra > "$OUT/shapes${extra:+_bucket}.log" 2>&1; echo rc $?
-               grep -E "update_policy s|^(local|transformer_engine):(padded|packed)  |Error" "$OUT/shapes${extra:+_bucket}.log" | cut -c1-160
-             done ;;
+    shapes)  # update_policy on the e2e run's batch shape (0.5B, 512 rows, <= 32 + 224 tokens, micro 16): spec x layout
+             timeout 200 $TR benchmarks/check_te_padded.py --shape 0.5b --rows 512 --prompt 32 --response 224 --micro 16 \
+               --no-hf --time-iters 3 > "$OUT/shapes.log" 2>&1; echo rc $?
+             grep -E "update_policy s|^(local|transformer_engine):(padded|packed)  |Error" "$OUT/shapes.log" | cut -c1-160 ;;
     profile) # the e2e model (small vocabulary): TE packed vs SDPA padded, timed and profiled
              timeout 240 $TR benchmarks/check_te_padded.py --shape 0.5b-v1k --rows 512 --prompt 32 --response 224 --micro 16 \
                --no-hf --time-iters 3 --profile --variants transformer_engine:packed,local:padded > "$OUT/profile.log" 2>&1; echo rc $?
@@ -93,11 +94,26 @@ for step in "$@"; do
              grep -E "passed|failed|PASSED|FAILED|SKIPPED|Error" "$OUT/pytest_gpu2.log" | tail -12 ;;
     e2e_sdpa) e2e e2e_sdpa ++actor_rollout_ref.actor.megatron.override_transformer_config.transformer_impl=local \
                actor_rollout_ref.model.use_remove_padding=false ;;
-    actor7b) for fp8 in "" --fp8; do
+    actor7b) # one megarl arm per process (two 7B-shape workers do not fit), each beside its own plain arm
+             for arm in padded padded_unfused rmpad padded:--fp8; do
+               layout=${arm%%:*}; fp8=${arm#$layout}; fp8=${fp8#:}
                CUDA_DEVICE_MAX_CONNECTIONS=1 timeout 200 $TR benchmarks/bench_actor_throughput.py --tp 1 --shape 7b --layers 8 \
-                 --micro-bs 1 --n-micro 4 --iters 4 --impl transformer_engine $fp8 --out "actor_7b_te${fp8:+_fp8}.json" \
-                 > "$OUT/actor7b${fp8}.log" 2>&1; echo rc $?
-               grep -A7 "^# actor throughput" "$OUT/actor7b${fp8}.log"; grep -E "failed|Error" "$OUT/actor7b${fp8}.log" | head -5
+                 --micro-bs 1 --n-micro 4 --iters 4 --impl transformer_engine --layouts $layout $fp8 \
+                 --out "actor_7b_${layout}${fp8:+_fp8}.json" > "$OUT/actor7b_${layout}${fp8:+_fp8}.log" 2>&1; echo rc $?
+               grep -A5 "^# actor throughput" "$OUT/actor7b_${layout}${fp8:+_fp8}.log" | tail -4
+               grep -E "overhead|failed|Error" "$OUT/actor7b_${layout}${fp8:+_fp8}.log" | head -4
              done ;;
+    actor1p5) for layout in padded rmpad; do
+               CUDA_DEVICE_MAX_CONNECTIONS=1 timeout 200 $TR benchmarks/bench_actor_throughput.py --tp 1 --shape 1.5b \
+                 --micro-bs 2 --n-micro 4 --iters 4 --impl transformer_engine --layouts $layout \
+                 --out "actor_1p5b_$layout.json" > "$OUT/actor1p5_$layout.log" 2>&1; echo rc $?
+               grep -A4 "^# actor throughput" "$OUT/actor1p5_$layout.log" | tail -3
+               grep -E "overhead|failed|Error" "$OUT/actor1p5_$layout.log" | head -4
+             done ;;
+    e2e_moe) MODEL=qmoe e2e e2e_moe ;;
+    async)   # issue 17: async (per-request agent loops) vs sync (batched) rollout, skewed lengths and tool latency
+             timeout 320 python3 benchmarks/bench_async_rollout.py --device cuda --samples 256 --json "$OUT/async.json" \
+               > "$OUT/async.log" 2>&1; echo rc $?
+             grep -vE "^(INFO|WARNING|\(|\[)" "$OUT/async.log" | tail -12 ;;
   esac
 done

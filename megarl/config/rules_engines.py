@@ -50,16 +50,30 @@ def _unknown(section: str, names: Iterable[str], known: frozenset[str], what: st
         yield Issue(f"{section}.{name}", no_value(), f"not a {what}", f"{hint}remove {section}.{name}")
 
 
-def _fp8_needs_te(key: str, overrides, device: str) -> Iterator[Issue]:
-    """FP8 runs only in transformer-engine's layers (megatron's fp8 autocast is TE's)."""
-    if not overrides.get("fp8"):
-        return
+def _te_missing(overrides, device: str) -> str:
+    """Why transformer-engine's layers will not run ("" when they will)."""
     impl = overrides.get("transformer_impl", "transformer_engine")
-    why = ("transformer_impl=local" if impl == "local" else "transformer-engine is not installed"
-           if not has_module("transformer_engine") else "trainer.device=cpu" if device == "cpu" else "")
-    if why:
+    return ("transformer_impl=local" if impl == "local" else "transformer-engine is not installed"
+            if not has_module("transformer_engine") else "trainer.device=cpu" if device == "cpu" else "")
+
+
+def _te_only(key: str, overrides, device: str) -> Iterator[Issue]:
+    """FP8 (megatron's fp8 autocast is TE's), fused RoPE (TE's kernel) and gradient-accumulation
+    fusion (TE's wgrad GEMM; megatron's own linears need apex) run only in TE's layers on CUDA."""
+    why = _te_missing(overrides, device)
+    if not why:
+        return
+    if overrides.get("fp8"):
         yield Issue(f"{key}.fp8", overrides.get("fp8"), f"FP8 training needs transformer-engine's layers on CUDA ({why})",
                     f"remove {key}.fp8, or run on GPUs with transformer-engine and transformer_impl=transformer_engine")
+    if overrides.get("apply_rope_fusion"):
+        yield Issue(f"{key}.apply_rope_fusion", True, f"fused RoPE is transformer-engine's kernel ({why})",
+                    f"remove {key}.apply_rope_fusion (megarl turns it on where TE's layers run)")
+    apex = device != "cpu" and has_module("fused_weight_gradient_mlp_cuda")
+    if overrides.get("gradient_accumulation_fusion") and not apex:
+        yield Issue(f"{key}.gradient_accumulation_fusion", True, "fused weight-gradient accumulation needs "
+                    f"transformer-engine's layers on CUDA or apex's fused_weight_gradient_mlp_cuda ({why})",
+                    f"remove {key}.gradient_accumulation_fusion (megarl turns it on where TE's layers run)")
 
 
 _BACKENDS = ("flash", "fused", "unfused", "local", "auto")
@@ -75,8 +89,7 @@ def _attention_backend(key: str, overrides, device: str) -> Iterator[Issue]:
         yield Issue(f"{key}.attention_backend", backend, f"not one of {list(_BACKENDS)}",
                     f"set {key}.attention_backend to one of {list(_BACKENDS)}")
         return
-    te_runs = (device != "cpu" and overrides.get("transformer_impl", "transformer_engine") == "transformer_engine"
-               and has_module("transformer_engine"))
+    te_runs = not _te_missing(overrides, device)
     has_flash = any(has_module(m) for m in ("flash_attn", "flash_attn_3", "flash_attn_interface"))
     if te_runs and backend == "flash" and not has_flash:
         yield Issue(f"{key}.attention_backend", backend, "transformer-engine's flash attention needs the flash-attn "
@@ -95,7 +108,7 @@ def engine_overrides(v: View) -> Iterator[Issue]:
         if overrides and key not in seen and (fields := transformer_config_fields()) is not None:
             seen.add(key)
             yield from _unknown(key, overrides, fields, "Megatron TransformerConfig field")
-            yield from _fp8_needs_te(key, overrides, v.get("trainer.device"))
+            yield from _te_only(key, overrides, v.get("trainer.device"))
             yield from _attention_backend(key, overrides, v.get("trainer.device"))
     extra = v.get(VLLM_KEY) or {}
     if extra and (known := vllm_engine_args()) is not None:

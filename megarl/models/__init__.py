@@ -39,6 +39,7 @@ from megarl.models.spec import (
     te_block,
 )
 from megarl.models.value_head import ValueHead
+from megarl.models.wgrad_fusion import apex_wgrad_kernel_available
 from megarl.models.weights import export_hf_weights, load_hf_weights, save_hf_checkpoint, save_hf_config, unwrap_chunk
 
 __all__ = [
@@ -150,6 +151,16 @@ def build_model(
         logger.warning("layer spec local instead of %s: %s", config.transformer_impl, why)
     config.transformer_impl = impl
     use_te = impl == "transformer_engine"
+    wgrad_fusion = config.gradient_accumulation_fusion
+    if wgrad_fusion and not apex_wgrad_kernel_available():
+        if not use_te:
+            raise ValueError(
+                "megatron.override_transformer_config.gradient_accumulation_fusion=true needs transformer-engine's "
+                f"layer spec (this model builds the {impl} spec) or apex's fused_weight_gradient_mlp_cuda; set it "
+                "to false")
+        # megatron's own linears (the LM head) would need apex; TE's are fused once DDP gives them
+        # main_grad (MegatronEngine; megarl_meta["wgrad_fusion"] says so)
+        config.gradient_accumulation_fusion = False
     if gemma3:
         spec = gemma3_layer_spec(config, hf_config)
     else:
@@ -180,6 +191,7 @@ def build_model(
             if not config.sequence_parallel:  # with SP the LM head gathers hidden along dim 0
                 model.output_layer.register_forward_pre_hook(_batch_major_lm_head)
                 model.output_layer.register_forward_hook(_seq_major_view)
-        model.megarl_meta = {"hf_config": hf_config, "value_head": value_head, "transformer_impl": impl}
+        model.megarl_meta = {"hf_config": hf_config, "value_head": value_head, "transformer_impl": impl,
+                             "wgrad_fusion": wgrad_fusion}
         chunks.append(model.to(device))
     return chunks

@@ -154,6 +154,11 @@ def hf_to_transformer_config(
     impl = overrides.get("transformer_impl", "transformer_engine")
     resolved_impl = resolve_transformer_impl(impl, torch.device(device), have_transformer_engine())[0]
     grouped_gemm = resolved_impl != "local"
+    # TE's fused kernels where its spec runs (Gemma 3 builds the local spec whatever is asked):
+    # RoPE in one kernel, packed sequences included (megatron's unfused THD RoPE syncs the host
+    # and slices per sequence, twice per layer), and weight gradients accumulated by the wgrad
+    # GEMM into DDP's fp32 main_grad (no bf16 wgrad + add_ per micro-batch; see wgrad_fusion.py).
+    te_kernels = resolved_impl == "transformer_engine" and model_type not in GEMMA3_MODEL_TYPES
     if model_type in MLA_MODEL_TYPES:
         check_mla_supported(hf_config, resolved_impl)
     if overrides.get("moe_grouped_gemm") and not grouped_gemm:
@@ -191,8 +196,8 @@ def hf_to_transformer_config(
         bias_activation_fusion=not on_cpu,
         bias_dropout_fusion=False,
         masked_softmax_fusion=False,
-        apply_rope_fusion=False,
-        gradient_accumulation_fusion=False,
+        apply_rope_fusion=te_kernels and model_type not in MLA_MODEL_TYPES,
+        gradient_accumulation_fusion=te_kernels,
         persist_layer_norm=False,
         use_cpu_initialization=on_cpu,
         **ParallelLayout.from_parallel_state().megatron_sizes(),

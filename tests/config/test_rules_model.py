@@ -88,6 +88,15 @@ def test_fp8_is_refused_without_transformer_engine_layers(make):
     no_issues(make({key: {"fp8": None}}))
 
 
+def test_te_kernel_fusions_are_refused_without_transformer_engine_layers(make):
+    key = "actor_rollout_ref.actor.megatron.override_transformer_config"
+    # this machine: CPU, no transformer-engine, no apex
+    issue_for(make({key: {"apply_rope_fusion": True}}), f"{key}.apply_rope_fusion", "fused RoPE is transformer-engine's")
+    issue_for(make({key: {"gradient_accumulation_fusion": True, "transformer_impl": "local"}}),
+              f"{key}.gradient_accumulation_fusion", "transformer_impl=local")
+    no_issues(make({key: {"apply_rope_fusion": False, "gradient_accumulation_fusion": False}}))
+
+
 def test_distributed_optimizer_on_cuda_needs_adam(make):
     o, m = "actor_rollout_ref.actor.optim.optimizer", "actor_rollout_ref.actor.megatron.use_distributed_optimizer"
     cuda = {"trainer.device": "cuda", m: True}

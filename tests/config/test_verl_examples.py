@@ -6,8 +6,8 @@ worker starts: the command-line key check, composition (Hydra, legacy-key migrat
 and preflight. Every issue must be one of
 
 - hardware: this machine is not the cluster the script asks for (trainer.nnodes,
-  trainer.n_gpus_per_node, trainer.device; sequence parallelism or the precision-aware optimizer
-  without transformer-engine);
+  trainer.n_gpus_per_node, trainer.device; sequence parallelism, the precision-aware optimizer,
+  FP8 or TE's fused kernels without transformer-engine);
 - refused: a verl feature megarl documents as not implemented (a `refuse` rule in compat.py);
 - stale: a plain override of a key verl 0.9.1 itself does not have (absent from its generated
   config, tests/fixtures/verl_0.9.1_ppo_megatron_trainer.yaml), so verl's Hydra rejects it too;
@@ -178,7 +178,9 @@ VERL_KEYS = _verl_keys()
 
 def classify(issue: Issue, script: str, added: set[str]) -> str:
     """The issue's category (see the module docstring); `added`: keys given as `+key=`."""
-    if issue.key in HARDWARE_KEYS or (issue.key.endswith(".optim.use_precision_aware_optimizer") and "cannot run here" in issue.problem):
+    if (issue.key in HARDWARE_KEYS
+            or (issue.key.endswith(".optim.use_precision_aware_optimizer") and "cannot run here" in issue.problem)
+            or "(transformer-engine is not installed)" in issue.problem):  # TE's fused kernels, FP8
         return "hardware"
     rule = rule_for(issue.key)
     if rule is not None and rule.kind == "refuse":

@@ -57,7 +57,8 @@ def hf_log_probs(model_dir: str, batch: dict, use_mask: bool = True) -> torch.Te
 
 def actor_config(model_dir: str, impl: str, packed: bool, rows: int, dtype: str = "bfloat16"):
     """The tiny worker tests' `actor_rollout_ref` config in `dtype`, with layer spec `impl`
-    (`override_transformer_config.transformer_impl`) and layout `packed`."""
+    (`override_transformer_config.transformer_impl`) and layout `packed`; `impl`
+    "transformer_engine:unfused" turns TE's fused RoPE and weight-gradient accumulation off."""
     from omegaconf import open_dict
     from tiny import actor_rollout_ref_config, megatron_node
 
@@ -71,7 +72,10 @@ def actor_config(model_dir: str, impl: str, packed: bool, rows: int, dtype: str 
         for node in (cfg.actor.megatron, cfg.ref.megatron):
             overrides = dict(node.get("override_transformer_config") or {})
             # auto: TE picks its kernels (verl's default `flash` needs flash-attn, absent on the GPU machine)
-            node.override_transformer_config = {**overrides, "transformer_impl": impl, "attention_backend": "auto"}
+            spec, _, unfused = impl.partition(":")
+            if unfused:
+                overrides.update(apply_rope_fusion=False, gradient_accumulation_fusion=False)
+            node.override_transformer_config = {**overrides, "transformer_impl": spec, "attention_backend": "auto"}
     return cfg
 
 
@@ -80,7 +84,8 @@ def actor_runs(
 ) -> dict:
     """Per (transformer_impl, packed): the spec built, the parameter names, the HF names whose
     export differs from the checkpoint (or is missing / extra), log-probs of the responses,
-    and after one update_policy the grad norm and the parameters whose gradient is not finite."""
+    and after one update_policy (two micro-batches) the grad norm, the parameters whose gradient
+    is not finite, every gradient (`main_grad`, fp32) and which TE kernel fusions ran."""
     from megarl.models import unwrap_chunk
     from megarl.protocol import DataProto
     from megarl.workers.actor import ActorWorker
@@ -102,6 +107,10 @@ def actor_runs(
                if getattr(p, "main_grad", None) is not None and not torch.isfinite(p.main_grad).all()]
         results[(impl, packed)] = {
             "built": worker.engine.transformer_impl,
+            "rope_fusion": bool(model.config.apply_rope_fusion),
+            "wgrad_fused_modules": sum(bool(getattr(m, "fuse_wgrad_accumulation", False)) for m in model.modules()),
+            "main_grads": {n: p.main_grad.detach().float().cpu().clone() for n, p in model.named_parameters()
+                           if getattr(p, "main_grad", None) is not None},
             "param_names": sorted(n for n, _ in model.named_parameters()),
             "log_probs": log_probs,
             "grad_norm": float(metrics["actor/grad_norm"][0] if isinstance(metrics["actor/grad_norm"], list)

@@ -8,7 +8,9 @@ GRPO step stopped with a NaN gradient. Checked here, padded and packed, TE and S
 * log-probs equal HF transformers' fp32 forward with its attention mask, within bf16
   tolerance, and are far from HF *without* the mask (so attending to padding fails this);
 * every gradient after one update is finite, and TE's grad norm matches SDPA's;
-* the TE model's parameters are exactly those the weight converter maps (fused norms).
+* the TE model's parameters are exactly those the weight converter maps (fused norms);
+* TE's fused RoPE and weight-gradient accumulation into main_grad are on by default and give the
+  gradients of the unfused run (accumulated over two micro-batches, packed and padded).
 
 Skipped without CUDA (root conftest) or without transformer-engine.
 """
@@ -22,7 +24,8 @@ from dist_utils import run_distributed
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
-VARIANTS = [("transformer_engine", False), ("transformer_engine", True), ("local", False), ("local", True)]
+VARIANTS = [("transformer_engine", False), ("transformer_engine", True), ("local", False), ("local", True),
+            ("transformer_engine:unfused", False), ("transformer_engine:unfused", True)]
 # bf16 model vs fp32 HF, |log-prob| ~ 6 at temperature 0.7 (measured H100 2026-11-23:
 # see benchmarks/RESULTS.md); attending to the padding moves them by ~0.3 on average.
 MEAN_TOL, MAX_TOL = 0.02, 0.15
@@ -47,7 +50,22 @@ def _diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> tuple[float, 
 
 def test_spec_is_the_one_asked_for(te_runs):
     for (impl, packed), r in te_runs["runs"].items():
-        assert r["built"] == impl, (impl, packed)
+        assert r["built"] == impl.split(":")[0], (impl, packed)
+
+
+def test_te_fusions_are_on_by_default_and_give_the_unfused_gradients(te_runs):
+    runs = te_runs["runs"]
+    for packed in (False, True):
+        fused, unfused = runs[("transformer_engine", packed)], runs[("transformer_engine:unfused", packed)]
+        assert fused["rope_fusion"] and fused["wgrad_fused_modules"] > 0, packed
+        assert not unfused["rope_fusion"] and unfused["wgrad_fused_modules"] == 0, packed
+        assert fused["main_grads"].keys() == unfused["main_grads"].keys()
+        for name, want in unfused["main_grads"].items():
+            got = fused["main_grads"][name]
+            # the unfused run rounds each micro-batch's weight gradient to bf16 before adding it;
+            # a lost micro-batch (overwrite instead of accumulate) would be off by ~50 %
+            rel = float((got - want).norm() / want.norm().clamp(min=1e-12))
+            assert rel < 0.05, (te_runs["name"], packed, name, rel)
 
 
 def test_log_probs_match_hf_padded_and_packed(te_runs):

@@ -26,6 +26,7 @@ from megatron.core.utils import get_model_config
 
 from megarl.models import build_model, export_hf_weights, load_hf_weights, unwrap_chunk
 from megarl.models.lora import LoraSpec, apply_lora, merged_weights
+from megarl.models.wgrad_fusion import fuse_te_wgrad_accumulation
 from megarl.parallel import init_distributed
 from megarl.parallel.dynamic_batch import fixed_size_partitions, partition_by_token_budget, restore_order
 from megarl.workers.megatron.inputs import build_inputs, valid_length
@@ -160,9 +161,14 @@ class MegatronEngine:
         # build_model reads these two (parallel sizes come from parallel_state)
         build_cfg = {"sequence_parallel": self.megatron_cfg.sequence_parallel, "override_transformer_config": overrides}
         chunks = build_model(hf_config, build_cfg, value_head=self.value_head, device=self.device, dtype=self.dtype)
-        self.transformer_impl = unwrap_chunk(chunks[0]).megarl_meta["transformer_impl"]
+        meta = unwrap_chunk(chunks[0]).megarl_meta
+        self.transformer_impl = meta["transformer_impl"]
         if dist.get_rank() == 0:
-            print(f"[megarl] {self.prefix}: layer spec {self.transformer_impl} on {self.device}", flush=True)
+            fused = [name for name, on in (("RoPE", chunks[0].config.apply_rope_fusion),
+                                           ("weight-gradient accumulation", meta["wgrad_fusion"] and self.trainable))
+                     if on]
+            print(f"[megarl] {self.prefix}: layer spec {self.transformer_impl} on {self.device}"
+                  f"{' (fused: ' + ', '.join(fused) + ')' if fused else ''}", flush=True)
         if self.megatron_cfg.use_dist_checkpointing:
             from megarl.workers.megatron.checkpoint import load_model_only
 
@@ -196,6 +202,9 @@ class MegatronEngine:
                 DistributedDataParallel(config=config, ddp_config=ddp_config, module=chunk, disable_bucketing=i > 0)
                 for i, chunk in enumerate(chunks)
             ]
+            if meta["wgrad_fusion"] and not config.gradient_accumulation_fusion:
+                for chunk in chunks:  # TE accumulates into DDP's main_grad (megarl.models.wgrad_fusion)
+                    fuse_te_wgrad_accumulation(chunk)
             self.optimizer = build_optimizer(
                 chunks, self.optim_cfg, use_distributed_optimizer=use_dist_opt, dtype=self.dtype,
                 device=self.device, prefix=f"{self.prefix}.optim",
