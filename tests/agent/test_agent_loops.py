@@ -282,7 +282,7 @@ def test_tool_agent_needs_multi_turn_enable(worker, configure):
         worker.generate_sequences(_batch(PROMPTS[:1], ["tool_agent"]), validate=False, do_sample=True)
 
 
-@pytest.mark.extended  # two more engines in a 2-rank job (~X s)
+@pytest.mark.extended  # two more engines in a 2-rank job: ~40 s on 2 cores
 def test_tool_batch_at_rollout_tp2_equals_tp1(worker, hf_dir, overrides, configure):
     """rollout TP = 2 (two ranks, vLLM's external_launcher): a greedy three-turn tool batch whose tool
     sleeps per sample and per rank (rank 0 returns the samples in one order, rank 1 in the reverse), so
