@@ -49,8 +49,8 @@ from megarl.parallel.layout import ParallelLayout
 
 if TYPE_CHECKING:
     from megarl.reward.managers import RewardSpec
-    from megarl.workers.engine_mirror import Channel
     from megarl.reward.streaming import StreamingReward
+    from megarl.workers.engine_mirror import Channel
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,8 @@
-"""The rollout TP mirror's protocol (megarl.workers.engine_mirror) on two gloo ranks: the follower's
-engine gets exactly the leader engine's calls (adds, aborts, steps) in the leader's order, idle
-heartbeats keep it waiting without stepping, it returns the leader's batch or raises its failure,
-and a silent leader ends the wait after the timeout instead of hanging.
+"""The rollout TP mirror's protocol (megarl.workers.engine_mirror) on four gloo ranks, two TP = 2
+replicas running different scripts: each follower's engine gets exactly its leader engine's calls
+(adds, aborts, steps) in the leader's order, idle heartbeats keep it waiting without stepping, it
+returns its leader's batch or raises its failure, and a silent leader ends the wait after the
+timeout instead of hanging.
 
 The engine here records calls (the four LLMEngine methods the mirror uses); the real vLLM engines
 at rollout TP = 2 are tests/agent/test_agent_loops.py::test_tool_batch_at_rollout_tp2_equals_tp1.
@@ -18,7 +19,7 @@ from dist_utils import run_distributed
 
 pytestmark = pytest.mark.slow
 
-TIMEOUT_S = 1.0  # the channel's: heartbeats every 0.25 s
+TIMEOUT_S = 2.0  # the channel's: heartbeats every 0.5 s
 
 
 class Params:
@@ -79,8 +80,8 @@ def _mirror_body() -> dict:
     engine, out = RecordingEngine(), {"leads": channel.leads}
     if channel.leads:
         leader = LeaderEngine(engine, channel)
-        _lead(leader, random.Random(0))
-        leader.end_batch({"rows": [1, 2, 3]})
+        _lead(leader, random.Random(channel.leader))
+        leader.end_batch({"rows": [channel.leader]})
         out["batch_calls"] = list(engine.calls)
         # a failing batch: its request is aborted, then the failure is sent
         leader.add_request("bad", {"prompt_token_ids": [7]}, Params(2))
@@ -92,22 +93,25 @@ def _mirror_body() -> dict:
         return out
     out["result"] = follow(engine, channel)
     out["batch_calls"] = list(engine.calls)
-    with pytest.raises(RuntimeError, match="rollout TP leader rank 0 failed this batch: ValueError: boom"):
+    with pytest.raises(RuntimeError, match=f"rollout TP leader rank {channel.leader} failed this batch: ValueError: boom"):
         follow(engine, channel)
     out["calls"], out["live_after_failure"] = engine.calls, list(engine.live)
     start = time.monotonic()
-    with pytest.raises(LeaderLostError, match="rollout TP rank 1 lost its leader, rank 0"):
+    with pytest.raises(LeaderLostError, match=f"rollout TP rank {dist.get_rank()} lost its leader, rank {channel.leader}"):
         follow(engine, channel)
     out["silent_wait_s"] = time.monotonic() - start
     return out
 
 
 def test_follower_repeats_the_leaders_calls_and_returns_its_batch():
-    leader, follower = run_distributed(_mirror_body, 2, timeout=120)
-    assert leader["leads"] and not follower["leads"]
-    assert follower["result"] == {"rows": [1, 2, 3]}
-    calls = leader["batch_calls"]
-    assert calls.count(("step",)) >= 6 and any(c[0] == "abort" for c in calls)  # the script did what it says
-    assert follower["batch_calls"] == calls  # same adds, aborts and steps, same order (no heartbeat stepped)
-    assert follower["calls"] == leader["calls"] and follower["live_after_failure"] == []
-    assert TIMEOUT_S <= follower["silent_wait_s"] < 2.5 * TIMEOUT_S
+    ranks = run_distributed(_mirror_body, 4, timeout=120)
+    assert [r["leads"] for r in ranks] == [True, False, True, False]
+    assert ranks[0]["batch_calls"] != ranks[2]["batch_calls"]  # the replicas' scripts differ
+    for first in (0, 2):  # each replica: ranks first (leader) and first + 1
+        leader, follower = ranks[first], ranks[first + 1]
+        assert follower["result"] == {"rows": [first]}
+        calls = leader["batch_calls"]
+        assert calls.count(("step",)) >= 6 and any(c[0] == "abort" for c in calls)  # the script did what it says
+        assert follower["batch_calls"] == calls  # same adds, aborts and steps, same order (no heartbeat stepped)
+        assert follower["calls"] == leader["calls"] and follower["live_after_failure"] == []
+        assert TIMEOUT_S <= follower["silent_wait_s"] < 2.5 * TIMEOUT_S
