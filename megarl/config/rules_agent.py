@@ -1,5 +1,6 @@
-"""Agent-loop rules: what needs rollout.mode=async, what a rollout TP group cannot run, and that
-the tool / agent-loop files exist (an error at start-up, not inside a worker after Ray started)."""
+"""Agent-loop rules: what needs rollout.mode=async, and that the tool / agent-loop files exist (an
+error at start-up, not inside a worker after Ray started). Any rollout TP size runs agent loops: at
+TP > 1 the replica's first rank drives them and the others mirror its engine (megarl.workers.engine_mirror)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ R = "actor_rollout_ref.rollout"
 
 
 def agent_loop(v: View) -> Iterator[Issue]:
-    mode, tp = v.get(f"{R}.mode"), v.get(f"{R}.tensor_model_parallel_size")
+    mode = v.get(f"{R}.mode")
     multi_turn, loops = v.get(f"{R}.multi_turn.enable"), v.get(f"{R}.agent.agent_loop_config_path")
     for key in (f"{R}.multi_turn.tool_config_path", f"{R}.multi_turn.interaction_config_path",
                 f"{R}.agent.agent_loop_config_path"):
@@ -27,14 +28,6 @@ def agent_loop(v: View) -> Iterator[Issue]:
             if value:
                 yield Issue(key, value, "agent loops run only with rollout.mode=async (sync is one batched generate)",
                             f"set {R}.mode=async")
-    elif tp > 1:
-        # The ranks of a vLLM TP group (external_launcher) must add the same requests in the same order;
-        # tool latency reorders them per rank, so only the deterministic single-turn loop runs there.
-        for key, value in ((f"{R}.multi_turn.enable", multi_turn), (f"{R}.agent.agent_loop_config_path", loops)):
-            if value:
-                yield Issue(key, value, f"multi-turn / custom agent loops need {R}.tensor_model_parallel_size=1 "
-                            "(the ranks of a rollout TP group would add requests in different orders)",
-                            f"set {R}.tensor_model_parallel_size=1 (more replicas instead), or {key}=null/false")
 
 
 RULES = (agent_loop,)

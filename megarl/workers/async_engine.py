@@ -17,6 +17,9 @@ sleep/wake and the exactness checks are unchanged) from an asyncio loop instead:
   tool is running does not hold the others back, and a new turn joins the running batch
   (vLLM's continuous batching) instead of waiting for the slowest sample of the batch.
 
+At rollout TP > 1 the engine is the TP group leader's :class:`~megarl.workers.engine_mirror.LeaderEngine`
+(the same four calls, each broadcast to the group's other ranks, which repeat them).
+
 The engine step runs on the event loop's thread (it is the GPU work; tools run in their own
 threads, see :mod:`megarl.agent.tool_call`). Both APIs (``add_request``/``step``/
 ``has_unfinished_requests``/``abort_request``, ``RequestOutputKind.FINAL_ONLY``) exist in
@@ -46,7 +49,8 @@ class TokenOutput:
 
 
 class AsyncEngine:
-    """Per-request access to ``llm_engine`` (a vLLM V1 ``LLMEngine`` running in this process)."""
+    """Per-request access to ``llm_engine`` (a vLLM V1 ``LLMEngine`` running in this process, or the
+    rollout TP leader's ``LeaderEngine`` around it)."""
 
     def __init__(self, llm_engine: Any) -> None:
         self.engine = llm_engine

@@ -21,7 +21,10 @@ Generation (``rollout.mode``): ``async`` (verl 0.9's default) runs one agent loo
 (:mod:`megarl.agent`; the sample's ``agent_name`` column or ``rollout.agent.default_agent_loop``)
 on the same engine driven per request (:mod:`megarl.workers.async_engine`), so multi-turn
 samples with tools run concurrently and finish in any order; ``sync`` is one batched
-``LLM.generate`` (single turn only). Greedy single-turn outputs are the same in both.
+``LLM.generate`` (single turn only). Greedy single-turn outputs are the same in both. With
+``tensor_model_parallel_size > 1`` only the first rank of a replica runs the agent loops; the
+others repeat its engine operations step by step and return its batch
+(:mod:`megarl.workers.engine_mirror`: SPMD engines must see the same operations in the same order).
 
 Log-probs: the engine runs with ``logprobs_mode="processed_logprobs"``, so
 ``rollout_log_probs`` are the log-probs of the distribution the token was sampled
@@ -47,6 +50,7 @@ from megarl.parallel.layout import ParallelLayout
 if TYPE_CHECKING:
     from megarl.reward.managers import RewardSpec
     from megarl.reward.streaming import StreamingReward
+    from megarl.workers.engine_mirror import Channel
 
 logger = logging.getLogger(__name__)
 
@@ -175,7 +179,13 @@ class RolloutWorker:
         self.llm = self._start_engine()
         self.agents = None  # rollout.mode=sync: no agent loops
         self.stream_reward: StreamingReward | None = None
+        self.tp_channel: Channel | None = None  # SPMD engines (TP > 1): the replica's leader decides their ops
         if self.rollout_cfg.mode == "async":
+            parallel = self.llm.llm_engine.vllm_config.parallel_config
+            if parallel.tensor_parallel_size > 1 and parallel.distributed_executor_backend == "external_launcher":
+                from megarl.workers.engine_mirror import rollout_tp_channel
+
+                self.tp_channel = rollout_tp_channel(parallel.tensor_parallel_size)
             self._start_agent_loops()
             if reward is not None:
                 from megarl.reward.streaming import StreamingReward
@@ -194,7 +204,12 @@ class RolloutWorker:
                 f"actor_rollout_ref.rollout.agent.default_agent_loop={self.default_agent_loop!r} is not an agent loop "
                 f"({sorted(self.agents)}; add it with actor_rollout_ref.rollout.agent.agent_loop_config_path)")
         self._agent_instances: dict[str, Any] = {}
-        self.async_engine = AsyncEngine(self.llm.llm_engine)
+        self.leader_engine = None
+        if self.tp_channel is not None and self.tp_channel.leads:
+            from megarl.workers.engine_mirror import LeaderEngine
+
+            self.leader_engine = LeaderEngine(self.llm.llm_engine, self.tp_channel)
+        self.async_engine = AsyncEngine(self.leader_engine or self.llm.llm_engine)
         self.tokenizer = load_tokenizer(self.hf_dir, bool(self.config.model.trust_remote_code))
 
     # ------------------------------------------------------------------ engine
@@ -394,9 +409,26 @@ class RolloutWorker:
         return out
 
     def _generate_agent_loops(self, prompts, token_lists: list[list[int]], params, stream: StreamingReward | None):
-        """rollout.mode=async: one agent-loop coroutine per sample on the per-request engine. With
-        ``stream``, each sample is scored as its loop returns: the batch gains ``token_level_scores``
-        ``[B*n, R]``, the ``reward_extra/<key>`` columns and the metric ``reward/scored_during_rollout``."""
+        """rollout.mode=async. At rollout TP > 1 only the replica's leader runs the agent loops; the other
+        ranks repeat its engine operations and return its batch (megarl.workers.engine_mirror)."""
+        if self.tp_channel is None:
+            return self._run_agent_loops(prompts, token_lists, params, stream)
+        if not self.tp_channel.leads:
+            from megarl.workers.engine_mirror import follow
+
+            return follow(self.llm.llm_engine, self.tp_channel)
+        try:
+            batch = self._run_agent_loops(prompts, token_lists, params, stream)
+        except BaseException as exc:
+            self.leader_engine.end_batch(failure=f"{type(exc).__name__}: {exc}")
+            raise
+        self.leader_engine.end_batch(batch)
+        return batch
+
+    def _run_agent_loops(self, prompts, token_lists: list[list[int]], params, stream: StreamingReward | None):
+        """One agent-loop coroutine per sample on the per-request engine. With ``stream``, each sample is
+        scored as its loop returns: the batch gains ``token_level_scores`` ``[B*n, R]``, the
+        ``reward_extra/<key>`` columns and the metric ``reward/scored_during_rollout``."""
         from megarl.agent.base import AgentContext
         from megarl.agent.batch import trajectories_to_batch
         from megarl.protocol import to_object_array

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from typing import Any
 
@@ -35,6 +36,20 @@ class EchoTool(BaseTool):
 
     async def release(self, instance_id, **kwargs):
         LIFECYCLE.append(("release", kwargs))
+
+
+class JitterTool(BaseTool):
+    """Answers ECHO_TEXT after blocking its thread for the sample's delay on this rank (``RANK``, 0 outside
+    a torch.distributed job): ``create_kwargs={"sleep_s": [rank 0's, rank 1's]}``, so the same samples come
+    back from it in a different order on each rank."""
+
+    async def create(self, instance_id=None, create_kwargs=None, **kwargs):
+        delays = (create_kwargs or {}).get("sleep_s", [0.0, 0.0])
+        return str(delays[int(os.environ.get("RANK", "0"))]), ToolResponse()  # the instance id carries the delay
+
+    async def execute(self, instance_id, parameters, **kwargs):
+        time.sleep(float(instance_id))
+        return ToolResponse(text=ECHO_TEXT), 0.0, {}
 
 
 class BoomTool(BaseTool):

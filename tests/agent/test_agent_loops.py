@@ -47,7 +47,8 @@ def hf_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tools_yaml(tmp_path_factory):
     path = tmp_path_factory.mktemp("tools") / "tools.yaml"
-    entries = [("echo", "EchoTool"), ("boom", "BoomTool"), ("sleepy", "SleepyTool"), ("huge", "HugeTool")]
+    entries = [("echo", "EchoTool"), ("boom", "BoomTool"), ("sleepy", "SleepyTool"), ("huge", "HugeTool"),
+               ("jitter", "JitterTool")]
     path.write_text(OmegaConf.to_yaml({"tools": [
         {"class_name": f"agent_fixtures.{cls}", "config": {"type": "native"}, "tool_schema": fx.schema(name)}
         for name, cls in entries]}))
@@ -73,17 +74,22 @@ def interactions_yaml(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def worker(hf_dir, tools_yaml, loops_yaml, interactions_yaml):
+def overrides(tools_yaml, loops_yaml, interactions_yaml):
+    """The module worker's rollout keys."""
+    return {"rollout.n": 1, "rollout.temperature": TEMPERATURE, "rollout.mode": "async",
+            "rollout.multi_turn.enable": True, "rollout.multi_turn.tool_config_path": tools_yaml,
+            "rollout.multi_turn.format": "test_calls_tool", "rollout.agent.agent_loop_config_path": loops_yaml,
+            "rollout.multi_turn.interaction_config_path": interactions_yaml,
+            "rollout.free_cache_engine": False}
+
+
+@pytest.fixture(scope="module")
+def worker(hf_dir, overrides):
     from safetensors.torch import load_file
 
     from megarl.workers.rollout import RolloutWorker
 
-    cfg = actor_rollout_ref_config(hf_dir, P, R, **{
-        "rollout.n": 1, "rollout.temperature": TEMPERATURE, "rollout.mode": "async",
-        "rollout.multi_turn.enable": True, "rollout.multi_turn.tool_config_path": tools_yaml,
-        "rollout.multi_turn.format": "test_calls_tool", "rollout.agent.agent_loop_config_path": loops_yaml,
-        "rollout.multi_turn.interaction_config_path": interactions_yaml,
-        "rollout.free_cache_engine": False})
+    cfg = actor_rollout_ref_config(hf_dir, P, R, **overrides)
     w = RolloutWorker(cfg, str(hf_dir))
     w.update_weights(load_file(str(hf_dir / "model.safetensors")).items())
     yield w
@@ -216,7 +222,7 @@ def test_response_length_ends_the_sample(worker, configure):
 @pytest.mark.parametrize("tool, text", [
     ("boom", "Error executing tool 'boom': RuntimeError: kaput"),
     ("sleepy", "Error: tool 'sleepy' timed out after 0.5s"),
-    ("nope", "Error: unknown tool 'nope' (tools: ['boom', 'echo', 'huge', 'sleepy'])"),
+    ("nope", "Error: unknown tool 'nope' (tools: ['boom', 'echo', 'huge', 'jitter', 'sleepy'])"),
     ("huge", "1234567890" * 100),
 ])
 def test_tool_failures_become_observations(worker, configure, tool, text):
@@ -274,6 +280,36 @@ def test_tool_agent_needs_multi_turn_enable(worker, configure):
     configure(**{"multi_turn.enable": False})
     with pytest.raises(ValueError, match="multi_turn.enable=false"):
         worker.generate_sequences(_batch(PROMPTS[:1], ["tool_agent"]), validate=False, do_sample=True)
+
+
+@pytest.mark.extended  # two more engines in a 2-rank job: ~40 s on 2 cores
+def test_tool_batch_at_rollout_tp2_equals_tp1(worker, hf_dir, overrides, configure):
+    """rollout TP = 2 (two ranks, vLLM's external_launcher): a greedy three-turn tool batch whose tool
+    sleeps per sample and per rank (rank 0 returns the samples in one order, rank 1 in the reverse), so
+    the ranks would add the next turns in different orders without megarl.workers.engine_mirror. Both
+    ranks' engines finish the same requests with the same tokens, both return the same batch, and it
+    equals the batch of the same model at TP = 1 (the module's engine)."""
+    from dist_utils import run_distributed
+    from tp_body import tool_batch_at_rollout_tp2
+
+    rows = PROMPTS + [[6, 19, 20]]
+    delays = [0.0, 0.1, 0.2, 0.3]
+    extra = [{"tools_kwargs": {"jitter": {"create_kwargs": {"sleep_s": [d, delays[-1 - i]]}}}}
+             for i, d in enumerate(delays)]
+    batch = _batch(rows, ["tool_agent"] * len(rows), extra)
+    turns = {"rollout.multi_turn.max_assistant_turns": 3}
+    configure(**{key.removeprefix("rollout."): value for key, value in turns.items()})
+    fx.CallsTool.tool = "jitter"
+    reference = worker.generate_sequences(batch, validate=False, do_sample=False)
+    leader, follower = run_distributed(tool_batch_at_rollout_tp2, 2, str(hf_dir), {**overrides, **turns}, P, R,
+                                       batch, "jitter", timeout=600)
+    assert leader["leads"] and not follower["leads"]
+    assert leader["metrics"]["agent/tool_calls"] == 2.0  # every sample: 3 model turns, 2 jittered tool turns
+    assert len(leader["finished"]) == 3 * len(rows) and follower["finished"] == leader["finished"]
+    for rank in (leader, follower):
+        assert torch.equal(rank["responses"], reference.batch["responses"])
+        assert torch.equal(rank["response_mask"], reference.batch["response_mask"])
+        assert rank["num_turns"] == reference.non_tensor_batch["__num_turns__"].tolist() == [6] * len(rows)
 
 
 def test_async_single_turn_equals_sync_batched_greedy(worker):

@@ -9,7 +9,7 @@ from config_testing import issue_for, no_issues
 R = "actor_rollout_ref.rollout"
 
 
-def test_multi_turn_needs_async_and_one_rank_per_replica(make, tmp_path):
+def test_multi_turn_needs_async_and_runs_at_any_rollout_tp(make, tmp_path):
     tools = tmp_path / "tools.yaml"
     tools.write_text("tools: []\n")
     base = {f"{R}.tensor_model_parallel_size": 1, f"{R}.multi_turn.tool_config_path": str(tools)}
@@ -17,8 +17,13 @@ def test_multi_turn_needs_async_and_one_rank_per_replica(make, tmp_path):
     issue_for(make({**base, f"{R}.multi_turn.enable": True, f"{R}.mode": "sync"}), f"{R}.multi_turn.enable",
               "rollout.mode=async", f"set {R}.mode=async")
     tp2 = {**base, f"{R}.tensor_model_parallel_size": 2, "trainer.n_gpus_per_node": 2}
-    issue_for(make({**tp2, f"{R}.multi_turn.enable": True}), f"{R}.multi_turn.enable", "tensor_model_parallel_size=1")
-    no_issues(make(tp2))  # single-turn async runs with TP > 1
+    loops = tmp_path / "loops.yaml"
+    loops.write_text("[]\n")
+    no_issues(make(tp2))  # single-turn async
+    # multi-turn and custom loops: the TP group's first rank drives them, the others mirror its engine
+    no_issues(make({**tp2, f"{R}.multi_turn.enable": True, f"{R}.agent.agent_loop_config_path": str(loops)}))
+    issue_for(make({**tp2, f"{R}.multi_turn.enable": True, f"{R}.mode": "sync"}), f"{R}.multi_turn.enable",
+              "rollout.mode=async")
     issue_for(make({**base, f"{R}.agent.agent_loop_config_path": str(tmp_path / "none.yaml")}),
               f"{R}.agent.agent_loop_config_path", "file does not exist")
     issue_for(make({**base, f"{R}.multi_turn.format": "xml"}), f"{R}.multi_turn.format", "hermes")
