@@ -35,12 +35,13 @@ def write_random_hf_dir(shape: dict, path: str, seed: int = 0) -> str:
 
 def actor_config(
     model_path: str, tp: int, micro_bs: int, n_micro: int, remove_padding: bool, dist_opt: bool,
-    impl: str = "local", overrides: dict | None = None,
+    impl: str = "local", overrides: dict | None = None, optimizer: str = "adam",
 ):
     """The resolved `actor_rollout_ref` node of a real run's config (verl's defaults, as
     `python -m megarl.main_ppo` composes it): one mini-batch of micro_bs*n_micro rows per
     step, vanilla PPO loss, no KL, constant lr. ``impl`` is megatron's ``transformer_impl``
-    (layer spec); ``overrides`` further TransformerConfig fields."""
+    (layer spec); ``overrides`` further TransformerConfig fields; ``optimizer`` "sgd": no
+    momentum (no optimizer state: a whole 7B model's weights and grads fit one GPU)."""
     from megarl.config import load_config, resolve_config
 
     dp = dist.get_world_size() // tp
@@ -51,7 +52,8 @@ def actor_config(
         f"{a}.megatron.sequence_parallel=false", f"{a}.ppo_mini_batch_size={micro_bs * n_micro * dp}",
         f"{a}.ppo_micro_batch_size_per_gpu={micro_bs}", f"{a}.shuffle=false", f"{a}.use_kl_loss=false",
         f"{a}.optim.lr_decay_style=constant", f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro_bs}",
-        "actor_rollout_ref.rollout.n=1",
+        "actor_rollout_ref.rollout.n=1", f"{a}.optim.optimizer={optimizer}",
+        *([f"++{a}.optim.override_optimizer_config.sgd_momentum=0.0"] if optimizer == "sgd" else []),
         # auto: TE picks its kernels (verl's default `flash` needs the flash-attn package, absent on the GPU machine)
         *[f"++{a}.megatron.override_transformer_config.{k}={v}"
           for k, v in {"transformer_impl": impl, "attention_backend": "auto", **(overrides or {})}.items()],
@@ -110,7 +112,7 @@ def legacy_lm_head_hooks(worker, vocab_size: int) -> None:
 
 def build_actor_step(
     shape, seq_len, tp, micro_bs, n_micro, device, batches, *, remove_padding=False, model_dir=None, legacy=False,
-    impl="local", overrides=None,
+    impl="local", overrides=None, optimizer="adam",
 ):
     """(step callable running one update_policy, the worker). ``legacy``: the LM-head
     hooks of the previous version (see :func:`legacy_lm_head_hooks`)."""
@@ -118,8 +120,9 @@ def build_actor_step(
 
     model_dir = model_dir or os.path.join(os.environ.get("TMPDIR", "/tmp"), f"megarl_bench_{shape['hidden_size']}_{shape['num_hidden_layers']}")
     write_random_hf_dir(shape, model_dir)
-    cfg = actor_config(model_dir, tp, micro_bs, n_micro, remove_padding, dist_opt=device.type == "cuda", impl=impl,
-                       overrides=overrides)
+    cfg = actor_config(model_dir, tp, micro_bs, n_micro, remove_padding,
+                       dist_opt=device.type == "cuda" and optimizer == "adam", impl=impl, overrides=overrides,
+                       optimizer=optimizer)
     worker = ActorWorker(cfg, role="actor", device=device.type)
     worker.init_model()
     if legacy:

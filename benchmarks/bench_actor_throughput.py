@@ -54,15 +54,17 @@ def make_batches(shape: dict, n_micro: int, micro_bs: int, seq_len: int, device,
     ]
 
 
-def plain_trainer(shape: dict, seq_len: int, tp: int, device, dtype, impl: str = "local", overrides: dict | None = None):
-    """(model wrapped in megatron DDP, distributed optimizer) for the plain loop."""
+def plain_trainer(shape: dict, seq_len: int, tp: int, device, dtype, impl: str = "local", overrides: dict | None = None,
+                  optimizer: str = "adam"):
+    """(model wrapped in megatron DDP, distributed optimizer; SGD without momentum: the plain one)
+    for the plain loop."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     from megatron.core.transformer.module import Float16Module
 
     # megatron-core's distributed optimizer needs CUDA tensors; CPU dry runs use the plain one.
-    dist_opt = torch.device(device).type == "cuda"
+    dist_opt = torch.device(device).type == "cuda" and optimizer == "adam"
     model = plain_gpt_model(shape, seq_len, tp, dtype, device, impl=impl, overrides=overrides)
     config = model.config
     if dtype != torch.float32:  # as Megatron-LM's get_model does
@@ -72,7 +74,8 @@ def plain_trainer(shape: dict, seq_len: int, tp: int, device, dtype, impl: str =
     )
     model = DistributedDataParallel(config=config, ddp_config=ddp_cfg, module=model)
     opt_cfg = OptimizerConfig(
-        optimizer="adam",
+        optimizer=optimizer,
+        sgd_momentum=0.0,
         lr=1e-6,
         weight_decay=0.0,
         bf16=dtype == torch.bfloat16,
@@ -184,6 +187,10 @@ def main() -> None:
                    "(a 7B shape with Adam state does not fit one 80 GB GPU at 28 layers)")
     p.add_argument("--fp8", action="store_true", help="both arms: TE FP8 (fp8=hybrid, delayed scaling); needs --impl "
                    "transformer_engine")
+    p.add_argument("--optimizer", default="adam", choices=["adam", "sgd"],
+                   help="sgd: no momentum, no optimizer state, both arms (the whole 7B model fits one H200)")
+    p.add_argument("--megarl-first", action="store_true",
+                   help="time megarl's arm before the plain one (the later arm runs on a warmer GPU)")
     p.add_argument("--out", default="actor_throughput.json")
     args = p.parse_args()
 
@@ -224,20 +231,24 @@ def main() -> None:
     batches = make_batches(shape, args.n_micro, args.micro_bs, seq, device, seed=1 + mpu.get_data_parallel_rank())
     profiles = []
 
-    # (a) plain megatron-core loop
-    seed_everything(1234, device)
-    model, optimizer = plain_trainer(shape, seq, args.tp, device, dtype, impl=args.impl, overrides=overrides)
-    step = plain_step_fn(model, optimizer, batches, seq, device)
-    times = time_it(step, device, args.warmup, args.iters)
-    results["runs"].append(report("a_plain_megatron", times, tokens_per_step, fpt, world))
-    if device.type == "cuda":
-        results["runs"][-1]["max_mem_GiB"] = torch.cuda.max_memory_allocated(device) / 2**30
-    if args.profile:
-        profiles.append(profile_step(step, device, "a_plain_megatron"))
-    del model, optimizer, step
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
+    def run_plain() -> None:  # (a) plain megatron-core loop
+        seed_everything(1234, device)
+        model, optimizer = plain_trainer(shape, seq, args.tp, device, dtype, impl=args.impl, overrides=overrides,
+                                         optimizer=args.optimizer)
+        step = plain_step_fn(model, optimizer, batches, seq, device)
+        times = time_it(step, device, args.warmup, args.iters)
+        results["runs"].append(report("a_plain_megatron", times, tokens_per_step, fpt, world))
+        if device.type == "cuda":
+            results["runs"][-1]["max_mem_GiB"] = torch.cuda.max_memory_allocated(device) / 2**30
+        if args.profile:
+            profiles.append(profile_step(step, device, "a_plain_megatron"))
+        del model, optimizer, step
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+
+    if not args.megarl_first:
+        run_plain()
 
     # (b) megarl actor update path: padded layout, then packed (use_remove_padding)
     if not args.skip_megarl:
@@ -256,7 +267,7 @@ def main() -> None:
             try:
                 step_b, worker = build_actor_step(
                     shape, seq, args.tp, args.micro_bs, args.n_micro, device, batches, remove_padding=remove_padding,
-                    legacy=legacy, impl=args.impl, overrides={**overrides, **extra},
+                    legacy=legacy, impl=args.impl, overrides={**overrides, **extra}, optimizer=args.optimizer,
                 )
                 times = time_it(step_b, device, args.warmup, args.iters)
                 results["runs"].append(report(label, times, tokens_per_step, fpt, world))
@@ -272,6 +283,9 @@ def main() -> None:
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats(device)
 
+    if args.megarl_first:
+        run_plain()
+    results.update(optimizer=args.optimizer, order="megarl first" if args.megarl_first else "plain first")
     runs = {r["label"]: r for r in results["runs"]}
     for label in ("b_megarl_actor", "b_megarl_actor_rmpad", "b_megarl_actor_legacy_head", "b_megarl_actor_unfused"):
         if "a_plain_megatron" in runs and label in runs:

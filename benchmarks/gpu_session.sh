@@ -14,6 +14,8 @@
 #   actor7b      actor update vs plain megatron-core, Qwen2.5-7B layer shape (8 layers), TE spec: padded, padded
 #                without TE's wgrad-accumulation fusion (the plain arm's kernels), packed, and FP8 padded
 #   actor1p5     the same at the 1.5B shape, padded and packed
+#   actor7b_full all 28 layers of the 7B shape, SGD without momentum, padded, both arm orders (nvidia-h200)
+#   moe_tests    pytest -m gpu tests/models/test_gpu_moe.py (MoE families on the TE spec vs HF, export)
 #   e2e_moe      the e2e run on a Qwen3-MoE of the same size (issue 18: one-GPU MoE step + sync into vLLM)
 #   async        bench_async_rollout.py on CUDA, 256 samples (issue 17)
 # Two GPUs (issue 20):
@@ -103,6 +105,15 @@ for step in "$@"; do
                grep -A5 "^# actor throughput" "$OUT/actor7b_${layout}${fp8:+_fp8}.log" | tail -4
                grep -E "overhead|failed|Error" "$OUT/actor7b_${layout}${fp8:+_fp8}.log" | head -4
              done ;;
+    actor7b_full) # the whole Qwen2.5-7B shape (28 layers) with SGD without momentum (Adam's state would not fit):
+             # megarl vs plain megatron-core, TE spec, padded; both orders (the later arm runs on a warmer GPU). H200.
+             for order in "" --megarl-first; do
+               CUDA_DEVICE_MAX_CONNECTIONS=1 timeout 280 $TR benchmarks/bench_actor_throughput.py --tp 1 --shape 7b \
+                 --micro-bs 1 --n-micro 4 --iters 4 --impl transformer_engine --layouts padded --optimizer sgd $order \
+                 --out "actor_7b_full${order:+_megarl_first}.json" > "$OUT/actor7b_full${order}.log" 2>&1; echo rc $?
+               grep -A4 "^# actor throughput" "$OUT/actor7b_full${order}.log" | tail -3
+               grep -E "overhead|failed|Error" "$OUT/actor7b_full${order}.log" | head -4
+             done ;;
     actor1p5) for layout in padded rmpad; do
                CUDA_DEVICE_MAX_CONNECTIONS=1 timeout 200 $TR benchmarks/bench_actor_throughput.py --tp 1 --shape 1.5b \
                  --micro-bs 2 --n-micro 4 --iters 4 --impl transformer_engine --layouts $layout \
@@ -111,6 +122,9 @@ for step in "$@"; do
                grep -E "overhead|failed|Error" "$OUT/actor1p5_$layout.log" | head -4
              done ;;
     e2e_moe) MODEL=qmoe e2e e2e_moe ;;
+    moe_tests) timeout 400 python3 -m pytest -q -m gpu tests/models/test_gpu_moe.py -rA -p no:cacheprovider \
+               > "$OUT/pytest_gpu_moe.log" 2>&1; echo rc $?
+             grep -E "passed|failed|PASSED|FAILED|SKIPPED|Error" "$OUT/pytest_gpu_moe.log" | tail -8 ;;
     async)   # issue 17: async (per-request agent loops) vs sync (batched) rollout, skewed lengths and tool latency
              timeout 320 python3 benchmarks/bench_async_rollout.py --device cuda --samples 256 --json "$OUT/async.json" \
                > "$OUT/async.log" 2>&1; echo rc $?

@@ -58,8 +58,9 @@ def _te_missing(overrides, device: str) -> str:
 
 
 def _te_only(key: str, overrides, device: str) -> Iterator[Issue]:
-    """FP8 (megatron's fp8 autocast is TE's), fused RoPE (TE's kernel) and gradient-accumulation
-    fusion (TE's wgrad GEMM; megatron's own linears need apex) run only in TE's layers on CUDA."""
+    """FP8 (megatron's fp8 autocast is TE's), fused RoPE and MoE permutation (TE's kernels) and
+    gradient-accumulation fusion (TE's wgrad GEMM; megatron's own linears need apex) run only in TE's
+    layers on CUDA."""
     why = _te_missing(overrides, device)
     if not why:
         return
@@ -69,6 +70,9 @@ def _te_only(key: str, overrides, device: str) -> Iterator[Issue]:
     if overrides.get("apply_rope_fusion"):
         yield Issue(f"{key}.apply_rope_fusion", True, f"fused RoPE is transformer-engine's kernel ({why})",
                     f"remove {key}.apply_rope_fusion (megarl turns it on where TE's layers run)")
+    if overrides.get("moe_permute_fusion"):
+        yield Issue(f"{key}.moe_permute_fusion", True, f"fused MoE token permutation is transformer-engine's ({why})",
+                    f"remove {key}.moe_permute_fusion (megarl turns it on where TE's layers run)")
     apex = device != "cpu" and has_module("fused_weight_gradient_mlp_cuda")
     if overrides.get("gradient_accumulation_fusion") and not apex:
         yield Issue(f"{key}.gradient_accumulation_fusion", True, "fused weight-gradient accumulation needs "

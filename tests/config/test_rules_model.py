@@ -94,7 +94,8 @@ def test_te_kernel_fusions_are_refused_without_transformer_engine_layers(make):
     issue_for(make({key: {"apply_rope_fusion": True}}), f"{key}.apply_rope_fusion", "fused RoPE is transformer-engine's")
     issue_for(make({key: {"gradient_accumulation_fusion": True, "transformer_impl": "local"}}),
               f"{key}.gradient_accumulation_fusion", "transformer_impl=local")
-    no_issues(make({key: {"apply_rope_fusion": False, "gradient_accumulation_fusion": False}}))
+    issue_for(make({key: {"moe_permute_fusion": True}}), f"{key}.moe_permute_fusion", "transformer-engine's")
+    no_issues(make({key: {"apply_rope_fusion": False, "gradient_accumulation_fusion": False, "moe_permute_fusion": False}}))
 
 
 def test_distributed_optimizer_on_cuda_needs_adam(make):
