@@ -109,8 +109,9 @@ def moe_transformer_kwargs(hf_config, *, grouped_gemm: bool, on_cpu: bool) -> di
         moe_router_load_balancing_type="aux_loss" if aux else "none",
         moe_aux_loss_coeff=float(hf_config.router_aux_loss_coef) * topk if aux else 0.0,
         moe_grouped_gemm=grouped_gemm,
-        # TE's fused token permute / unpermute where its spec runs (verl's MoE examples turn it on)
-        moe_permute_fusion=grouped_gemm,
+        # TE's fused token permute/unpermute stays off unless override_transformer_config.moe_permute_fusion
+        # asks: on the GPU e2e's Qwen3-MoE (0.5B, 8 experts) it made the actor update 1.2-1.3x slower and
+        # the first step 2x (benchmarks/RESULTS.md, run 10)
         # The alltoall dispatcher creates a CUDA stream.
         moe_token_dispatcher_type="allgather" if on_cpu else "alltoall",
     )
