@@ -4,9 +4,11 @@ Which one a model gets is megatron's own ``TransformerConfig.transformer_impl``,
 through ``megatron.override_transformer_config.transformer_impl`` (verl passes that dict
 to TransformerConfig too): ``transformer_engine`` (megatron's default) or ``local``.
 ``transformer_engine`` falls back to ``local`` where TE cannot run (CPU, or CUDA without
-transformer-engine installed; see :func:`resolve_transformer_impl`). Measured on one H100
-(benchmarks/RESULTS.md, issue 23): at 1.5B, TE is 2-5 % faster on full-length 4k rows and
-~10 % slower on RL-shaped variable-length batches; sequence parallelism runs on both (the local spec through :class:`SequenceParallelTorchNorm`).
+transformer-engine installed; see :func:`resolve_transformer_impl`). With TE's fused RoPE and
+weight-gradient accumulation (on where its spec runs: :mod:`megarl.models.config`), TE packed
+(verl's default layout) is the fastest TE layout and equals SDPA padded on RL-shaped batches
+(benchmarks/RESULTS.md, issue 23); sequence parallelism runs on both (the local spec through
+:class:`SequenceParallelTorchNorm`).
 
 megatron's local ``DotProductAttention`` allocates its score buffer on CUDA and has no
 packed-sequence or context-parallel support, so the local spec uses :class:`SDPACoreAttention`
