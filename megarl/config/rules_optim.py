@@ -114,10 +114,9 @@ def precision_aware(v: View, section: str, role: Role) -> Iterator[Issue]:
 
 @_each_section
 def distributed_needs_adam(v: View, section: str, role: Role) -> Iterator[Issue]:
-    """Megatron's distributed optimizer shards only Adam's state (its checkpoint format);
-    on CPU megarl runs the plain optimizer anyway."""
+    """Megatron's distributed optimizer shards only Adam's state (its checkpoint format)."""
     o = f"{section}.optim.optimizer"
-    if v.get("trainer.device") != "cpu" and v.get(f"{role.megatron}.use_distributed_optimizer") and v.get(o) != "adam":
+    if v.get(f"{role.megatron}.use_distributed_optimizer") and v.get(o) != "adam":
         yield Issue(o, v.get(o), f"Megatron's distributed optimizer ({role.megatron}.use_distributed_optimizer=true) "
                                  "supports only adam", f"set {o}=adam, or {role.megatron}.use_distributed_optimizer=false")
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from config_testing import issue_for, no_issues
 
 P = "actor_rollout_ref.model.path"
@@ -98,12 +100,12 @@ def test_te_kernel_fusions_are_refused_without_transformer_engine_layers(make):
     no_issues(make({key: {"apply_rope_fusion": False, "gradient_accumulation_fusion": False, "moe_permute_fusion": False}}))
 
 
-def test_distributed_optimizer_on_cuda_needs_adam(make):
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_distributed_optimizer_needs_adam(make, device):
     o, m = "actor_rollout_ref.actor.optim.optimizer", "actor_rollout_ref.actor.megatron.use_distributed_optimizer"
-    cuda = {"trainer.device": "cuda", m: True}
-    issue_for(make({**cuda, o: "sgd"}), o, "supports only adam", f"{m}=false")
-    no_issues(make({**cuda, o: "sgd", m: False}))
-    no_issues(make({"trainer.device": "cpu", m: True, o: "sgd"}))  # CPU runs the plain optimizer
+    dist = {"trainer.device": device, m: True}
+    issue_for(make({**dist, o: "sgd"}), o, "supports only adam", f"{m}=false")
+    no_issues(make({**dist, o: "sgd", m: False}))
 
 
 def test_attention_backend_values(make):

@@ -265,7 +265,8 @@ def load_checkpoint(engine, path: str, *, contents: Sequence[str]) -> dict[str, 
         _load_model_state(engine.chunks, loaded)
     if "optimizer" in contents and engine.optimizer is not None:
         configured = [{k: v for k, v in group.items() if k != "params"} for group in engine.optimizer.param_groups]
-        engine.optimizer.load_state_dict(loaded["optimizer"])
+        with torch.no_grad():  # fp32 params: the distributed optimizer's main params are views of the (leaf) params
+            engine.optimizer.load_state_dict(loaded["optimizer"])
         _restore_configured_hyperparams(engine, configured)
     if "extra" in contents:
         if engine.scheduler is not None and "lr_scheduler" in common:

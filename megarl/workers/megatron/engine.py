@@ -30,7 +30,7 @@ from megarl.models.wgrad_fusion import fuse_te_wgrad_accumulation
 from megarl.parallel import init_distributed
 from megarl.parallel.dynamic_batch import fixed_size_partitions, partition_by_token_budget, restore_order
 from megarl.workers.megatron.inputs import build_inputs, valid_length
-from megarl.workers.megatron.optim import DIST_OPT_NEEDS_CUDA, build_optimizer, build_scheduler, grad_reduce_in_fp32
+from megarl.workers.megatron.optim import build_optimizer, build_scheduler, grad_reduce_in_fp32
 from megarl.workers.megatron.schedule import MicroBatch, broadcast_from_last_stage, run_schedule
 
 __all__ = ["MegatronEngine", "MicroBatchSpec", "default_device"]
@@ -127,7 +127,7 @@ class MegatronEngine:
         self.device = device or default_device()
         self.chunks: list[torch.nn.Module] = []
         self.optimizer = None
-        self.use_distributed_optimizer = False  # as built (megatron's is CUDA-only): the checkpoint format follows it
+        self.use_distributed_optimizer = False  # as built: the checkpoint format follows it
         self.scheduler = None
         self.hf_config = None
         self.transformer_impl: str | None = None  # layer spec built: "transformer_engine" | "local"
@@ -188,11 +188,6 @@ class MegatronEngine:
             chunks = [Float16Module(config, chunk) for chunk in chunks]
         if self.trainable:
             use_dist_opt = bool(self.megatron_cfg.use_distributed_optimizer)
-            if use_dist_opt and self.device == "cpu":
-                logger.warning(
-                    "%s.megatron.use_distributed_optimizer is ignored on CPU: %s", self.prefix, DIST_OPT_NEEDS_CUDA,
-                )
-                use_dist_opt = False
             self.use_distributed_optimizer = use_dist_opt
             ddp_config = DistributedDataParallelConfig(
                 grad_reduce_in_fp32=grad_reduce_in_fp32(self.optim_cfg), overlap_grad_reduce=False,
