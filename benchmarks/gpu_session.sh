@@ -15,6 +15,7 @@
 #                without TE's wgrad-accumulation fusion (the plain arm's kernels), packed, and FP8 padded
 #   actor1p5     the same at the 1.5B shape, padded and packed
 #   actor7b_full all 28 layers of the 7B shape, SGD without momentum, padded, both arm orders (nvidia-h200)
+#   actor7b_acc  the same, plain arm first, 16 micro-batches per optimizer step (nvidia-h200)
 #   moe_tests    pytest -m gpu tests/models/test_gpu_moe.py (MoE families on the TE spec vs HF, export)
 #   e2e_moe      the e2e run on a Qwen3-MoE of the same size (issue 18: one-GPU MoE step + sync into vLLM)
 #   async        bench_async_rollout.py on CUDA, 256 samples (issue 17)
@@ -122,6 +123,12 @@ for step in "$@"; do
                grep -E "overhead|failed|Error" "$OUT/actor1p5_$layout.log" | head -4
              done ;;
     e2e_moe) MODEL=qmoe e2e e2e_moe ;;
+    actor7b_acc) # actor7b_full with 16 micro-batches per optimizer step (an RL mini-batch is many micro-batches): H200
+             CUDA_DEVICE_MAX_CONNECTIONS=1 timeout 500 $TR benchmarks/bench_actor_throughput.py --tp 1 --shape 7b \
+               --micro-bs 1 --n-micro 16 --warmup 1 --iters 3 --impl transformer_engine --layouts padded --optimizer sgd \
+               --out actor_7b_acc16.json > "$OUT/actor7b_acc16.log" 2>&1; echo rc $?
+             grep -A4 "^# actor throughput" "$OUT/actor7b_acc16.log" | tail -3
+             grep -E "overhead|failed|Error" "$OUT/actor7b_acc16.log" | head -4 ;;
     moe_tests) timeout 400 python3 -m pytest -q -m gpu tests/models/test_gpu_moe.py -rA -p no:cacheprovider \
                > "$OUT/pytest_gpu_moe.log" 2>&1; echo rc $?
              grep -E "passed|failed|PASSED|FAILED|SKIPPED|Error" "$OUT/pytest_gpu_moe.log" | tail -8 ;;
