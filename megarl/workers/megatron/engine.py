@@ -127,7 +127,7 @@ class MegatronEngine:
         self.device = device or default_device()
         self.chunks: list[torch.nn.Module] = []
         self.optimizer = None
-        self.use_distributed_optimizer = False  # as built: the checkpoint format follows it
+        self.use_distributed_optimizer = False  # trainable engines: megatron.use_distributed_optimizer (checkpoint format)
         self.scheduler = None
         self.hf_config = None
         self.transformer_impl: str | None = None  # layer spec built: "transformer_engine" | "local"
@@ -187,11 +187,10 @@ class MegatronEngine:
         if self.dtype != torch.float32:
             chunks = [Float16Module(config, chunk) for chunk in chunks]
         if self.trainable:
-            use_dist_opt = bool(self.megatron_cfg.use_distributed_optimizer)
-            self.use_distributed_optimizer = use_dist_opt
+            self.use_distributed_optimizer = bool(self.megatron_cfg.use_distributed_optimizer)
             ddp_config = DistributedDataParallelConfig(
                 grad_reduce_in_fp32=grad_reduce_in_fp32(self.optim_cfg), overlap_grad_reduce=False,
-                use_distributed_optimizer=use_dist_opt,
+                use_distributed_optimizer=self.use_distributed_optimizer,
             )
             chunks = [
                 DistributedDataParallel(config=config, ddp_config=ddp_config, module=chunk, disable_bucketing=i > 0)
@@ -201,7 +200,7 @@ class MegatronEngine:
                 for chunk in chunks:  # TE accumulates into DDP's main_grad (megarl.models.wgrad_fusion)
                     fuse_te_wgrad_accumulation(chunk)
             self.optimizer = build_optimizer(
-                chunks, self.optim_cfg, use_distributed_optimizer=use_dist_opt, dtype=self.dtype,
+                chunks, self.optim_cfg, use_distributed_optimizer=self.use_distributed_optimizer, dtype=self.dtype,
                 device=self.device, prefix=f"{self.prefix}.optim",
             )
             self.scheduler = build_scheduler(self.optimizer, self.optim_cfg, prefix=f"{self.prefix}.optim")
