@@ -92,8 +92,9 @@ def main() -> None:
     ]))
     worker = ActorRolloutRefWorker(cfg.actor_rollout_ref, role="actor_rollout", device="cuda")
     worker.init_model()
-    assert worker.direct is not None, "direct path not chosen"
-    direct = worker.direct
+    ws = worker.weight_sync
+    assert ws.direct is not None, "direct path not chosen"
+    direct = ws.direct
     result: dict = {"shape": args.shape, "enforce_eager": args.enforce_eager, "device": torch.cuda.get_device_name()}
 
     if not args.skip_sync:
@@ -106,11 +107,11 @@ def main() -> None:
                 dst.copy_(src)
 
         def sync(path: str, check: bool, rebuild: bool = False):
-            worker.direct = direct if path == "direct" else None
+            ws.direct = direct if path == "direct" else None
             if rebuild:  # as on the first sync: views, graph capture and the bitwise check
                 direct._pairs = None
-            worker.integrity_check = check
-            worker._weights_version += 1
+            ws.integrity_check = check
+            ws.mark_changed()
             return worker.sync_weights()
 
         variants = {"d2d_copy": lambda: d2d(), "direct_checked": lambda: sync("direct", True),
@@ -145,8 +146,8 @@ def main() -> None:
         result["sync_parts_ms"] = {name: 1e3 * statistics.median([timed(fn) for _ in range(args.iters)])
                                    for name, fn in parts.items()}
         print("# direct sync parts (ms):", {k: round(v, 2) for k, v in result["sync_parts_ms"].items()}, flush=True)
-        worker.direct, worker.integrity_check = direct, True
-        worker._weights_version += 1
+        ws.direct, ws.integrity_check = direct, True
+        ws.mark_changed()
         worker.sync_weights()
 
     # rollout: megarl's generate_sequences vs llm.generate on the same engine

@@ -30,34 +30,18 @@ OUT=${OUT:-$PWD/outputs}; mkdir -p "$OUT"
 TR="torchrun --nproc_per_node=1"
 python3 -c "import torch, vllm, megatron.core as mc; import transformer_engine as te; print('torch', torch.__version__, 'vllm', vllm.__version__, 'mcore', mc.__version__, 'te', te.__version__, torch.cuda.get_device_name())" 2>&1 | tail -1
 
+source benchmarks/gpu_e2e.sh
 e2e() {  # $1 = log name, rest = extra overrides; MODEL (q05 | qmoe | l05), GPUS, RTP (rollout TP) from the environment
   local name=$1; shift
   local model=/tmp/${MODEL:-q05}
   export MEGARL_DEMO_DIR=/tmp/gpu-demo
   [ -f $model/model.safetensors ] || python3 benchmarks/grpo_model_dir.py $model $([ "${MODEL:-}" = qmoe ] && echo --moe) $([ "${MODEL:-}" = l05 ] && echo --llama) \
     > "$OUT/e2e_model_${MODEL:-q05}.log" 2>&1
-  rm -rf /tmp/e2e_run
-  timeout 280 python3 -m megarl.main_ppo actor_rollout_ref.model.path=$model trainer.device=cuda \
-    trainer.n_gpus_per_node=${GPUS:-1} actor_rollout_ref.rollout.tensor_model_parallel_size=${RTP:-1} data.train_batch_size=64 \
-    data.max_prompt_length=32 data.max_response_length=224 actor_rollout_ref.rollout.n=8 \
+  run_e2e "$name" "$model" "${GPUS:-1}" 280 actor_rollout_ref.rollout.tensor_model_parallel_size=${RTP:-1} \
+    data.train_batch_size=64 data.max_prompt_length=32 data.max_response_length=224 actor_rollout_ref.rollout.n=8 \
     actor_rollout_ref.actor.ppo_mini_batch_size=64 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16 \
-    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 data.train_files=/tmp/gpu-demo/train.parquet \
-    data.val_files=/tmp/gpu-demo/val.parquet trainer.total_training_steps=3 trainer.val_before_train=false \
-    trainer.test_freq=-1 trainer.save_freq=-1 algorithm.adv_estimator=grpo trainer.logger=[console] \
-    trainer.default_local_dir=/tmp/e2e_run ray_kwargs.ray_init.num_cpus=8 \
-    actor_rollout_ref.actor.megatron.sequence_parallel=false actor_rollout_ref.rollout.calculate_log_probs=true \
-    actor_rollout_ref.actor.megatron.override_transformer_config.attention_backend=auto \
-    actor_rollout_ref.rollout.gpu_memory_utilization=0.3 "$@" > "$OUT/$name.log" 2>&1
-  echo rc $?
-  cp /tmp/e2e_run/metrics.jsonl "$OUT/$name.metrics.jsonl" 2>/dev/null
-  grep -iE "layer spec|weight sync into|non-finite|Traceback|Error|step [0-9]/" "$OUT/$name.log" | cut -c1-300 | tail -12
-  python3 - "$OUT/$name.metrics.jsonl" <<'EOF'
-import json, sys
-for line in open(sys.argv[1]):
-    r = json.loads(line)
-    keys = [k for k in r if k.startswith(("timing_s/", "weight_sync/", "memory/", "rollout/log_prob_gap"))]
-    print(r.get("step"), {k: round(r[k], 4) for k in sorted(keys)})
-EOF
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 trainer.total_training_steps=3 \
+    actor_rollout_ref.actor.megatron.sequence_parallel=false actor_rollout_ref.rollout.gpu_memory_utilization=0.3 "$@"
 }
 
 for step in "$@"; do

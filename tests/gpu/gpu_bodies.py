@@ -103,10 +103,10 @@ def weight_sync_bitwise(model_path: str, bucket_bytes: int, device: str = "cuda"
             "bucketed_small": bucketed_small, "in_process": in_process, "broadcast": broadcast}
 
 
-def direct_sync_into_vllm(hf_dir: str, actor_tp: int) -> dict:
-    """ActorRolloutRefWorker on CUDA (bf16 actor at TP=``actor_tp``, one vLLM TP=1 engine per
-    rank). Sync 1 (direct) of the unchanged checkpoint: vLLM's parameters vs the checkpoint
-    fused by hand. Then the actor is perturbed; sync 2 (direct) and sync 3 (vLLM's
+def direct_sync_into_vllm(hf_dir: str, actor_tp: int, rollout_tp: int) -> dict:
+    """ActorRolloutRefWorker on CUDA (bf16 actor at TP=``actor_tp``, vLLM at TP=``rollout_tp``).
+    Sync 1 (direct) of the unchanged checkpoint: vLLM's parameters vs the checkpoint fused and
+    sharded by hand. Then the actor is perturbed; sync 2 (direct) and sync 3 (vLLM's
     reload_weights, the generic path) of the same weights must leave the same bits."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "weight_sync"))
     from safetensors.torch import load_file
@@ -117,21 +117,24 @@ def direct_sync_into_vllm(hf_dir: str, actor_tp: int) -> dict:
     from megarl.workers.hybrid import ActorRolloutRefWorker
 
     cfg = sync_config(hf_dir, 8, 6, **{"actor.megatron.tensor_model_parallel_size": actor_tp,
+                                       "rollout.tensor_model_parallel_size": rollout_tp,
                                        "rollout.gpu_memory_utilization": 0.2,
                                        "actor.megatron.override_transformer_config.attention_backend": "auto",
                                        "rollout.weight_sync.bucket_size_mb": 0.05})
     worker = ActorRolloutRefWorker(cfg, role="actor_rollout", device="cuda")
     worker.init_model()
+    sync = worker.weight_sync
     ids = torch.tensor([[0, 0, 0, 5, 6, 7, 8, 9]])
     mask = (ids > 0).long()
     prompts = DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)},
                                   {"uid": ["0"]})
 
     def vllm_params():
-        worker.rollout.wake_up()  # generate_sequences ends with vLLM asleep (weights off the device)
+        worker.rollout.wake_up()  # generate_sequences ends with vLLM asleep
         return {n: p.detach().cpu().clone() for n, p in worker.rollout.model().named_parameters()}
 
-    direct = worker.direct is not None
+    direct = sync.direct is not None
+    local = direct and sync.direct.local
     metrics = worker.sync_weights()
     loaded = vllm_params()
     checkpoint = {}
@@ -139,14 +142,15 @@ def direct_sync_into_vllm(hf_dir: str, actor_tp: int) -> dict:
         if f.endswith(".safetensors"):
             checkpoint.update(load_file(os.path.join(hf_dir, f)))
     perturb_(worker.actor.engine.unwrapped_chunks(), 1.02, -0.002)
-    worker._weights_version += 1
+    sync.mark_changed()
     greedy_direct = worker.generate_sequences(prompts, validate=False, do_sample=False).batch["responses"]
     after_direct = vllm_params()
-    worker.direct = None
-    worker._weights_version += 1
+    sync.direct = None
+    sync.mark_changed()
     greedy_reload = worker.generate_sequences(prompts, validate=False, do_sample=False).batch["responses"]
     after_reload = vllm_params()
     worker.shutdown()
-    return {"direct": direct, "metrics": metrics, "loaded": loaded, "checkpoint": checkpoint,
+    return {"direct": direct, "local": local, "metrics": metrics, "loaded": loaded, "checkpoint": checkpoint,
             "after_direct": after_direct, "after_reload": after_reload,
+            "tp_rank": torch.distributed.get_rank() % rollout_tp,
             "greedy": (greedy_direct.tolist(), greedy_reload.tolist())}

@@ -60,7 +60,7 @@ def test_grpo_demo_learns_on_gpu(gpu_ready, demo_dir, tmp_path):
     log, metrics = _main_ppo(demo_dir, tmp_path / "grpo", [
         "trainer.total_training_steps=60", "trainer.test_freq=30", "trainer.save_freq=-1",
         "actor_rollout_ref.rollout.calculate_log_probs=true"])
-    assert "weight sync into vLLM: direct" in log
+    assert "weight sync into vLLM: shard to shard" in log
     initial, final = metrics[0]["val/reward/mean"], metrics[60]["val/reward/mean"]
     assert final >= max(0.5, initial + 0.1), f"validation reward {initial} -> {final} after 60 GRPO steps"
     for step in (1, 30, 60):

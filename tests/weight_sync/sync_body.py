@@ -93,7 +93,7 @@ def hybrid_generate_and_score(hf_dir: str, overrides: dict, prompt_rows: list[li
     worker = ActorRolloutRefWorker(cfg, role="actor_rollout_ref", device="cpu")
     worker.init_model()
     perturb_(worker.actor.engine.unwrapped_chunks(), scale, shift)
-    worker._weights_version += 1  # what update_actor does after an optimizer step
+    worker.weight_sync.mark_changed()  # what update_actor does after an optimizer step
 
     prompts = left_padded_prompts(prompt_rows, P)
     local = worker.generate_sequences(prompts, validate=False, do_sample=True)

@@ -32,11 +32,13 @@ def _finish(model, out_dir: Path, eos_token_id: int | None) -> Path:
     return out_dir
 
 
-def build_tiny_qwen2(out_dir: str | Path, *, eos_token_id: int | None = None, tie: bool = False) -> Path:
+def build_tiny_qwen2(out_dir: str | Path, *, eos_token_id: int | None = None, tie: bool = False,
+                     vocab: int | None = None) -> Path:
+    """``vocab``: another vocabulary size than ``VOCAB``."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     cfg = Qwen2Config(
-        vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        vocab_size=vocab or VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=256,
         tie_word_embeddings=tie, rms_norm_eps=1e-6, rope_theta=10000.0,
     )

@@ -137,7 +137,7 @@ def lora_hybrid_sync(hf_dir: str, prompt_rows: list[list[int]], temperature: flo
     with torch.no_grad():  # what training does to B (it starts at zero)
         for _, adapter in adapters(chunks):
             adapter.B.copy_(torch.randn(adapter.B.shape, generator=gen) * 0.05)
-    worker._weights_version += 1  # what update_actor does after an optimizer step
+    worker.weight_sync.mark_changed()  # what update_actor does after an optimizer step
     base = {n: p.detach().clone() for n, p in worker.actor.engine.unwrapped_chunks()[0].named_parameters()
             if ".lora." not in n}
 

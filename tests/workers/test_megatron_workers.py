@@ -204,6 +204,8 @@ def test_critic_step_tp2_matches_tp1(runs, layout):
 
 def test_offload_roundtrip(runs):
     off = runs("tp1")[0]["offload"]
+    assert off["freed_at_init"] and off["freed_after_update"]  # the configured state lives on the host between phases
     assert off["freed"] and off["grads_freed"] and off["still_freed"]  # param_offload: params and grads
+    assert off["params_only"]  # a forward onloads the parameters, not the gradients or the optimizer state
     assert off["params_equal"] and off["opt_equal"]
     assert torch.equal(off["before"], off["during"])

@@ -176,31 +176,47 @@ def vpp_variants(model_path: str, batch: dict, megatron: dict) -> dict:
 
 
 def offload_roundtrip(model_path: str, batch: dict) -> dict:
-    """Offload everything, check storages are freed, onload, check exact restoration."""
+    """Offload everything, check storages are freed, onload, check exact restoration; a forward
+    onloads the parameters alone."""
     from megarl.workers.actor import ActorWorker
+    from megarl.workers.megatron.offload import PARAMS
 
     megatron = megatron_node(param_offload=True, optimizer_offload=True)  # param_offload: params and grads
     actor = ActorWorker(actor_rollout_ref_config(model_path, megatron), "actor", device="cpu")
     actor.init_model()
+
+    def params_freed():
+        return all(p.untyped_storage().nbytes() == 0 for c in actor.engine.chunks for p in c.parameters())
+
+    def grads_freed():
+        grad_buffers = [b.grad_data for c in actor.engine.chunks for b in c.buffers]  # DDP's contiguous grad buffers
+        return bool(grad_buffers) and all(g.untyped_storage().nbytes() == 0 for g in grad_buffers)
+
+    def optimizer_state():
+        return [v for s in actor.engine.optimizer.optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+
+    freed_at_init = params_freed() and grads_freed()
     data = _data(batch)
-    actor.update_policy(data)  # creates optimizer state and fills grad buffers
+    actor.update_policy(data)  # creates optimizer state and fills grad buffers, then offloads again
+    freed_after_update = params_freed() and grads_freed() and all(v.untyped_storage().nbytes() == 0 for v in optimizer_state())
+    actor.onload()
     params = [p.detach().clone() for c in actor.engine.chunks for p in c.parameters()]
-    opt_state = [v.clone() for s in actor.engine.optimizer.optimizer.state.values() for v in s.values()
-                 if isinstance(v, torch.Tensor)]
+    opt_state = [v.clone() for v in optimizer_state()]
     before = actor.compute_log_prob(data).batch["old_log_probs"]
     actor.offload()
-    freed = all(p.untyped_storage().nbytes() == 0 for c in actor.engine.chunks for p in c.parameters())
-    grad_buffers = [b.grad_data for c in actor.engine.chunks for b in c.buffers]  # DDP's contiguous grad buffers
-    grads_freed = bool(grad_buffers) and all(g.untyped_storage().nbytes() == 0 for g in grad_buffers)
+    freed, grads = params_freed(), grads_freed()
+    with actor._onloaded((PARAMS,)):  # what compute_log_prob does
+        params_only = (not params_freed() and grads_freed()
+                       and all(v.untyped_storage().nbytes() == 0 for v in optimizer_state()))
     # Methods onload around their work and re-offload afterwards.
     during = actor.compute_log_prob(data).batch["old_log_probs"]
-    still_freed = all(p.untyped_storage().nbytes() == 0 for c in actor.engine.chunks for p in c.parameters())
+    still_freed = params_freed()
     actor.onload()
     params_after = [p.detach().clone() for c in actor.engine.chunks for p in c.parameters()]
-    opt_after = [v.clone() for s in actor.engine.optimizer.optimizer.state.values() for v in s.values()
-                 if isinstance(v, torch.Tensor)]
+    opt_after = [v.clone() for v in optimizer_state()]
     return {
-        "freed": freed, "grads_freed": grads_freed, "still_freed": still_freed, "before": before, "during": during,
+        "freed_at_init": freed_at_init, "freed_after_update": freed_after_update, "params_only": params_only,
+        "freed": freed, "grads_freed": grads, "still_freed": still_freed, "before": before, "during": during,
         "params_equal": all(torch.equal(a, b) for a, b in zip(params, params_after)),
         "opt_equal": len(opt_state) > 0 and all(torch.equal(a, b) for a, b in zip(opt_state, opt_after)),
     }

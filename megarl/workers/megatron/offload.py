@@ -5,16 +5,25 @@ CUDA) and resized to 0 bytes, then re-grown and copied back on `onload`. Views (
 contiguous param/grad buffers, `param.main_grad`) stay valid because the storage object is
 the same. On CPU the copy is still made and the original storage still freed, so the path
 is exercised and exact there too.
+
+The state is three groups that move independently, because the phases need different
+parts of it: a forward pass (log-probs, the weight sync into vLLM) needs only
+:data:`PARAMS`; an update needs :data:`ALL`. Onloading only what a phase needs is what lets
+a colocated 7B actor (TP=2: ~7 GiB of bf16 weights, ~14 GiB of fp32 gradients, ~43 GiB of
+Adam state per GPU) hand the GPU to vLLM for the sync and the rollout.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 
 import torch
 
-__all__ = ["Offloader"]
+__all__ = ["ALL", "GRADS", "OPTIMIZER", "PARAMS", "Offloader"]
+
+PARAMS, GRADS, OPTIMIZER = "params", "grads", "optimizer"
+ALL = (PARAMS, GRADS, OPTIMIZER)
 
 
 def _optimizers(optimizer) -> list:
@@ -25,21 +34,23 @@ def _optimizers(optimizer) -> list:
 
 
 class Offloader:
-    """Offload/onload of the configured state; a no-op when none is set.
+    """Offload/onload of the configured groups; groups that are not configured never move.
 
-    `params`: parameters AND gradient buffers (verl's `megatron.param_offload`);
-    `optimizer`: optimizer state (`megatron.optimizer_offload`).
+    `params`: parameters AND gradient buffers (verl's `megatron.param_offload`: groups
+    :data:`PARAMS` and :data:`GRADS`); `optimizer`: optimizer state and fp32 main parameters
+    (`megatron.optimizer_offload`: :data:`OPTIMIZER`).
     """
 
     def __init__(self, engine, *, params: bool, optimizer: bool) -> None:
         self.engine = engine
-        self.params, self.optimizer = params, optimizer
-        self._stash: list[tuple[torch.UntypedStorage, torch.UntypedStorage]] = []
-        self._host_buffers: list[torch.UntypedStorage] = []  # reused across offloads (pinning is slow)
+        self.configured = tuple(g for g, on in ((PARAMS, params), (GRADS, params), (OPTIMIZER, optimizer)) if on)
+        self._stash: dict[str, list[tuple[torch.UntypedStorage, torch.UntypedStorage]]] = {}
+        self._host_buffers: dict[str, list[torch.UntypedStorage]] = {}  # reused across offloads (pinning is slow)
 
     @property
-    def offloaded(self) -> bool:
-        return bool(self._stash)
+    def offloaded(self) -> tuple[str, ...]:
+        """The groups on the host now."""
+        return tuple(g for g in ALL if g in self._stash)
 
     def _param_tensors(self) -> Iterator[torch.Tensor]:
         for chunk in self.engine.chunks:
@@ -68,68 +79,68 @@ class Offloader:
             for group in torch_opt.param_groups:  # fp32 main params of mixed-precision optimizers
                 yield from (p.data for p in group["params"])
 
-    def _storages(self) -> list[torch.UntypedStorage]:
-        model_storages = {p.untyped_storage().data_ptr() for p in self._param_tensors()}
-        selected: list[Iterable[torch.Tensor]] = []
-        if self.params:
-            selected.append(self._param_tensors())
-            selected.append(self._grad_tensors())
+    def _storages(self, group: str) -> list[torch.UntypedStorage]:
+        """The live storages of ``group``; the optimizer's never include the model's own
+        (fp32 optimizers hold the model parameters themselves)."""
+        tensors = {PARAMS: self._param_tensors, GRADS: self._grad_tensors, OPTIMIZER: self._optimizer_tensors}[group]()
+        skip = {p.untyped_storage().data_ptr() for p in self._param_tensors()} if group == OPTIMIZER else set()
         seen: set[int] = set()
         out = []
-
-        def add(tensor: torch.Tensor, skip_model: bool) -> None:
+        for tensor in tensors:
             storage = tensor.untyped_storage()
             ptr = storage.data_ptr()
-            if storage.nbytes() == 0 or ptr in seen or (skip_model and ptr in model_storages):
-                return
+            if storage.nbytes() == 0 or ptr in seen or ptr in skip:
+                continue
             seen.add(ptr)
             out.append(storage)
-
-        for tensors in selected:
-            for tensor in tensors:
-                add(tensor, skip_model=False)
-        if self.optimizer:
-            for tensor in self._optimizer_tensors():
-                add(tensor, skip_model=True)  # fp32 optimizers hold the model params themselves
         return out
 
-    def offload(self) -> None:
-        if self.offloaded:
-            return
-        for index, storage in enumerate(self._storages()):
-            host = self._host_buffer(index, storage)
-            host.copy_(storage)
-            storage.resize_(0)
-            self._stash.append((storage, host))
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
+    def offload(self, groups: tuple[str, ...] = ALL) -> None:
+        """Move the configured groups among ``groups`` that are on the device to the host,
+        then give torch's cached blocks back to the driver (another pool, e.g. vLLM's, may
+        take them next)."""
+        moved = False
+        for group in groups:
+            if group not in self.configured or group in self._stash:
+                continue
+            hosts = self._host_buffers.setdefault(group, [])
+            stash = []
+            for index, storage in enumerate(self._storages(group)):
+                host = self._host_buffer(hosts, index, storage)
+                host.copy_(storage)
+                storage.resize_(0)
+                stash.append((storage, host))
+            self._stash[group] = stash
+            moved = True
+        if moved and torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.empty_cache()
 
-    def _host_buffer(self, index: int, storage: torch.UntypedStorage) -> torch.UntypedStorage:
-        if index < len(self._host_buffers) and self._host_buffers[index].nbytes() == storage.nbytes():
-            return self._host_buffers[index]
+    @staticmethod
+    def _host_buffer(hosts: list[torch.UntypedStorage], index: int, storage: torch.UntypedStorage) -> torch.UntypedStorage:
+        if index < len(hosts) and hosts[index].nbytes() == storage.nbytes():
+            return hosts[index]
         host = torch.UntypedStorage(storage.nbytes(), device="cpu")
         if storage.device.type == "cuda":
             host = host.pin_memory()
-        if index < len(self._host_buffers):
-            self._host_buffers[index] = host
+        if index < len(hosts):
+            hosts[index] = host
         else:
-            self._host_buffers.append(host)
+            hosts.append(host)
         return host
 
-    def onload(self) -> None:
-        for storage, host in self._stash:
-            storage.resize_(host.nbytes())
-            storage.copy_(host)
-        self._stash = []
+    def onload(self, groups: tuple[str, ...] = ALL) -> None:
+        """Bring the offloaded groups among ``groups`` back to the device."""
+        for group in groups:
+            for storage, host in self._stash.pop(group, []):
+                storage.resize_(host.nbytes())
+                storage.copy_(host)
 
     @contextlib.contextmanager
-    def onloaded(self):
-        """Run a block with the state on device; re-offload afterwards if it was offloaded."""
-        was_offloaded = self.offloaded
-        if was_offloaded:
-            self.onload()
+    def onloaded(self, groups: tuple[str, ...] = ALL):
+        """Run a block with ``groups`` on the device; re-offload afterwards what was offloaded."""
+        was_offloaded = tuple(g for g in groups if g in self._stash)
+        self.onload(was_offloaded)
         try:
             yield
         finally:
-            if was_offloaded:
-                self.offload()
+            self.offload(was_offloaded)

@@ -15,7 +15,7 @@ from typing import Any
 from megarl.models.lora import LoraSpec
 from megarl.workers.megatron.checkpoint import load_checkpoint, save_checkpoint
 from megarl.workers.megatron.engine import MegatronEngine
-from megarl.workers.megatron.offload import Offloader
+from megarl.workers.megatron.offload import ALL, PARAMS, Offloader
 
 __all__ = ["MegatronWorker"]
 
@@ -55,7 +55,9 @@ class MegatronWorker:
         self.offloader: Offloader | None = None
 
     def init_model(self) -> None:
-        """Process groups, model chunks with HF (or dist-checkpoint) weights, optimizer."""
+        """Process groups, model chunks with HF (or dist-checkpoint) weights, optimizer; then the
+        configured state goes to the host at once, so that whatever starts next on this GPU (a
+        colocated vLLM engine sizing its KV cache, another role) finds the memory free."""
         self.engine.init_model()
         self.offloader = Offloader(
             self.engine,
@@ -63,6 +65,7 @@ class MegatronWorker:
             # a forward-only model has no optimizer (and its megatron node no such key)
             optimizer=self.engine.trainable and bool(self.megatron_cfg.optimizer_offload),
         )
+        self.offloader.offload()
 
     def save_checkpoint(self, path: str, global_step: int = 0) -> None:
         """Megatron dist checkpoint of `checkpoint.save_contents` (model, optimizer, lr
@@ -77,20 +80,23 @@ class MegatronWorker:
             return load_checkpoint(self.engine, path, contents=list(self.checkpoint_cfg.load_contents))
 
     def export_hf_weights(self):
-        """Iterator of (hf_name, full tensor); collective over the model-parallel group."""
-        return self.engine.export_hf_weights()
+        """Iterator of (hf_name, full tensor); collective over the model-parallel group. The
+        parameters are on the device while it runs."""
+        with self._onloaded((PARAMS,)):
+            yield from self.engine.export_hf_weights()
 
-    def offload(self) -> None:
-        """Move the configured state (megatron.param_offload: params and grads;
-        optimizer_offload) to host memory; no-op before init_model."""
+    def offload(self, groups: tuple[str, ...] = ALL) -> None:
+        """Move the configured state among ``groups`` (megarl.workers.megatron.offload:
+        megatron.param_offload = params and grads; optimizer_offload) to host memory;
+        no-op before init_model."""
         if self.offloader is not None:
-            self.offloader.offload()
+            self.offloader.offload(groups)
 
-    def onload(self) -> None:
-        """Bring offloaded state back to the training device."""
+    def onload(self, groups: tuple[str, ...] = ALL) -> None:
+        """Bring offloaded state among ``groups`` back to the training device."""
         if self.offloader is not None:
-            self.offloader.onload()
+            self.offloader.onload(groups)
 
-    def _onloaded(self):
-        """Context: the state on device for the block, re-offloaded after it if it was offloaded."""
-        return self.offloader.onloaded() if self.offloader is not None else contextlib.nullcontext()
+    def _onloaded(self, groups: tuple[str, ...] = ALL):
+        """Context: ``groups`` on device for the block, re-offloaded after it if they were offloaded."""
+        return self.offloader.onloaded(groups) if self.offloader is not None else contextlib.nullcontext()

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Issue 31's scale runs: one device call on a machine where ../shared/gpu-stack put vLLM + Ray + megatron-core
+# in /tmp/site and transformer-engine in /tmp/site-te. Runs the named steps from the repo root, logs under $OUT:
+#   bash benchmarks/gpu_scale.sh model7b e2e05_tp2        (build the 7B directory; a quick 0.5B TP=2 run)
+#   bash benchmarks/gpu_scale.sh e2e7b_tp2 baselines      (5 GRPO steps at 7B, TP=2, 2 GPUs; sync baselines)
+# Steps:
+#   model7b     a random Qwen2.5-7B-shaped policy (real vocabulary, padded demo tokenizer) in /tmp/q7b, built on the GPU
+#   e2e05_tp2   2 GRPO steps of the 0.5B shape with actor TP=2 and one vLLM TP=2 replica (shard-to-shard sync)
+#   e2e7b_tp2   5 GRPO steps of the 7B shape, actor TP=2 (+ reference), one vLLM TP=2 replica, 16 prompts x 8 x <= 1024
+#               tokens, offload as verl's 7B Megatron scripts set it; the launch plan of the same command first
+#   baselines   same-run copy and NCCL all-gather of one rank's 7B share (benchmarks/bench_sync_baselines.py)
+#   tests2      the 2-GPU tests: direct sync (shard to shard, gathered into vLLM), TP=2 paths
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/site:/tmp/site-te:$PWD MEGARL_DEMO_DIR=/tmp/gpu-demo
+OUT=${OUT:-$PWD/outputs}; mkdir -p "$OUT"
+source benchmarks/gpu_e2e.sh
+
+SCALE7B=(actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 actor_rollout_ref.rollout.tensor_model_parallel_size=2
+  data.train_batch_size=16 data.max_prompt_length=64 data.max_response_length=1024 actor_rollout_ref.rollout.n=8
+  actor_rollout_ref.actor.ppo_mini_batch_size=16 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2
+  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16
+  actor_rollout_ref.actor.megatron.param_offload=true actor_rollout_ref.actor.megatron.optimizer_offload=true
+  actor_rollout_ref.ref.megatron.param_offload=true actor_rollout_ref.actor.use_kl_loss=true
+  actor_rollout_ref.actor.kl_loss_coef=0.001 actor_rollout_ref.rollout.gpu_memory_utilization=0.5
+  trainer.total_training_steps=5)
+
+for step in "$@"; do
+  echo "=== $step $(date -u +%T)"
+  case $step in
+    model7b) [ -f /tmp/q7b/config.json ] || timeout 300 python3 benchmarks/grpo_model_dir.py /tmp/q7b --7b > "$OUT/model7b.log" 2>&1
+             echo rc $?; ls /tmp/q7b | head; du -sh /tmp/q7b ;;
+    e2e05_tp2) [ -f /tmp/q05/model.safetensors ] || python3 benchmarks/grpo_model_dir.py /tmp/q05 > "$OUT/e2e_model_q05.log" 2>&1
+             run_e2e e2e05_tp2 /tmp/q05 2 240 actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 \
+               actor_rollout_ref.rollout.tensor_model_parallel_size=2 data.train_batch_size=64 data.max_prompt_length=32 \
+               data.max_response_length=224 actor_rollout_ref.rollout.n=8 actor_rollout_ref.actor.ppo_mini_batch_size=64 \
+               actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16 actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 \
+               actor_rollout_ref.actor.megatron.param_offload=true actor_rollout_ref.actor.megatron.optimizer_offload=true \
+               actor_rollout_ref.rollout.gpu_memory_utilization=0.3 trainer.total_training_steps=2 ;;
+    e2e7b_tp2) python3 -m megarl.plan actor_rollout_ref.model.path=/tmp/q7b trainer.device=cuda trainer.n_gpus_per_node=2 \
+               data.train_files=/tmp/gpu-demo/train.parquet data.val_files=/tmp/gpu-demo/val.parquet algorithm.adv_estimator=grpo \
+               "${SCALE7B[@]}" > "$OUT/plan7b_tp2.txt" 2>&1; echo plan rc $?
+             nvidia-smi --query-gpu=memory.used,memory.total --format=csv
+             run_e2e e2e7b_tp2 /tmp/q7b 2 540 "${SCALE7B[@]}" ;;
+    baselines) timeout 120 torchrun --nproc_per_node=2 benchmarks/bench_sync_baselines.py --model /tmp/q7b --tp 2 \
+               > "$OUT/baselines.log" 2>&1; echo rc $?; grep -E "baseline|Error" "$OUT/baselines.log" ;;
+    tests2)  timeout 420 python3 -m pytest -q -m gpu tests/gpu/test_vllm_direct_sync.py tests/gpu/test_gpu_paths.py -rA \
+               -p no:cacheprovider > "$OUT/pytest_gpu2.log" 2>&1; echo rc $?
+             grep -E "passed|failed|PASSED|FAILED|SKIPPED|Error" "$OUT/pytest_gpu2.log" | tail -14 ;;
+  esac
+done
