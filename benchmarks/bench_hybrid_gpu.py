@@ -161,17 +161,23 @@ def main() -> None:
     raw_prompts = [TokensPrompt(prompt_token_ids=row.tolist()) for row in ids]
 
     def standalone():
-        worker.rollout.wake_up()
         worker.rollout.llm.generate(raw_prompts, params, use_tqdm=False)
 
     def megarl():
         worker.generate_sequences(prompts, validate=False, do_sample=True)
 
-    megarl(); standalone()  # warm-up
+    def ready():  # untimed: generate_sequences ends asleep at level 2; both arms start from synced weights
+        worker.sync_weights()
+        worker.rollout.wake_up()
+
+    for fn in (megarl, standalone):  # warm-up
+        ready()
+        fn()
     rollout: dict[str, list[float]] = {"standalone_vllm": [], "megarl_generate_sequences": []}
     for _ in range(args.iters):
-        rollout["standalone_vllm"].append(timed(standalone))
-        rollout["megarl_generate_sequences"].append(timed(megarl))
+        for name, fn in (("standalone_vllm", standalone), ("megarl_generate_sequences", megarl)):
+            ready()
+            rollout[name].append(timed(fn))
     tokens = args.prompts * args.n * args.response_len
     base = statistics.median(rollout["standalone_vllm"])
     result["rollout"] = {name: {"median_s": statistics.median(t), "tok_per_s": tokens / statistics.median(t),

@@ -130,7 +130,9 @@ def direct_sync_into_vllm(hf_dir: str, actor_tp: int, rollout_tp: int) -> dict:
                                   {"uid": ["0"]})
 
     def vllm_params():
-        worker.rollout.wake_up()  # generate_sequences ends with vLLM asleep
+        # generate_sequences ends with vLLM asleep at level 2 (weights discarded): the sync the next
+        # generation would start with loads them again, by the path in use
+        worker.sync_weights()
         return {n: p.detach().cpu().clone() for n, p in worker.rollout.model().named_parameters()}
 
     direct = sync.direct is not None
