@@ -99,8 +99,9 @@ def activation_bytes(p: ParamCount, layout: ParallelLayout, setup: TrainSetup, t
     t = tokens / layout.cp
     tp, etp = layout.tp, layout.etp
     norm_div = tp if setup.sequence_parallel else 1
-    q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
-    attention = 2 * s.hidden / norm_div + (2 * q + 2 * kv) / tp
+    q_k = (s.heads + s.kv_heads) * s.head_dim  # q, k
+    v_out = (s.kv_heads + s.heads) * s.v_dim  # v, attention output
+    attention = 2 * s.hidden / norm_div + (q_k + v_out) / tp
     dense_mlp = 2 * s.hidden / norm_div + 3 * s.ffn / tp
     moe_mlp = 2 * s.hidden / norm_div + (3 * s.expert_ffn * s.experts_per_token) / etp + 3 * s.shared_expert_ffn / tp
     dense_layers = s.layers - s.moe_layers
@@ -155,10 +156,12 @@ class VllmMemory:
 def vllm_memory(p: ParamCount, tp: int, dtype: str, gpu_bytes: int, utilization: float) -> VllmMemory:
     """vLLM at tensor-parallel size ``tp``: weights / tp; KV cache = budget - weights (vLLM's
     own activation and CUDA-graph memory are not counted, so the KV figure is an upper bound).
-    KV per token = 2 (k, v) x layers x kv heads (at least one per rank) x head_dim x 2 bytes."""
+    KV per token = layers x (k + v: 2 x kv heads (at least one per rank) x head_dim; multi-latent
+    attention: the latent and rotary key, ``kv_lora_rank + qk_rope_head_dim``, on every rank)
+    x dtype bytes."""
     s = p.shape
     budget = int(gpu_bytes * utilization)
     weights = int(p.total / tp * DTYPE_BYTES[dtype])
-    kv_heads_per_rank = max(1, s.kv_heads // tp)
-    kv_per_token = 2 * s.layers * kv_heads_per_rank * s.head_dim * DTYPE_BYTES[dtype]
+    per_layer = s.kv_lora_rank + s.qk_rope_head_dim if s.mla else max(1, s.kv_heads // tp) * (s.head_dim + s.v_dim)
+    kv_per_token = s.layers * per_layer * DTYPE_BYTES[dtype]
     return VllmMemory(budget=budget, weights=weights, kv_cache=max(0, budget - weights), kv_bytes_per_token=kv_per_token)

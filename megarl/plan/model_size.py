@@ -1,9 +1,28 @@
 """Parameter counts of a decoder-only HF model from its config.json alone (no weights loaded).
 
-Covers the families megarl builds (Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen2-MoE, Qwen3-MoE):
-embeddings, attention (GQA, optional q/k/v biases, Qwen3's q/k norms), dense SwiGLU MLPs,
-MoE layers (router, routed experts, Qwen2-MoE's shared expert and its gate), RMS norms and
-a tied or untied LM head.
+Covers the families megarl builds: Llama, Mistral, Qwen2, Qwen3 (dense); Mixtral, Qwen2-MoE,
+Qwen3-MoE, GLM-4.5 (``glm4_moe``) and DeepSeek-V3 / Moonlight (``deepseek_v3``) (MoE), and
+DeepSeek-V2 (``deepseek_v2``, counted only). What is counted:
+
+* embeddings and a tied or untied LM head; RMS norms (two per layer, the final one);
+* attention: GQA (q/k/v biases: Qwen2 always, Qwen2-MoE per ``qkv_bias``, GLM-4.5 per
+  ``attention_bias`` on q/k/v only, the others on all four projections; Qwen3's and GLM-4.5's
+  ``use_qk_norm`` q/k norms) or DeepSeek's multi-latent attention (``q_lora_rank`` (null: one
+  ``q_proj``), ``kv_lora_rank``, ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``,
+  the q/kv latent norms, ``attention_bias`` on q_a / kv_a / o);
+* dense SwiGLU MLPs (``intermediate_size``) and MoE layers: the router, routed experts from
+  whichever field the family spells (``num_experts``, ``num_local_experts``,
+  ``n_routed_experts``) of ``moe_intermediate_size``, shared experts (Qwen2-MoE:
+  ``shared_expert_intermediate_size`` + its sigmoid gate; DeepSeek / GLM:
+  ``n_shared_experts x moe_intermediate_size``) and the router's score-correction bias
+  (``e_score_correction_bias`` of DeepSeek-V3 / GLM-4.5, a buffer in HF and megatron, held
+  in memory all the same);
+* which layers are MoE: Qwen's ``mlp_only_layers`` / ``decoder_sparse_step``; DeepSeek's / GLM's
+  ``first_k_dense_replace`` (dense first) and ``moe_layer_freq`` (every n-th after that).
+
+Not counted: multi-token-prediction layers (``num_nextn_predict_layers``: DeepSeek-V3's 14 B
+and GLM-4.5-Air's ~2.5 B). The published totals (671 B, 106 B) leave them out, HF's
+models do not build them and megarl neither loads nor trains them.
 """
 
 from __future__ import annotations
@@ -15,10 +34,28 @@ from typing import Any
 
 __all__ = ["ModelShape", "ParamCount", "count_params", "load_shape"]
 
+_EXPERT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts")
+_DEEPSEEK_MOE = ("deepseek_v2", "deepseek_v3", "glm4_moe")  # first_k_dense_replace, n_shared_experts
+_ROUTER_BIAS = ("deepseek_v3", "glm4_moe")  # sigmoid router with e_score_correction_bias
+
+
+def _moe_layer_count(c: dict[str, Any], model_type: str, layers: int) -> int:
+    if model_type in _DEEPSEEK_MOE:
+        first, freq = c.get("first_k_dense_replace") or 0, c.get("moe_layer_freq") or 1
+        return sum(1 for i in range(first, layers) if i % freq == 0)
+    step = c.get("decoder_sparse_step") or 1
+    dense_only = set(c.get("mlp_only_layers") or [])
+    return sum(1 for i in range(layers) if i not in dense_only and (i + 1) % step == 0)
+
 
 @dataclass(frozen=True)
 class ModelShape:
-    """The sizes of a decoder that decide its parameters, activations and KV cache."""
+    """The sizes of a decoder that decide its parameters, activations and KV cache.
+
+    ``head_dim``: the q/k width of one head (MLA: ``qk_nope_head_dim + qk_rope_head_dim``);
+    ``v_head_dim``: the v / attention-output width of one head. ``kv_lora_rank > 0`` marks
+    multi-latent attention (then ``kv_heads == heads``).
+    """
 
     model_type: str
     vocab: int
@@ -32,11 +69,25 @@ class ModelShape:
     qkv_bias: bool
     out_bias: bool
     qk_norm: bool
+    v_head_dim: int = 0  # 0: head_dim
+    q_lora_rank: int = 0  # MLA: 0 = a single q_proj
+    kv_lora_rank: int = 0  # MLA latent width (0: not MLA)
+    qk_rope_head_dim: int = 0  # MLA: the rotary part of head_dim, shared by all heads in the latent
     experts: int = 0  # routed experts per MoE layer (0: dense model)
     expert_ffn: int = 0
     experts_per_token: int = 0
-    shared_expert_ffn: int = 0
+    shared_expert_ffn: int = 0  # all shared experts of a layer together
+    shared_expert_gate: bool = False  # Qwen2-MoE's sigmoid gate on the shared expert
+    router_bias: bool = False  # DeepSeek-V3 / GLM-4.5 e_score_correction_bias
     moe_layers: int = 0  # how many of `layers` are MoE layers
+
+    @property
+    def mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def v_dim(self) -> int:
+        return self.v_head_dim or self.head_dim
 
     @classmethod
     def from_hf_config(cls, c: dict[str, Any]) -> ModelShape:
@@ -44,40 +95,44 @@ class ModelShape:
         c = c.get("text_config") or c
         model_type = c.get("model_type", "")
         hidden, heads, layers = c["hidden_size"], c["num_attention_heads"], c["num_hidden_layers"]
-        experts = c.get("num_experts") or c.get("num_local_experts") or 0
-        expert_ffn = c.get("moe_intermediate_size") or (c["intermediate_size"] if experts else 0)
-        moe_layers = 0
-        if experts:
-            step = c.get("decoder_sparse_step") or 1
-            dense_only = set(c.get("mlp_only_layers") or [])
-            moe_layers = sum(1 for i in range(layers) if i not in dense_only and (i + 1) % step == 0)
-        return cls(
-            model_type=model_type, vocab=c["vocab_size"], hidden=hidden, ffn=c["intermediate_size"], layers=layers,
-            heads=heads, kv_heads=c.get("num_key_value_heads") or heads,
-            head_dim=c.get("head_dim") or hidden // heads,
-            tied_embeddings=bool(c.get("tie_word_embeddings", False)),
-            # Qwen2 (and Qwen2-MoE) always have q/k/v biases and none on o_proj; the others
-            # follow attention_bias on all four projections.
-            qkv_bias=model_type in ("qwen2", "qwen2_moe") or bool(c.get("attention_bias", False)),
-            out_bias=model_type not in ("qwen2", "qwen2_moe") and bool(c.get("attention_bias", False)),
-            qk_norm=model_type in ("qwen3", "qwen3_moe"),
-            experts=experts, expert_ffn=expert_ffn if experts else 0,
-            experts_per_token=c.get("num_experts_per_tok") or 0,
-            shared_expert_ffn=c.get("shared_expert_intermediate_size") or 0,
-            moe_layers=moe_layers,
-        )
+        experts = next((c[f] for f in _EXPERT_FIELDS if c.get(f)), 0)
+        moe = dict(experts=experts, experts_per_token=c.get("num_experts_per_tok") or 0,
+                   expert_ffn=c.get("moe_intermediate_size") or c["intermediate_size"],
+                   moe_layers=_moe_layer_count(c, model_type, layers)) if experts else {}
+        if experts and model_type in _DEEPSEEK_MOE:
+            moe["shared_expert_ffn"] = (c.get("n_shared_experts") or 0) * moe["expert_ffn"]
+            moe["router_bias"] = model_type in _ROUTER_BIAS
+        elif experts and c.get("shared_expert_intermediate_size"):
+            moe.update(shared_expert_ffn=c["shared_expert_intermediate_size"], shared_expert_gate=True)
+        bias = bool(c.get("attention_bias", False))
+        attention: dict[str, Any]
+        if c.get("kv_lora_rank"):  # DeepSeek multi-latent attention
+            attention = dict(kv_heads=heads, head_dim=c["qk_nope_head_dim"] + c["qk_rope_head_dim"],
+                             v_head_dim=c["v_head_dim"], q_lora_rank=c.get("q_lora_rank") or 0,
+                             kv_lora_rank=c["kv_lora_rank"], qk_rope_head_dim=c["qk_rope_head_dim"],
+                             qkv_bias=bias, out_bias=bias, qk_norm=False)
+        else:
+            qkv_bias = {"qwen2": True, "qwen2_moe": bool(c.get("qkv_bias", True))}.get(model_type, bias)
+            attention = dict(kv_heads=c.get("num_key_value_heads") or heads,
+                             head_dim=c.get("head_dim") or hidden // heads, qkv_bias=qkv_bias,
+                             out_bias=bias and model_type not in ("qwen2", "qwen2_moe", "glm4_moe"),
+                             qk_norm=model_type in ("qwen3", "qwen3_moe") or (
+                                 model_type == "glm4_moe" and bool(c.get("use_qk_norm", False))))
+        return cls(model_type=model_type, vocab=c["vocab_size"], hidden=hidden, ffn=c["intermediate_size"],
+                   layers=layers, heads=heads, tied_embeddings=bool(c.get("tie_word_embeddings", False)),
+                   **attention, **moe)
 
 
 @dataclass(frozen=True)
 class ParamCount:
-    """Parameter counts (elements). ``dense_layer``: one decoder layer's attention + norms
-    (+ its dense MLP for dense layers); ``expert``: one routed expert."""
+    """Parameter counts (elements). ``attention_and_norms``: one decoder layer's attention +
+    norms; ``dense_mlp``: one dense layer's MLP; ``expert``: one routed expert."""
 
     embedding: int
     lm_head: int  # 0 when tied to the embedding
     attention_and_norms: int  # per layer
     dense_mlp: int  # per dense layer
-    moe_shared: int  # per MoE layer: router + shared expert (+ its gate), replicated over EP
+    moe_shared: int  # per MoE layer: router (+ its bias) + shared experts (+ gate), replicated over EP
     expert: int  # one routed expert
     final_norm: int
     shape: ModelShape
@@ -98,23 +153,40 @@ class ParamCount:
                 + self.dense_layers * self.dense_mlp + s.moe_layers * self.moe_shared + self.expert_params)
 
     @property
+    def active(self) -> int:
+        """Parameters one token passes through: all but the routed experts it is not sent to
+        (embedding and LM head included, as Qwen and DeepSeek count; GLM counts without them)."""
+        s = self.shape
+        return self.total - s.moe_layers * (s.experts - s.experts_per_token) * self.expert
+
+    @property
     def non_expert(self) -> int:
         return self.total - self.expert_params
 
 
+def _attention(s: ModelShape) -> int:
+    h = s.hidden
+    if s.mla:
+        q_out = s.heads * s.head_dim
+        q = h * q_out if not s.q_lora_rank else h * s.q_lora_rank + s.q_lora_rank + s.q_lora_rank * q_out
+        kv_a = h * (s.kv_lora_rank + s.qk_rope_head_dim) + s.kv_lora_rank  # + the latent's norm
+        kv_b = s.kv_lora_rank * s.heads * (s.head_dim - s.qk_rope_head_dim + s.v_head_dim)
+        bias = ((s.q_lora_rank or 0) + s.kv_lora_rank + s.qk_rope_head_dim + h) if s.qkv_bias else 0
+        return q + kv_a + kv_b + s.heads * s.v_head_dim * h + bias
+    q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
+    return (h * (q + 2 * kv) + q * h + (q + 2 * kv if s.qkv_bias else 0) + (h if s.out_bias else 0)
+            + (2 * s.head_dim if s.qk_norm else 0))
+
+
 def count_params(s: ModelShape) -> ParamCount:
     """Element counts of every parameter group of ``s`` (bias-free MLPs, RMS norms)."""
-    q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
-    attention = s.hidden * (q + 2 * kv) + q * s.hidden + (q + 2 * kv if s.qkv_bias else 0) + (s.hidden if s.out_bias else 0)
-    norms = 2 * s.hidden + (2 * s.head_dim if s.qk_norm else 0)
     moe_shared = 0
     if s.experts:
-        moe_shared = s.hidden * s.experts  # router
-        if s.shared_expert_ffn:
-            moe_shared += 3 * s.hidden * s.shared_expert_ffn + s.hidden  # shared expert + its sigmoid gate
+        moe_shared = s.hidden * s.experts + (s.experts if s.router_bias else 0)  # router
+        moe_shared += 3 * s.hidden * s.shared_expert_ffn + (s.hidden if s.shared_expert_gate else 0)
     return ParamCount(
         embedding=s.vocab * s.hidden, lm_head=0 if s.tied_embeddings else s.vocab * s.hidden,
-        attention_and_norms=attention + norms, dense_mlp=3 * s.hidden * s.ffn, moe_shared=moe_shared,
+        attention_and_norms=_attention(s) + 2 * s.hidden, dense_mlp=3 * s.hidden * s.ffn, moe_shared=moe_shared,
         expert=3 * s.hidden * s.expert_ffn, final_norm=s.hidden, shape=s,
     )
 

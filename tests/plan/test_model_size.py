@@ -1,4 +1,5 @@
-"""Parameter counts from config.json vs the sum of numel of the HF model built from it."""
+"""Parameter counts from config.json vs the sum of numel of the HF model built from it, and vs
+the totals the model makers publish for real configs."""
 
 from __future__ import annotations
 
@@ -19,6 +20,25 @@ CONFIGS = {
         num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[1], **COMMON),
     "qwen3_moe": lambda: T.Qwen3MoeConfig(num_hidden_layers=2, moe_intermediate_size=32, head_dim=16, num_experts=4,
                                           num_experts_per_tok=2, **COMMON),
+    # MLA with a q latent, two dense layers first, 2 shared experts, router bias (a buffer)
+    "deepseek_v3_q_lora": lambda: T.DeepseekV3Config(
+        num_hidden_layers=4, first_k_dense_replace=2, n_routed_experts=8, n_shared_experts=2, num_experts_per_tok=2,
+        moe_intermediate_size=24, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4,
+        v_head_dim=12, n_group=1, topk_group=1, **COMMON),
+    # Moonlight's form: no q latent (q_proj), attention biases on q_a / kv_a / o
+    "deepseek_v3_no_q_lora_bias": lambda: T.DeepseekV3Config(
+        num_hidden_layers=2, first_k_dense_replace=1, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
+        moe_intermediate_size=24, q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4,
+        v_head_dim=12, n_group=1, topk_group=1, attention_bias=True, **COMMON),
+    "deepseek_v2": lambda: T.DeepseekV2Config(
+        num_hidden_layers=3, first_k_dense_replace=1, n_routed_experts=4, n_shared_experts=2, num_experts_per_tok=2,
+        moe_intermediate_size=24, q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4,
+        v_head_dim=12, **COMMON),
+    # GLM-4.5: q/k/v biases (none on o), q/k norms, one dense layer first, router bias (a buffer)
+    "glm4_moe": lambda: T.Glm4MoeConfig(
+        num_hidden_layers=3, first_k_dense_replace=1, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
+        moe_intermediate_size=24, head_dim=16, attention_bias=True, use_qk_norm=True, partial_rotary_factor=0.5,
+        **COMMON),
 }
 
 
@@ -27,6 +47,8 @@ def test_param_count_matches_hf_model(name):
     config = CONFIGS[name]()
     model = T.AutoModelForCausalLM.from_config(config)
     reference = sum(p.numel() for p in model.parameters())  # tied weights are counted once
+    # the sigmoid routers' score-correction bias is a buffer in HF (and megatron), counted by the plan
+    reference += sum(b.numel() for n, b in model.named_buffers() if n.endswith("e_score_correction_bias"))
     assert count_params(ModelShape.from_hf_config(config.to_dict())).total == reference
 
 
@@ -38,3 +60,67 @@ def test_hand_counted_tiny_qwen2():
                                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                            tie_word_embeddings=True))
     assert count_params(shape).total == 138304
+
+
+# Published configs (config.json of each HF repo; values copied into the fixture, sources named)
+# and the totals / active counts their makers publish.
+QWEN25_7B = dict(  # Qwen/Qwen2.5-7B config.json; 7.61 B ("7.62B" with the untied head, Qwen2.5 report)
+    model_type="qwen2", vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+    num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False)
+MIXTRAL_8X7B = dict(  # mistralai/Mixtral-8x7B-v0.1 config.json; 46.7 B total, 12.9 B active (Mistral's post)
+    model_type="mixtral", vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+    num_attention_heads=32, num_key_value_heads=8, num_local_experts=8, num_experts_per_tok=2,
+    tie_word_embeddings=False)
+QWEN3_30B_A3B = dict(  # Qwen/Qwen3-30B-A3B config.json; 30.5 B total, 3.3 B active (its model card)
+    model_type="qwen3_moe", vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+    num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
+    num_experts_per_tok=8, decoder_sparse_step=1, mlp_only_layers=[], tie_word_embeddings=False)
+DEEPSEEK_V3 = dict(  # deepseek-ai/DeepSeek-V3 config.json; 671 B total (+ 14 B MTP module), 37 B active (its card)
+    model_type="deepseek_v3", vocab_size=129280, hidden_size=7168, intermediate_size=18432,
+    moe_intermediate_size=2048, num_hidden_layers=61, num_nextn_predict_layers=1, first_k_dense_replace=3,
+    moe_layer_freq=1, num_attention_heads=128, num_key_value_heads=128, q_lora_rank=1536, kv_lora_rank=512,
+    qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, n_routed_experts=256, n_shared_experts=1,
+    num_experts_per_tok=8, n_group=8, topk_group=4, topk_method="noaux_tc", scoring_func="sigmoid",
+    norm_topk_prob=True, attention_bias=False, tie_word_embeddings=False)
+MOONLIGHT_16B_A3B = dict(  # moonshotai/Moonlight-16B-A3B config.json; 16 B total, 3 B active (its card)
+    model_type="deepseek_v3", vocab_size=163840, hidden_size=2048, intermediate_size=11264,
+    moe_intermediate_size=1408, num_hidden_layers=27, first_k_dense_replace=1, moe_layer_freq=1,
+    num_attention_heads=16, num_key_value_heads=16, q_lora_rank=None, kv_lora_rank=512, qk_nope_head_dim=128,
+    qk_rope_head_dim=64, v_head_dim=128, n_routed_experts=64, n_shared_experts=2, num_experts_per_tok=6,
+    n_group=1, topk_group=1, topk_method="noaux_tc", scoring_func="sigmoid", attention_bias=False,
+    tie_word_embeddings=False)
+# zai-org/GLM-4.5-Air and zai-org/GLM-4.5 config.json (the same values in Megatron-Bridge's
+# glm45_provider.py: GLM45AirModelProvider106B / GLM45ModelProvider355B); 106 B / 12 B active and
+# 355 B / 32 B active (their cards; GLM counts active parameters without embedding and LM head)
+GLM45_AIR = dict(
+    model_type="glm4_moe", vocab_size=151552, hidden_size=4096, intermediate_size=10944, moe_intermediate_size=1408,
+    num_hidden_layers=46, first_k_dense_replace=1, num_attention_heads=96, num_key_value_heads=8, head_dim=128,
+    n_routed_experts=128, n_shared_experts=1, num_experts_per_tok=8, n_group=1, topk_group=1, attention_bias=True,
+    use_qk_norm=False, partial_rotary_factor=0.5, num_nextn_predict_layers=1, tie_word_embeddings=False)
+GLM45 = {**GLM45_AIR, "hidden_size": 5120, "intermediate_size": 12288, "moe_intermediate_size": 1536,
+         "num_hidden_layers": 92, "first_k_dense_replace": 3, "n_routed_experts": 160, "use_qk_norm": True}
+
+PUBLISHED = {  # name: (config, total, active or None, whether active counts embedding and head)
+    "Qwen2.5-7B": (QWEN25_7B, 7.62e9, None, True),
+    "Mixtral-8x7B": (MIXTRAL_8X7B, 46.7e9, 12.9e9, True),
+    "Qwen3-30B-A3B": (QWEN3_30B_A3B, 30.5e9, 3.3e9, True),
+    "DeepSeek-V3": (DEEPSEEK_V3, 671e9, 37e9, True),
+    "Moonlight-16B-A3B": (MOONLIGHT_16B_A3B, 16e9, 3e9, True),
+    "GLM-4.5-Air": (GLM45_AIR, 106e9, 12e9, False),
+    "GLM-4.5": (GLM45, 355e9, 32e9, False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_published_totals(name):
+    config, total, active, with_embeddings = PUBLISHED[name]
+    p = count_params(ModelShape.from_hf_config(config))
+    assert p.total == pytest.approx(total, rel=0.015)
+    if active is not None:
+        counted = p.active if with_embeddings else p.active - p.embedding - p.lm_head
+        # published active counts are rounded to one or two digits ("3B", "12B")
+        assert counted == pytest.approx(active, rel=0.05 if active < 10e9 else 0.02)
+
+
+def test_qwen25_7b_exact():
+    assert count_params(ModelShape.from_hf_config(QWEN25_7B)).total == 7_615_616_512
