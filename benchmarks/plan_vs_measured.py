@@ -58,10 +58,11 @@ def actor_rows() -> list[tuple[str, float, float]]:
 
 def e2e_rows() -> list[tuple[str, float, float]]:
     """GRPO end to end (gpu_session.sh e2e_sdpa): the plan of the same overrides; the measured
-    peaks are `memory/*_peak_gib` of steps 2-3 (torch's counter, vLLM's pool included)."""
+    peaks are `memory/*_peak_gib` of steps 2-3 (torch's counter, vLLM's pool included; CUDA
+    contexts and NCCL buffers, the plan's GPU_OVERHEAD, are outside it and left out here)."""
     from megarl.config import resolve_config
     from megarl.config.load import load_config
-    from megarl.plan.build import build_plan
+    from megarl.plan.build import GPU_OVERHEAD, build_plan
 
     with tempfile.TemporaryDirectory() as model_dir:
         env = {**os.environ, "MEGARL_DEMO_DIR": os.environ.get("MEGARL_DEMO_DIR", tempfile.gettempdir() + "/megarl-demo")}
@@ -81,7 +82,7 @@ def e2e_rows() -> list[tuple[str, float, float]]:
     for phase, key, plus_vllm in (("generate", "rollout", False), ("old_log_prob", "old_log_prob", True),
                                   ("update_actor", "update_actor", True)):
         measured = [s[f"memory/{key}_peak_gib"] for s in steps]
-        estimate = (plan.phases[phase] + (vllm if plus_vllm else 0)) / GIB
+        estimate = (plan.phases[phase].total - GPU_OVERHEAD + (vllm if plus_vllm else 0)) / GIB
         label = f"GRPO e2e 0.5B (SDPA, padded), {phase}" + (" + vLLM's sleeping pool" if plus_vllm else "")
         rows += [(f"{label}, step {s['step']}", estimate, m) for s, m in zip(steps, measured)]
     return rows

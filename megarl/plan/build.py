@@ -1,18 +1,36 @@
 """The launch plan of a resolved config: placement, memory per role and phase, and its verdict.
 
-Phases on one GPU (every role is colocated on every slot, see :mod:`megarl.plan.placement`):
-``generate`` (vLLM's budget + what the Megatron roles keep resident: their parameters and
-gradients unless ``param_offload``, their optimizer state unless ``optimizer_offload``),
-then ``old_log_prob`` / ``ref_log_prob`` / ``values`` (one role's forward, vLLM asleep when
-``rollout.free_cache_engine``), ``update_critic`` and ``update_actor`` (the trained role's
-whole state loaded + its activations). The plan refuses when a phase exceeds the GPU.
+Every role is colocated on every GPU (see :mod:`megarl.plan.placement`). The phases follow the
+colocated worker's memory choreography; each phase lists its terms (bytes per GPU), so a
+measured peak can be set beside each one:
+
+* ``init``: the Megatron roles are built in turn (critic, actor, reference: the trainer's order)
+  before vLLM starts, each whole (parameters, gradients, optimizer state) and then offloaded
+  per its ``param_offload`` (parameters and gradients) / ``optimizer_offload``; the peak is the
+  role being built beside what the ones built before it keep.
+* ``sync`` (weights into vLLM): the actor's parameters on the device (onloaded when
+  ``param_offload``; its gradients and optimizer state stay where they are between phases),
+  vLLM's weights awake (weights / rollout TP), one weight-sync bucket
+  (``rollout.weight_sync.bucket_size_mb``) and the other roles' between-phase state. vLLM's KV
+  cache is not awake yet.
+* ``generate``: vLLM's whole budget (``gpu_memory_utilization`` x GPU) + every role's
+  between-phase state (the actor's parameters offloaded again when ``param_offload``).
+* forward passes (``old_log_prob``, ``ref_log_prob``, ``values``): vLLM asleep at level 2
+  (weights and KV cache released; awake all along when ``rollout.free_cache_engine=false``),
+  the role's parameters on the device (not its gradients or optimizer state) + its forward
+  activations + the others' between-phase state.
+* updates (``update_actor``, ``update_critic``): the trained role whole + its training
+  activations + the others' between-phase state.
+
+Every phase also holds :data:`GPU_OVERHEAD`. The plan refuses when a phase exceeds the GPU
+(``trainer.memory_plan.gpu_memory_gib``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from megarl.config.errors import Issue
 from megarl.config.roles import ACTOR, CRITIC, REF, Role, need_critic, need_reference
@@ -21,10 +39,19 @@ from megarl.parallel.layout import ParallelLayout
 from megarl.plan.memory import RankMemory, TrainSetup, VllmMemory, rank_memory, vllm_memory
 from megarl.plan.model_size import ParamCount, count_params, load_shape
 
-__all__ = ["Plan", "RolePlan", "build_plan"]
+__all__ = ["GPU_OVERHEAD", "Phase", "Plan", "RolePlan", "build_plan", "gpu_memory_gib"]
 
 GIB = 2**30
+MIB = 2**20
+DEFAULT_GPU_GIB = 80.0
+# Memory on every GPU outside the terms above, in every phase: the CUDA context of each process
+# on the GPU (the actor/rollout/reference process, and the critic's when one runs) with its
+# cuBLAS / cuDNN workspaces (~0.5 GiB each on H100, CUDA 13), NCCL's buffers for megatron's and
+# vLLM's communicators (a few hundred MiB), and vLLM's CUDA-graph pool, which stays allocated
+# while vLLM sleeps (~0.5 GiB at 7B). An estimate until the GPU runs of issue 31 measure it.
+GPU_OVERHEAD = 2 * GIB
 FORWARD_PHASE = {"actor": "old_log_prob", "ref": "ref_log_prob", "critic": "values"}
+BUILD_ORDER = ("critic", "actor", "ref")  # megarl.trainer.ppo_trainer.init_workers: critic first
 
 
 @dataclass(frozen=True)
@@ -36,11 +63,37 @@ class RolePlan:
     param_offload: bool
     optimizer_offload: bool
 
+    def kept(self, *, params_onloaded: bool = False) -> dict[str, int]:
+        """Bytes this role keeps on the GPU between its phases, by part (zero parts left out);
+        ``params_onloaded``: its parameters on the device whatever ``param_offload`` says."""
+        m = self.memory
+        parts = {"params": m.params if params_onloaded or not self.param_offload else 0,
+                 "grads": 0 if self.param_offload else m.grads,
+                 "optimizer": 0 if self.optimizer_offload else m.optimizer}
+        return {f"{self.role.name} {part}": size for part, size in parts.items() if size}
+
     @property
     def between_phases(self) -> int:
         """Bytes it keeps on the GPU while another phase runs."""
+        return sum(self.kept().values())
+
+    def whole(self) -> dict[str, int]:
         m = self.memory
-        return (0 if self.param_offload else m.params + m.grads) + (0 if self.optimizer_offload else m.optimizer)
+        parts = {"params": m.params, "grads": m.grads, "optimizer": m.optimizer}
+        return {f"{self.role.name} {part}": size for part, size in parts.items() if size}
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase's peak on one GPU: named terms in bytes; ``role``: the Megatron role whose
+    state the phase loads (None for ``generate``)."""
+
+    terms: dict[str, int]
+    role: str | None
+
+    @property
+    def total(self) -> int:
+        return sum(self.terms.values())
 
 
 @dataclass
@@ -52,8 +105,23 @@ class Plan:
     rollout_tp: int
     vllm: VllmMemory
     vllm_awake_in_training: bool
-    phases: dict[str, int] = field(default_factory=dict)
+    bucket_bytes: int
+    phases: dict[str, Phase] = field(default_factory=dict)
     issues: list[Issue] = field(default_factory=list)
+
+
+def gpu_memory_gib(cfg: DictConfig) -> float:
+    """``trainer.memory_plan.gpu_memory_gib``; null: the memory of this machine's first GPU when
+    ``trainer.device`` is not cpu and torch sees one (a CUDA context is not created), else 80."""
+    size = value_at(cfg, "trainer.memory_plan.gpu_memory_gib")
+    if size is not None:
+        return float(size)
+    if value_at(cfg, "trainer.device") != "cpu":
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_properties(0).total_memory / GIB
+    return DEFAULT_GPU_GIB
 
 
 def _megatron_dtype(cfg: DictConfig, role: Role) -> str:
@@ -88,7 +156,7 @@ def _setup(cfg: DictConfig, role: Role) -> TrainSetup:
             train_tokens = (value_at(cfg, f"{section}.ppo_micro_batch_size_per_gpu") or 1) * seq
     forward = fwd_tokens if fwd_dyn else (fwd_micro or 1) * seq
     optim_section = "actor_rollout_ref.actor.optim" if role is not CRITIC else "critic.optim"
-    optim = cfg_node(cfg, optim_section)
+    optim = OmegaConf.select(cfg, optim_section)
     precision_aware = bool(optim.use_precision_aware_optimizer)
     override = value_at(cfg, f"{m}.override_transformer_config") or {}
     return TrainSetup(
@@ -103,12 +171,6 @@ def _setup(cfg: DictConfig, role: Role) -> TrainSetup:
     )
 
 
-def cfg_node(cfg: DictConfig, key: str):
-    from omegaconf import OmegaConf
-
-    return OmegaConf.select(cfg, key)
-
-
 def build_plan(cfg: DictConfig, gpu_memory_gib: float) -> Plan:
     """The plan of a validated, resolved config on GPUs of ``gpu_memory_gib`` GiB each."""
     nnodes, per_node = value_at(cfg, "trainer.nnodes"), value_at(cfg, "trainer.n_gpus_per_node")
@@ -116,7 +178,7 @@ def build_plan(cfg: DictConfig, gpu_memory_gib: float) -> Plan:
     active = [ACTOR] + ([REF] if need_reference(cfg) else []) + ([CRITIC] if need_critic(cfg) else [])
     roles: dict[str, RolePlan] = {}
     for role in active:
-        layout = ParallelLayout.from_megatron_config(cfg_node(cfg, role.megatron), world)
+        layout = ParallelLayout.from_megatron_config(OmegaConf.select(cfg, role.megatron), world)
         params = count_params(load_shape(value_at(cfg, role.model_path)))
         trainable = role is not REF
         roles[role.name] = RolePlan(
@@ -128,27 +190,52 @@ def build_plan(cfg: DictConfig, gpu_memory_gib: float) -> Plan:
     gpu_bytes = int(gpu_memory_gib * GIB)
     rollout_dtype = value_at(cfg, f"{rollout}.dtype")
     rollout_dtype = "bfloat16" if rollout_dtype == "auto" else rollout_dtype
-    plan = Plan(nnodes, per_node, gpu_bytes, roles, value_at(cfg, f"{rollout}.tensor_model_parallel_size"),
-                vllm_memory(roles["actor"].params, value_at(cfg, f"{rollout}.tensor_model_parallel_size"), rollout_dtype,
-                            gpu_bytes, value_at(cfg, f"{rollout}.gpu_memory_utilization")),
-                vllm_awake_in_training=not value_at(cfg, f"{rollout}.free_cache_engine"))
-    _phases(plan)
+    rollout_tp = value_at(cfg, f"{rollout}.tensor_model_parallel_size")
+    plan = Plan(nnodes, per_node, gpu_bytes, roles, rollout_tp,
+                vllm_memory(roles["actor"].params, rollout_tp, rollout_dtype, gpu_bytes,
+                            value_at(cfg, f"{rollout}.gpu_memory_utilization")),
+                vllm_awake_in_training=not value_at(cfg, f"{rollout}.free_cache_engine"),
+                bucket_bytes=int(value_at(cfg, f"{rollout}.weight_sync.bucket_size_mb") * MIB))
+    plan.phases = phases(plan)
     plan.issues = _fit_issues(plan, cfg, gpu_memory_gib)
     return plan
 
 
-def _phases(plan: Plan) -> None:
-    resident = {name: r.between_phases for name, r in plan.roles.items()}
-    idle = sum(resident.values())
-    vllm_idle = plan.vllm.budget if plan.vllm_awake_in_training else 0
-    plan.phases["generate"] = plan.vllm.budget + idle
-    for name, r in plan.roles.items():
-        others = idle - resident[name] + vllm_idle
-        # A forward loads the role's parameters (not its gradients or optimizer state).
-        loaded = resident[name] + (r.memory.params if r.param_offload else 0)
-        plan.phases[FORWARD_PHASE[name]] = others + loaded + r.memory.activations_forward
+def phases(plan: Plan) -> dict[str, Phase]:
+    """Every phase's terms (see the module docstring)."""
+    roles = plan.roles
+    overhead = {"overhead": GPU_OVERHEAD}
+
+    def others(name: str | None) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for other, r in roles.items():
+            if other != name:
+                out.update(r.kept())
+        return out
+
+    out: dict[str, Phase] = {}
+    built: dict[str, int] = {}
+    init: Phase | None = None
+    for name in (n for n in BUILD_ORDER if n in roles):
+        step = Phase({**built, **roles[name].whole(), **overhead}, name)
+        if init is None or step.total > init.total:
+            init = step
+        built.update(roles[name].kept())
+    assert init is not None
+    out["init"] = init
+    actor = roles["actor"]
+    out["sync"] = Phase({**actor.kept(params_onloaded=True), "vLLM weights": plan.vllm.weights,
+                         "weight-sync bucket": plan.bucket_bytes, **others("actor"), **overhead}, "actor")
+    out["generate"] = Phase({"vLLM budget": plan.vllm.budget, **others(None), **overhead}, None)
+    asleep = {"vLLM (awake: free_cache_engine=false)": plan.vllm.budget} if plan.vllm_awake_in_training else {}
+    for name, r in roles.items():
+        out[FORWARD_PHASE[name]] = Phase({**r.kept(params_onloaded=True), f"{name} activations (forward)":
+                                          r.memory.activations_forward, **others(name), **asleep, **overhead}, name)
+    for name, r in roles.items():
         if r.memory.grads:
-            plan.phases[f"update_{name}"] = others + r.memory.resident + r.memory.activations_train
+            out[f"update_{name}"] = Phase({**r.whole(), f"{name} activations (train)": r.memory.activations_train,
+                                           **others(name), **asleep, **overhead}, name)
+    return out
 
 
 def _fit_issues(plan: Plan, cfg: DictConfig, gib: float) -> list[Issue]:
@@ -161,29 +248,35 @@ def _fit_issues(plan: Plan, cfg: DictConfig, gib: float) -> list[Issue]:
                             f"after {plan.vllm.weights / GIB:.1f} GiB of weights: {plan.vllm.kv_tokens} tokens, less than one "
                             f"sequence of {seq}",
                             f"raise {rollout}.gpu_memory_utilization or {rollout}.tensor_model_parallel_size"))
-    for phase, need in plan.phases.items():
-        if need <= plan.gpu_bytes:
+    cluster = "trainer.nnodes / trainer.n_gpus_per_node"
+    for name, phase in plan.phases.items():
+        if phase.total <= plan.gpu_bytes:
             continue
-        where = f"phase {phase} needs {need / GIB:.1f} GiB per GPU, the GPU has {gib:g} GiB (--gpu-memory-gib)"
-        if phase == "generate":
-            keys = [f"{rollout}.gpu_memory_utilization"] + [f"{r.role.megatron}.{k}" for r in plan.roles.values()
-                                                            for k in ("param_offload", "optimizer_offload") if r.memory.grads or k == "param_offload"]
-            issues.append(Issue(f"{rollout}.gpu_memory_utilization", value_at(cfg, f"{rollout}.gpu_memory_utilization"), where,
-                                "lower or offload: " + ", ".join(dict.fromkeys(keys))))
+        where = (f"phase {name} needs {phase.total / GIB:.1f} GiB per GPU, the GPU has {gib:g} GiB "
+                 "(trainer.memory_plan.gpu_memory_gib)")
+        offload_others = [f"{o.role.megatron}.{k}" for o in plan.roles.values() if o.role.name != phase.role
+                          for k in ("param_offload", "optimizer_offload")
+                          if (k == "param_offload" and not o.param_offload) or (k == "optimizer_offload" and o.memory.grads and not o.optimizer_offload)]
+        if phase.role is None:  # generate
+            fix = [f"{rollout}.gpu_memory_utilization"] + offload_others
+            issues.append(Issue(f"{rollout}.gpu_memory_utilization", value_at(cfg, f"{rollout}.gpu_memory_utilization"),
+                                where, "lower or offload: " + ", ".join(fix)))
             continue
-        name = next(n for n in plan.roles if phase.endswith(n) or phase == FORWARD_PHASE[n])
-        r = plan.roles[name]
+        r = plan.roles[phase.role]
         m = r.role.megatron
         section = m.rsplit(".", 1)[0]
         fix = [f"{m}.tensor_model_parallel_size", f"{m}.pipeline_model_parallel_size"]
-        if phase.startswith("update"):
+        if name == "sync":
+            fix += [f"{rollout}.tensor_model_parallel_size", f"{rollout}.weight_sync.bucket_size_mb"]
+            fix += [f"{m}.{k}" for k, on in (("param_offload", r.param_offload), ("optimizer_offload", r.optimizer_offload))
+                    if not on]
+        elif name.startswith("update"):
             fix += [f"{section}.ppo_micro_batch_size_per_gpu (or ppo_max_token_len_per_gpu with use_dynamic_bsz)",
                     f"{m}.override_transformer_config.recompute_granularity=full"]
             if r.memory.optimizer != r.memory.optimizer_sharded:
                 fix.append(f"{m}.use_distributed_optimizer=true")
-        else:
+        elif name != "init":
             fix.append("the log-prob micro-batch size")
-        others = [f"{o.role.megatron}.param_offload" for o in plan.roles.values() if o is not r and not o.param_offload]
         issues.append(Issue(f"{m}.tensor_model_parallel_size", r.layout.tp, where,
-                            "change " + ", ".join(fix + others) + ", or trainer.nnodes / trainer.n_gpus_per_node"))
+                            "change " + ", ".join(fix + offload_others) + f", or {cluster}"))
     return issues

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from megarl.plan.build import GIB, Plan
+from megarl.plan.build import GIB, GPU_OVERHEAD, Plan
 from megarl.plan.placement import group_lines, slot_lines
 
 
@@ -40,11 +40,13 @@ def format_plan(plan: Plan, show_slots: int = 64) -> str:
     out.append(f"  vLLM: budget {_g(v.budget)} = weights {_g(v.weights)} + KV cache {_g(v.kv_cache)} "
                f"({v.kv_tokens} tokens at {v.kv_bytes_per_token} B/token)")
     out.append("")
-    out.append("peak per phase, GiB per GPU:")
-    for phase, need in plan.phases.items():
-        flag = "  <-- does not fit" if need > plan.gpu_bytes else ""
-        out.append(f"  {phase:<14}{_g(need):>8}{flag}")
-    peak = max(plan.phases.values())
+    out.append(f"peak per phase, GiB per GPU (= its terms, megarl/plan/build.py; overhead: CUDA contexts, NCCL "
+               f"buffers and vLLM's CUDA-graph pool, {_g(GPU_OVERHEAD)} on every GPU):")
+    for name, phase in plan.phases.items():
+        flag = "  <-- does not fit" if phase.total > plan.gpu_bytes else ""
+        terms = " + ".join(f"{term} {_g(size)}" for term, size in phase.terms.items())
+        out.append(f"  {name:<14}{_g(phase.total):>8} = {terms}{flag}")
+    peak = max(phase.total for phase in plan.phases.values())
     out.append("")
     if plan.issues:
         out.append(f"REFUSED: {len(plan.issues)} problem(s):")

@@ -18,10 +18,10 @@ QWEN25_7B = dict(model_type="qwen2", vocab_size=152064, hidden_size=3584, interm
                  num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False)
 
 
-def _cfg(tmp_path, *overrides):
+def _cfg(tmp_path, *overrides, nodes=2, gpus=8):
     (tmp_path / "config.json").write_text(json.dumps(QWEN25_7B))
     return resolve_config(load_config([
-        f"actor_rollout_ref.model.path={tmp_path}", "trainer.nnodes=2", "trainer.n_gpus_per_node=8",
+        f"actor_rollout_ref.model.path={tmp_path}", f"trainer.nnodes={nodes}", f"trainer.n_gpus_per_node={gpus}",
         "data.max_prompt_length=1024", "data.max_response_length=3072",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
@@ -50,7 +50,7 @@ def test_7b_on_two_nodes_fits_with_tp4(tmp_path):
     # distributed optimizer: 12 bytes/param / (TP 4 x DP 4) of the largest stage
     assert actor.memory.optimizer == pytest.approx(12 * actor.params.total / 16, rel=0.01)
     # verl's default estimator (gae) trains a critic; no KL -> no reference
-    assert set(plan.phases) == {"generate", "old_log_prob", "update_actor", "values", "update_critic"}
+    assert set(plan.phases) == {"init", "sync", "generate", "old_log_prob", "update_actor", "values", "update_critic"}
     assert plan.roles["critic"].layout.tp == 4
 
 
@@ -62,7 +62,56 @@ def test_7b_tp1_is_refused_naming_the_keys(tmp_path, capsys):
     assert "actor_rollout_ref.actor.megatron.tensor_model_parallel_size" in text
     assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu" in text
     assert "actor_rollout_ref.actor.megatron.use_distributed_optimizer=true" in text
-    assert plan.phases["update_actor"] > 80 * GIB
+    assert plan.phases["update_actor"].total > 80 * GIB
+
+
+GRPO_KL_TP2 = ("algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.use_kl_loss=true",
+               "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+               "actor_rollout_ref.ref.megatron.tensor_model_parallel_size=2",
+               "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+               "actor_rollout_ref.rollout.gpu_memory_utilization=0.3",
+               "actor_rollout_ref.rollout.weight_sync.bucket_size_mb=512")
+OFFLOAD = tuple(f"actor_rollout_ref.{role}.megatron.{k}=true" for role in ("actor", "ref")
+                for k in ("param_offload", "optimizer_offload") if (role, k) != ("ref", "optimizer_offload"))
+
+
+def test_phases_follow_the_offloaded_choreography(tmp_path):
+    """7B at TP=2 on 2 GPUs, everything offloaded (verl's 7B Megatron scripts): each phase holds
+    exactly the terms of the colocated worker's choreography (megarl/plan/build.py)."""
+    plan = build_plan(_cfg(tmp_path, *GRPO_KL_TP2, *OFFLOAD, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+                           nodes=1, gpus=2), gpu_memory_gib=80)
+    total = 7_615_616_512  # parameters; bf16 over TP=2 -> `total` bytes per GPU
+    overhead = "overhead"
+    actor = plan.roles["actor"].memory
+    assert actor.params == total and actor.grads == 2 * total  # fp32 main grads
+    assert actor.optimizer == 6 * total  # 12 bytes per parameter / TP=2, DP=1
+    p = plan.phases
+    assert p["init"].terms == {"actor params": total, "actor grads": 2 * total, "actor optimizer": 6 * total,
+                               overhead: 2 * GIB}  # the actor, built whole; the reference after it, offloaded
+    assert p["sync"].terms == {"actor params": total, "vLLM weights": total, "weight-sync bucket": 512 * 2**20,
+                               overhead: 2 * GIB}  # no gradients, optimizer state, reference or KV cache
+    assert p["generate"].terms == {"vLLM budget": int(0.3 * 80 * GIB), overhead: 2 * GIB}
+    assert set(p["old_log_prob"].terms) == {"actor params", "actor activations (forward)", overhead}
+    assert set(p["ref_log_prob"].terms) == {"ref params", "ref activations (forward)", overhead}
+    assert set(p["update_actor"].terms) == {"actor params", "actor grads", "actor optimizer",
+                                            "actor activations (train)", overhead}
+    assert not plan.issues, [i.format() for i in plan.issues]
+
+
+def test_phases_without_offload_keep_every_role_resident(tmp_path):
+    plan = build_plan(_cfg(tmp_path, *GRPO_KL_TP2, nodes=1, gpus=2), gpu_memory_gib=80)
+    total = 7_615_616_512
+    resident = {"actor params": total, "actor grads": 2 * total, "actor optimizer": 6 * total, "ref params": total}
+    gen = plan.phases["generate"].terms
+    assert {k: gen[k] for k in resident} == resident and gen["vLLM budget"] == int(0.3 * 80 * GIB)
+    sync = plan.phases["sync"].terms
+    assert {k: sync[k] for k in resident} == resident and sync["vLLM weights"] == total
+    # init: the critic-free build order is actor then reference; nothing offloaded: both whole
+    assert set(plan.phases["init"].terms) == {*resident, "overhead"}
+    # 9 x 7.1 + 0.3 x 80 + 2 GiB > 80 GiB: generate and sync are refused, naming the offload keys
+    text = "\n".join(i.format() for i in plan.issues)
+    assert "phase generate" in text and "actor_rollout_ref.actor.megatron.param_offload" in text
+    assert "phase sync" in text and "actor_rollout_ref.rollout.weight_sync.bucket_size_mb" in text
 
 
 def test_vllm_budget_without_room_for_kv_is_refused(tmp_path):
