@@ -5,9 +5,10 @@
 
 check override syntax and keys -> compose (Hydra) -> check keys and types -> build the
 demo assets the config points at -> validate everything (layouts against each model's
-config.json, batch sizes, files) -> preflight (load the tokenizer, datasets and reward
-function as the trainer will) -> print the resolved config -> run the trainer (Ray starts
-here). A bad config or bad data exits with code 2 and a message naming each bad key, file
+config.json, batch sizes, files) -> the memory plan (megarl.plan.gate: a GPU run with a phase
+that does not fit is refused unless trainer.memory_plan.enforce=false) -> preflight (load the
+tokenizer, datasets and reward function as the trainer will) -> print the resolved config ->
+run the trainer (Ray starts here). A bad config or bad data exits with code 2 and a message naming each bad key, file
 and row and the fix; no traceback. A failure after that (a locked run directory, a damaged
 checkpoint, a reward function error, a full disk, a worker error) is one message too,
 naming the phase, step, worker or file and the fix, with the exit code of
@@ -36,6 +37,7 @@ from megarl.config.load import finish_compose
 from megarl.config.preflight import preflight
 from megarl.config.profile import demo_banner
 from megarl.config.rules_compat import compat_notices
+from megarl.plan.gate import memory_gate
 from megarl.utils.te_apex_warnings import fallback_note
 
 EXIT_BAD_CONFIG = 2
@@ -66,7 +68,7 @@ def _optional(module: str, name: str):
 
 
 def prepare(cfg: DictConfig) -> DictConfig:
-    """Schema check, demo assets, full validation, preflight; returns the resolved config.
+    """Schema check, demo assets, full validation, the memory plan, preflight; returns the resolved config.
 
     Everything a user can get wrong is checked here, before Ray or any worker starts;
     raises ConfigError.
@@ -84,7 +86,13 @@ def prepare(cfg: DictConfig) -> DictConfig:
     for notice in compat_notices(cfg):
         print(f"megarl: {notice}", flush=True)
     resolved = resolve_config(cfg)
-    preflight(resolved)
+    refused = memory_gate(resolved)
+    try:
+        preflight(resolved)
+    except ConfigError as error:  # every problem at once
+        raise ConfigError(refused + error.issues) from None
+    if refused:
+        raise ConfigError(refused)
     return resolved
 
 

@@ -9,6 +9,14 @@ from megarl.config.spec import Section, spec
 
 
 @dataclass
+class MemoryPlanConfig(Section):
+    """`trainer.memory_plan`: the launch plan (megarl.plan) that `main_ppo` runs before any worker."""
+
+    enforce: bool = spec()
+    gpu_memory_gib: float | None = spec(gt=0)
+
+
+@dataclass
 class TrainerConfig(Section):
     balance_batch: bool = spec()
     total_epochs: int = spec(ge=1)
@@ -33,6 +41,7 @@ class TrainerConfig(Section):
     max_critic_ckpt_to_keep: int | None = spec(ge=1)
     device: str = spec(choices=DEVICES)
     nan_policy: str = spec(choices=NAN_POLICIES)
+    memory_plan: MemoryPlanConfig = spec()
 
 
 @dataclass

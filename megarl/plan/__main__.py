@@ -18,10 +18,11 @@ from megarl.config.load import load_config
 EXIT_REFUSED = 2
 
 
-def plan_text(overrides: list[str], gpu_memory_gib: float) -> tuple[str, bool]:
+def plan_text(overrides: list[str]) -> tuple[str, bool]:
     """(the plan as text, whether it fits). Raises ConfigError for a bad config."""
+    from megarl.config.typed import typed_config
     from megarl.data.demo import ensure_demo_assets
-    from megarl.plan.build import build_plan
+    from megarl.plan.build import build_plan, gpu_memory_gib
     from megarl.plan.report import format_plan
 
     issues = check_override_keys(overrides)
@@ -33,20 +34,25 @@ def plan_text(overrides: list[str], gpu_memory_gib: float) -> tuple[str, bool]:
         raise ConfigError(issues)
     ensure_demo_assets(cfg)
     validate_config(cfg)
-    plan = build_plan(resolve_config(cfg), gpu_memory_gib)
+    resolved = resolve_config(cfg)
+    trainer = typed_config(resolved).trainer
+    plan = build_plan(resolved, gpu_memory_gib(trainer.memory_plan, trainer.device))
     return format_plan(plan), not plan.issues
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m megarl.plan", description=__doc__.splitlines()[0])
-    parser.add_argument("--gpu-memory-gib", type=float, default=80.0, help="memory of one GPU (default 80)")
+    parser.add_argument("--gpu-memory-gib", type=float, default=None,
+                        help="memory of one GPU (= trainer.memory_plan.gpu_memory_gib; default: that key)")
     parser.add_argument("overrides", nargs="*", help="config overrides, as for megarl.main_ppo")
     args, rest = parser.parse_known_args(argv)
     unknown = [a for a in rest if not a.startswith("--config-name")]  # main_ppo's own flag is accepted
     if unknown:
         parser.error(f"unrecognised arguments: {' '.join(unknown)}")
+    if args.gpu_memory_gib is not None:
+        args.overrides.append(f"trainer.memory_plan.gpu_memory_gib={args.gpu_memory_gib}")
     try:
-        text, fits = plan_text(args.overrides, args.gpu_memory_gib)
+        text, fits = plan_text(args.overrides)
     except (ConfigError, ValueError) as error:
         print(f"megarl: {error}", file=sys.stderr)
         return EXIT_REFUSED

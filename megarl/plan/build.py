@@ -34,6 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from megarl.config.errors import Issue
 from megarl.config.roles import ACTOR, CRITIC, REF, Role, need_critic, need_reference
+from megarl.config.schema_trainer import MemoryPlanConfig
 from megarl.config.view import value_at
 from megarl.parallel.layout import ParallelLayout
 from megarl.plan.memory import RankMemory, TrainSetup, VllmMemory, rank_memory, vllm_memory
@@ -110,13 +111,13 @@ class Plan:
     issues: list[Issue] = field(default_factory=list)
 
 
-def gpu_memory_gib(cfg: DictConfig) -> float:
+def gpu_memory_gib(memory_plan: MemoryPlanConfig, device: str) -> float:
     """``trainer.memory_plan.gpu_memory_gib``; null: the memory of this machine's first GPU when
-    ``trainer.device`` is not cpu and torch sees one (a CUDA context is not created), else 80."""
-    size = value_at(cfg, "trainer.memory_plan.gpu_memory_gib")
-    if size is not None:
-        return float(size)
-    if value_at(cfg, "trainer.device") != "cpu":
+    ``trainer.device`` is not cpu and torch sees one, else 80. (torch reads the size without
+    creating a CUDA context.)"""
+    if memory_plan.gpu_memory_gib is not None:
+        return float(memory_plan.gpu_memory_gib)
+    if device != "cpu":
         import torch
 
         if torch.cuda.is_available():
