@@ -13,7 +13,6 @@ import inspect
 from collections.abc import Iterable, Iterator
 
 from megarl.config.errors import Issue, no_value
-from megarl.config.rules_parallel import has_module
 from megarl.config.roles import active_roles
 from megarl.config.view import Skip, View
 
@@ -50,18 +49,18 @@ def _unknown(section: str, names: Iterable[str], known: frozenset[str], what: st
         yield Issue(f"{section}.{name}", no_value(), f"not a {what}", f"{hint}remove {section}.{name}")
 
 
-def _te_missing(overrides, device: str) -> str:
+def _te_missing(overrides, v: View) -> str:
     """Why transformer-engine's layers will not run ("" when they will)."""
     impl = overrides.get("transformer_impl", "transformer_engine")
     return ("transformer_impl=local" if impl == "local" else "transformer-engine is not installed"
-            if not has_module("transformer_engine") else "trainer.device=cpu" if device == "cpu" else "")
+            if not v.installed("transformer_engine") else "trainer.device=cpu" if v.get("trainer.device") == "cpu" else "")
 
 
-def _te_only(key: str, overrides, device: str) -> Iterator[Issue]:
+def _te_only(key: str, overrides, v: View) -> Iterator[Issue]:
     """FP8 (megatron's fp8 autocast is TE's), fused RoPE and MoE permutation (TE's kernels) and
     gradient-accumulation fusion (TE's wgrad GEMM; megatron's own linears need apex) run only in TE's
     layers on CUDA."""
-    why = _te_missing(overrides, device)
+    why = _te_missing(overrides, v)
     if not why:
         return
     if overrides.get("fp8"):
@@ -73,7 +72,7 @@ def _te_only(key: str, overrides, device: str) -> Iterator[Issue]:
     if overrides.get("moe_permute_fusion"):
         yield Issue(f"{key}.moe_permute_fusion", True, f"fused MoE token permutation is transformer-engine's ({why})",
                     f"remove {key}.moe_permute_fusion (megarl turns it on where TE's layers run)")
-    apex = device != "cpu" and has_module("fused_weight_gradient_mlp_cuda")
+    apex = v.get("trainer.device") != "cpu" and v.installed("fused_weight_gradient_mlp_cuda")
     if overrides.get("gradient_accumulation_fusion") and not apex:
         yield Issue(f"{key}.gradient_accumulation_fusion", True, "fused weight-gradient accumulation needs "
                     f"transformer-engine's layers on CUDA or apex's fused_weight_gradient_mlp_cuda ({why})",
@@ -83,7 +82,7 @@ def _te_only(key: str, overrides, device: str) -> Iterator[Issue]:
 _BACKENDS = ("flash", "fused", "unfused", "local", "auto")
 
 
-def _attention_backend(key: str, overrides, device: str) -> Iterator[Issue]:
+def _attention_backend(key: str, overrides, v: View) -> Iterator[Issue]:
     """Megatron's attention_backend picks transformer-engine's attention kernels: ``flash`` needs
     the flash-attn package (TE finds no kernel otherwise, deep in the first forward)."""
     backend = overrides.get("attention_backend")
@@ -93,8 +92,8 @@ def _attention_backend(key: str, overrides, device: str) -> Iterator[Issue]:
         yield Issue(f"{key}.attention_backend", backend, f"not one of {list(_BACKENDS)}",
                     f"set {key}.attention_backend to one of {list(_BACKENDS)}")
         return
-    te_runs = not _te_missing(overrides, device)
-    has_flash = any(has_module(m) for m in ("flash_attn", "flash_attn_3", "flash_attn_interface"))
+    te_runs = not _te_missing(overrides, v)
+    has_flash = any(v.installed(m) for m in ("flash_attn", "flash_attn_3", "flash_attn_interface"))
     if te_runs and backend == "flash" and not has_flash:
         yield Issue(f"{key}.attention_backend", backend, "transformer-engine's flash attention needs the flash-attn "
                     "package, which is not installed", f"set {key}.attention_backend=auto (TE then runs cuDNN's fused "
@@ -112,8 +111,8 @@ def engine_overrides(v: View) -> Iterator[Issue]:
         if overrides and key not in seen and (fields := transformer_config_fields()) is not None:
             seen.add(key)
             yield from _unknown(key, overrides, fields, "Megatron TransformerConfig field")
-            yield from _te_only(key, overrides, v.get("trainer.device"))
-            yield from _attention_backend(key, overrides, v.get("trainer.device"))
+            yield from _te_only(key, overrides, v)
+            yield from _attention_backend(key, overrides, v)
     extra = v.get(VLLM_KEY) or {}
     if extra and (known := vllm_engine_args()) is not None:
         yield from _unknown(VLLM_KEY, extra, known, "vllm.LLM engine argument")

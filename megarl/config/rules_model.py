@@ -10,7 +10,7 @@ from typing import Any
 
 from megarl.config.errors import Issue
 from megarl.config.roles import ACTOR, Role, active_roles
-from megarl.config.view import Skip, View
+from megarl.config.view import Skip, View, needs_files
 
 _EXPERT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts")
 
@@ -159,6 +159,7 @@ def _unsupported_feature(hf: dict[str, Any]) -> str | None:
     return None
 
 
+@needs_files("model weights (*.safetensors in each model dir)")
 def weights(v: View, role: Role) -> Iterator[Issue]:
     """The HF safetensors the worker loads initial weights from (unless a dist checkpoint is used)."""
     if v.get(f"{role.megatron}.use_dist_checkpointing"):
@@ -203,6 +204,7 @@ def lora_on_moe(v: View, hf: dict[str, Any]) -> Iterator[Issue]:
                     f"train it full-parameter ({key}=0)")
 
 
+@needs_files("tokenizer dirs (data.tokenizer / model.tokenizer_path)")
 def tokenizer_dirs(v: View) -> Iterator[Issue]:
     for key in ("data.tokenizer", "actor_rollout_ref.model.tokenizer_path"):
         path = v.path(key)

@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from megarl.config.errors import Issue, no_value
 from megarl.config.names import OPTIM_STATE_DTYPES
 from megarl.config.roles import ACTOR, CRITIC, Role, critic_enabled
-from megarl.config.rules_parallel import has_module
 from megarl.config.view import Skip, View
 
 # Megatron OptimizerConfig fields megarl sets from a typed key (relative to the role's section):
@@ -98,7 +97,7 @@ def precision_aware(v: View, section: str, role: Role) -> Iterator[Issue]:
     needs = []
     if v.get("trainer.device") == "cpu":
         needs.append(("trainer.device=cpu", "CUDA (trainer.device=cuda)"))
-    if not has_module("transformer_engine"):
+    if not v.installed("transformer_engine"):
         needs.append(("transformer-engine is not installed", "transformer-engine's FusedAdam"))
     if v.get(f"{o}.optimizer") != "adam":
         needs.append((f"{o}.optimizer={v.get(f'{o}.optimizer')}", f"{o}.optimizer=adam"))

@@ -3,19 +3,13 @@ world size (the arithmetic is megarl.parallel.layout's), and what some layouts n
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from collections.abc import Iterator
 
 from megarl.config.errors import Issue
 from megarl.config.roles import Role, active_roles, role_layout
-from megarl.config.view import View
+from megarl.config.view import View, needs_files
 from megarl.parallel.layout import MEGATRON_KEYS, ParallelLayout
-
-
-def has_module(name: str) -> bool:
-    """Whether `name` is importable (no import is done)."""
-    return importlib.util.find_spec(name) is not None
 
 
 _WORLD_NAME = "the world size = trainer.nnodes x trainer.n_gpus_per_node"
@@ -35,6 +29,7 @@ def layout(v: View, role: Role) -> Iterator[Issue]:
         yield Issue(key, v.get(key), problem.message, fixes[problem.size])
 
 
+@needs_files("Megatron dist checkpoints (*.megatron.dist_checkpointing_path)")
 def dist_checkpoint(v: View, role: Role) -> Iterator[Issue]:
     m = role.megatron
     if not v.get(f"{m}.use_dist_checkpointing"):

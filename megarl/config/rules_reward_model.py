@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from megarl.config.errors import Issue
 from megarl.config.roles import Role
 from megarl.config.rules_model import model_type, read_hf_config, weights
-from megarl.config.view import View
+from megarl.config.view import View, needs_files
 
 RM = "reward.reward_model"
 # megarl.config.rules_model's per-role checks read the model dir of this role (no override_config)
@@ -49,11 +49,7 @@ def reward_model(v: View) -> Iterator[Issue]:
         return
     yield from model_type(v, RM_ROLE, hf)
     yield from weights(v, RM_ROLE)
-    path = v.path(RM_ROLE.model_path)
-    if not any(os.path.isfile(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer_config.json")):
-        yield Issue(RM_ROLE.model_path, v.get(RM_ROLE.model_path),
-                    "has no tokenizer (tokenizer.json / tokenizer_config.json): the reward model renders its own input",
-                    "save the reward model's tokenizer in that dir (tokenizer.save_pretrained)")
+    yield from rm_tokenizer(v)
     labels = len(hf["id2label"]) if isinstance(hf.get("id2label"), dict) else hf.get("num_labels", 2)
     if labels != 1:
         yield Issue(RM_ROLE.model_path, v.get(RM_ROLE.model_path),
@@ -67,6 +63,15 @@ def reward_model(v: View) -> Iterator[Issue]:
     if isinstance(layers, int) and layers % pp:
         yield Issue(f"{RM}.rollout.pipeline_model_parallel_size", pp,
                     f"does not divide the reward model's num_hidden_layers={layers}", f"choose a PP size dividing {layers}")
+
+
+@needs_files("the reward model's tokenizer")
+def rm_tokenizer(v: View) -> Iterator[Issue]:
+    path = v.path(RM_ROLE.model_path)
+    if not any(os.path.isfile(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer_config.json")):
+        yield Issue(RM_ROLE.model_path, v.get(RM_ROLE.model_path),
+                    "has no tokenizer (tokenizer.json / tokenizer_config.json): the reward model renders its own input",
+                    "save the reward model's tokenizer in that dir (tokenizer.save_pretrained)")
 
 
 RULES = (reward_model,)

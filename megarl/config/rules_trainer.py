@@ -7,8 +7,7 @@ from collections.abc import Iterator
 
 from megarl.config.errors import Issue
 from megarl.config.names import OPTIONAL_LOGGERS
-from megarl.config.rules_parallel import has_module
-from megarl.config.view import View
+from megarl.config.view import View, has_module, needs_files
 
 
 def frequencies(v: View) -> Iterator[Issue]:
@@ -29,6 +28,7 @@ def resume(v: View) -> Iterator[Issue]:
         yield Issue("trainer.resume_from_path", v.get("trainer.resume_from_path"), "checkpoint directory does not exist", "point it at an existing global_step_N dir")
 
 
+@needs_files("data files (data.train_files / val_files)")
 def data_files(v: View) -> Iterator[Issue]:
     for key in ("data.train_files", "data.val_files"):
         files = v.get(key)

@@ -12,7 +12,7 @@ from megarl.config import (
 )
 from megarl.config.errors import ConfigError, Issue
 from megarl.config.schema import MegaRLConfig
-from megarl.config.view import Skip, View
+from megarl.config.view import Skip, View, has_module
 from megarl.config.walk import check_tree
 
 Rule = Callable[[View], Iterable[Issue]]
@@ -42,10 +42,11 @@ def check_schema(cfg: DictConfig) -> list[Issue]:
     return check_tree(cfg, MegaRLConfig)[0]
 
 
-def collect_issues(cfg: DictConfig) -> list[Issue]:
-    """Every problem of `cfg` (empty list = valid)."""
+def collect_issues(cfg: DictConfig, *, installed: Callable[[str], bool] = has_module, files: bool = True) -> list[Issue]:
+    """Every problem of `cfg` (empty list = valid); `installed` / `files`: see `View` (a plan
+    judges another machine's packages and needs no data files, weights or tokenizers)."""
     issues, bad = check_tree(cfg, MegaRLConfig)
-    v = View(cfg, bad)
+    v = View(cfg, bad, installed=installed, files=files)
     for rule in RULES:
         issues += _run(rule, v)
     try:
@@ -67,8 +68,8 @@ def _dedupe(issues: list[Issue]) -> list[Issue]:
     return out
 
 
-def validate_config(cfg: DictConfig) -> None:
+def validate_config(cfg: DictConfig, *, installed: Callable[[str], bool] = has_module, files: bool = True) -> None:
     """Raise `ConfigError` listing every problem of `cfg` (full dotted key, value, fix)."""
-    issues = collect_issues(cfg)
+    issues = collect_issues(cfg, installed=installed, files=files)
     if issues:
         raise ConfigError(issues)

@@ -1,10 +1,13 @@
 """`python -m megarl.plan [--gpu-memory-gib N] key=value ...`: the launch plan, before any worker.
 
-Composes and validates the config exactly as `python -m megarl.main_ppo` does (same Hydra
-entry, overrides and checks, but not the local-machine preflight: the plan is for the
-cluster of trainer.nnodes x trainer.n_gpus_per_node), then prints where each role goes and
-the memory estimate per role and phase. Exit 0: the plan fits; 2: a bad config or a plan
-that does not fit (each problem names the keys to change).
+Composes and validates the config as `python -m megarl.main_ppo` does (same Hydra entry,
+overrides and checks) for the cluster of trainer.nnodes x trainer.n_gpus_per_node, from
+wherever the job is submitted: no local-machine preflight; each model needs only its
+config.json (checks of data files, weights and tokenizers are skipped, and the plan says so);
+with trainer.device=cuda on a machine without a GPU, settings that need GPU packages are
+judged against the GPU stack megarl ships (megarl.plan.stack), not the local packages. Then
+prints where each role goes and the memory estimate per role and phase. Exit 0: the plan
+fits; 2: a bad config or a plan that does not fit (each problem names the keys to change).
 """
 
 from __future__ import annotations
@@ -12,8 +15,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+from hydra.errors import HydraException
+
 from megarl.config import ConfigError, check_override_keys, check_schema, resolve_config, validate_config
 from megarl.config.load import load_config
+from megarl.config.view import FILE_CHECKS, has_module
+from megarl.plan.stack import GPU_LOCK, in_gpu_stack
 
 EXIT_REFUSED = 2
 
@@ -33,11 +40,22 @@ def plan_text(overrides: list[str]) -> tuple[str, bool]:
     if issues:
         raise ConfigError(issues)
     ensure_demo_assets(cfg)
-    validate_config(cfg)
+    notes = ["checks skipped (a plan needs only each model's config.json): " + ", ".join(FILE_CHECKS)]
+    installed = has_module
+    if cfg.trainer.device == "cuda" and not _local_gpu():
+        installed = in_gpu_stack
+        notes.append(f"GPU packages judged against the stack megarl ships ({GPU_LOCK.name}; this machine has no GPU)")
+    validate_config(cfg, installed=installed, files=False)
     resolved = resolve_config(cfg)
     trainer = typed_config(resolved).trainer
     plan = build_plan(resolved, gpu_memory_gib(trainer.memory_plan, trainer.device))
-    return format_plan(plan), not plan.issues
+    return format_plan(plan, notes=notes), not plan.issues
+
+
+def _local_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides.append(f"trainer.memory_plan.gpu_memory_gib={args.gpu_memory_gib}")
     try:
         text, fits = plan_text(args.overrides)
-    except (ConfigError, ValueError) as error:
+    except (ConfigError, ValueError, HydraException) as error:
         print(f"megarl: {error}", file=sys.stderr)
         return EXIT_REFUSED
     print(text)

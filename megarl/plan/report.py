@@ -10,10 +10,12 @@ def _g(n: int) -> str:
     return f"{n / GIB:.2f}"
 
 
-def format_plan(plan: Plan, show_slots: int = 64) -> str:
+def format_plan(plan: Plan, show_slots: int = 64, notes: tuple[str, ...] | list[str] = ()) -> str:
+    """The plan as text; ``notes``: lines on how it was made (checks skipped, packages judged)."""
     world = plan.nnodes * plan.per_node
     out = [f"megarl plan: {plan.nnodes} node(s) x {plan.per_node} GPU(s) = {world} ranks, "
            f"{plan.gpu_bytes / GIB:g} GiB per GPU; every role is colocated on every GPU"]
+    out += [f"note: {note}" for note in notes]
     out.append("reward: the reward function runs in the driver process (node 0), no GPU")
     layouts = {name: r.layout for name, r in plan.roles.items()}
     rollout_replicas = world // plan.rollout_tp
