@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from megarl.plan.build import GIB, GPU_OVERHEAD, Plan
-from megarl.plan.placement import group_lines, slot_lines
+from megarl.plan.placement import group_lines, node_lines, slot_lines
+
+DETAILED_NODES = 2  # up to this many nodes the placement is listed per GPU
 
 
 def _g(n: int) -> str:
     return f"{n / GIB:.2f}"
 
 
-def format_plan(plan: Plan, show_slots: int = 64, notes: tuple[str, ...] | list[str] = ()) -> str:
+def format_plan(plan: Plan, notes: tuple[str, ...] | list[str] = ()) -> str:
     """The plan as text; ``notes``: lines on how it was made (checks skipped, packages judged)."""
     world = plan.nnodes * plan.per_node
     out = [f"megarl plan: {plan.nnodes} node(s) x {plan.per_node} GPU(s) = {world} ranks, "
@@ -21,14 +23,16 @@ def format_plan(plan: Plan, show_slots: int = 64, notes: tuple[str, ...] | list[
     rollout_replicas = world // plan.rollout_tp
     out.append(f"rollout: {rollout_replicas} vLLM replica(s) of TP={plan.rollout_tp}")
     out.append("")
-    out.append("placement (node, GPU -> coordinates):")
-    lines = slot_lines(plan.nnodes, plan.per_node, layouts, plan.rollout_tp)
-    out += ["  " + line for line in lines[:show_slots]]
-    if len(lines) > show_slots:
-        out.append(f"  ... {len(lines) - show_slots} more")
+    detailed = plan.nnodes <= DETAILED_NODES
+    if detailed:
+        out.append("placement (node, GPU -> coordinates):")
+        out += ["  " + line for line in slot_lines(plan.nnodes, plan.per_node, layouts, plan.rollout_tp)]
+    else:
+        out.append("placement per run of alike nodes (coordinates; DP indices and replicas shift node to node):")
+        out += ["  " + line for line in node_lines(plan.nnodes, plan.per_node, layouts, plan.rollout_tp)]
     out.append("")
     for name, layout in layouts.items():
-        out += group_lines(name, layout)
+        out += group_lines(name, layout, compact=not detailed)
     out.append("")
     out.append("memory per GPU, GiB (estimate; see megarl/plan/memory.py for the model):")
     out.append(f"  {'role':<8}{'params(B)':>10}{'weights':>9}{'grads':>8}{'optim':>8}{'optim unsharded':>16}"

@@ -11,7 +11,8 @@ from megarl.config import resolve_config
 from megarl.config.load import load_config
 from megarl.plan.__main__ import main as plan_main
 from megarl.plan.build import GIB, build_plan
-from megarl.plan.placement import groups
+from megarl.plan.placement import groups, node_lines, ranks_text
+from megarl.plan.report import format_plan
 from megarl.parallel.layout import ParallelLayout
 
 QWEN25_7B = dict(model_type="qwen2", vocab_size=152064, hidden_size=3584, intermediate_size=18944,
@@ -37,6 +38,40 @@ def test_groups_follow_megatron_order():
     # experts: rank = etp + ETP * (ep + EP * (expert_dp + EXPERT_DP * pp)), by hand for ETP=1, EP=4, PP=2
     moe = ParallelLayout(world_size=8, tp=2, pp=2, ep=4, etp=1)
     assert groups(moe, "ep") == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_ranks_text():
+    assert ranks_text([0, 1, 2, 3]) == "0-3"
+    assert ranks_text(list(range(0, 509, 4))) == "0-508 step 4"
+    assert ranks_text([0, 1, 2, 3, 8, 9, 10, 11]) == "0-3,8-11"
+    assert ranks_text([0, 256]) == "0,256"
+    assert ranks_text([5]) == "5"
+
+
+def test_node_lines_join_alike_nodes():
+    # 4 nodes x 2 GPUs, TP=2 PP=2 -> DP=2; rank = tp + 2 * (dp + 2 * pp): nodes 0-1 hold stage 0
+    # (dp 0 then 1), nodes 2-3 stage 1; one rollout replica of TP=2 per node
+    lines = node_lines(4, 2, {"actor": ParallelLayout(world_size=8, tp=2, pp=2)}, rollout_tp=2)
+    assert lines == [
+        "nodes 0-1 (ranks 0-3, 2 per node): actor tp0-1 pp0 cp0; rollout tp0-1; "
+        "actor dp0, rollout replica 0 on node 0 .. actor dp1, rollout replica 1 on node 1",
+        "nodes 2-3 (ranks 4-7, 2 per node): actor tp0-1 pp1 cp0; rollout tp0-1; "
+        "actor dp0, rollout replica 2 on node 2 .. actor dp1, rollout replica 3 on node 3",
+    ]
+
+
+def test_placement_at_64_nodes_is_a_summary(tmp_path):
+    plan = build_plan(_cfg(tmp_path, "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4",
+                           "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
+                           "critic.megatron.tensor_model_parallel_size=4", "data.train_batch_size=1024",
+                           "actor_rollout_ref.rollout.tensor_model_parallel_size=4", nodes=64, gpus=8),
+                      gpu_memory_gib=80)
+    text = format_plan(plan)
+    assert len(text.splitlines()) < 60, text
+    assert "nodes 0-31 (ranks 0-255, 8 per node): actor tp0-3 pp0 cp0;" in text
+    assert "nodes 32-63 (ranks 256-511, 8 per node): actor tp0-3 pp1 cp0;" in text
+    assert "DP groups: 8 of 64 ranks, e.g. [0-252 step 4]" in text  # actor: TP 4 x DP 64 per stage
+    assert "node 0 gpu 0" not in text
 
 
 def test_7b_on_two_nodes_fits_with_tp4(tmp_path):
