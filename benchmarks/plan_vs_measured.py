@@ -75,7 +75,7 @@ def e2e_rows() -> list[tuple[str, float, float]]:
             "actor_rollout_ref.actor.ppo_mini_batch_size=64", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16", "algorithm.adv_estimator=grpo",
             "actor_rollout_ref.actor.megatron.sequence_parallel=false", "actor_rollout_ref.rollout.gpu_memory_utilization=0.3"]))
-        plan = build_plan(cfg, gpu_memory_gib=79.19)  # an H100 80GB: 79.19 GiB total
+        plan = build_plan(cfg, gpu_memory_gib=79.19, host_memory_gib=2048)  # an H100 80GB: 79.19 GiB total
     steps = [json.loads(line) for line in (RESULTS / "run6_issue16_23/e2e_sdpa.metrics.jsonl").read_text().splitlines()][1:]
     vllm = plan.vllm.budget
     rows = []

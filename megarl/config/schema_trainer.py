@@ -14,6 +14,7 @@ class MemoryPlanConfig(Section):
 
     enforce: bool = spec()
     gpu_memory_gib: float | None = spec(gt=0)
+    host_memory_gib: float | None = spec(gt=0)
 
 
 @dataclass

@@ -29,7 +29,7 @@ def plan_text(overrides: list[str]) -> tuple[str, bool]:
     """(the plan as text, whether it fits). Raises ConfigError for a bad config."""
     from megarl.config.typed import typed_config
     from megarl.data.demo import ensure_demo_assets
-    from megarl.plan.build import build_plan, gpu_memory_gib
+    from megarl.plan.build import build_plan, gpu_memory_gib, host_memory_gib
     from megarl.plan.report import format_plan
 
     issues = check_override_keys(overrides)
@@ -48,7 +48,7 @@ def plan_text(overrides: list[str]) -> tuple[str, bool]:
     validate_config(cfg, installed=installed, files=False)
     resolved = resolve_config(cfg)
     trainer = typed_config(resolved).trainer
-    plan = build_plan(resolved, gpu_memory_gib(trainer.memory_plan, trainer.device))
+    plan = build_plan(resolved, gpu_memory_gib(trainer.memory_plan, trainer.device), host_memory_gib(trainer.memory_plan, trainer.device))
     return format_plan(plan, notes=notes), not plan.issues
 
 

@@ -23,7 +23,9 @@ measured peak can be set beside each one:
   activations + the others' between-phase state.
 
 Every phase also holds :data:`GPU_OVERHEAD`. The plan refuses when a phase exceeds the GPU
-(``trainer.memory_plan.gpu_memory_gib``).
+(``trainer.memory_plan.gpu_memory_gib``), or when a node's host memory
+(``trainer.memory_plan.host_memory_gib``) cannot hold the page-locked copies of what every GPU of
+the node offloads plus :data:`HOST_OVERHEAD_PER_GPU` per worker process.
 """
 
 from __future__ import annotations
@@ -51,6 +53,10 @@ DEFAULT_GPU_GIB = 80.0
 # vLLM's communicators (a few hundred MiB), and vLLM's CUDA-graph pool, which stays allocated
 # while vLLM sleeps (~0.5 GiB at 7B). An estimate until the GPU runs of issue 31 measure it.
 GPU_OVERHEAD = 2 * GIB
+# Host memory of each GPU's worker process besides its offload buffers: torch, CUDA, Megatron and
+# vLLM loaded, the Ray worker, the HF weights while they load. The 7B TP=2 run of 2026-11-26 used
+# ~39 GB of the node's RAM beyond its pinned buffers for two such processes.
+HOST_OVERHEAD_PER_GPU = 20 * GIB
 FORWARD_PHASE = {"actor": "old_log_prob", "ref": "ref_log_prob", "critic": "values"}
 BUILD_ORDER = ("critic", "actor", "ref")  # megarl.trainer.ppo_trainer.init_workers: critic first
 
@@ -77,6 +83,12 @@ class RolePlan:
     def between_phases(self) -> int:
         """Bytes it keeps on the GPU while another phase runs."""
         return sum(self.kept().values())
+
+    @property
+    def offloaded(self) -> int:
+        """Bytes it keeps in (page-locked) host memory between phases, per GPU."""
+        m = self.memory
+        return (m.params + m.grads if self.param_offload else 0) + (m.optimizer if self.optimizer_offload else 0)
 
     def whole(self) -> dict[str, int]:
         m = self.memory
@@ -107,6 +119,7 @@ class Plan:
     vllm: VllmMemory
     vllm_awake_in_training: bool
     bucket_bytes: int
+    host_bytes: int | None  # one node's RAM (None: not known, not judged)
     phases: dict[str, Phase] = field(default_factory=dict)
     issues: list[Issue] = field(default_factory=list)
 
@@ -123,6 +136,30 @@ def gpu_memory_gib(memory_plan: MemoryPlanConfig, device: str) -> float:
         if torch.cuda.is_available():
             return torch.cuda.get_device_properties(0).total_memory / GIB
     return DEFAULT_GPU_GIB
+
+
+def host_memory_gib(memory_plan: MemoryPlanConfig, device: str) -> float | None:
+    """``trainer.memory_plan.host_memory_gib``; null: this machine's RAM when it is a GPU node of
+    the run (``trainer.device`` not cpu and torch sees a GPU), else None: a login node's RAM says
+    nothing of the cluster's, so the host memory is reported, not judged."""
+    if memory_plan.host_memory_gib is not None:
+        return float(memory_plan.host_memory_gib)
+    if device == "cpu":
+        return None
+    import os
+
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
+
+
+def host_terms(plan: Plan) -> dict[str, int]:
+    """One node's host memory need, by term."""
+    per_gpu = sum(r.offloaded for r in plan.roles.values())
+    return {f"offload copies ({plan.per_node} GPUs x {per_gpu / GIB:.1f})": plan.per_node * per_gpu,
+            f"worker processes ({plan.per_node} x {HOST_OVERHEAD_PER_GPU / GIB:.0f})": plan.per_node * HOST_OVERHEAD_PER_GPU}
 
 
 def _megatron_dtype(cfg: DictConfig, role: Role) -> str:
@@ -169,11 +206,13 @@ def _setup(cfg: DictConfig, role: Role) -> TrainSetup:
         exp_avg_dtype=optim.exp_avg_dtype if precision_aware else "fp32",
         exp_avg_sq_dtype=optim.exp_avg_sq_dtype if precision_aware else "fp32",
         value_head=role is CRITIC,
+        forward_entropy=role is ACTOR,
     )
 
 
-def build_plan(cfg: DictConfig, gpu_memory_gib: float) -> Plan:
-    """The plan of a validated, resolved config on GPUs of ``gpu_memory_gib`` GiB each."""
+def build_plan(cfg: DictConfig, gpu_memory_gib: float, host_memory_gib: float | None) -> Plan:
+    """The plan of a validated, resolved config on GPUs of ``gpu_memory_gib`` GiB each and nodes
+    of ``host_memory_gib`` GiB of RAM (None: the host memory is reported, not judged)."""
     nnodes, per_node = value_at(cfg, "trainer.nnodes"), value_at(cfg, "trainer.n_gpus_per_node")
     world = nnodes * per_node
     active = [ACTOR] + ([REF] if need_reference(cfg) else []) + ([CRITIC] if need_critic(cfg) else [])
@@ -196,7 +235,8 @@ def build_plan(cfg: DictConfig, gpu_memory_gib: float) -> Plan:
                 vllm_memory(roles["actor"].params, rollout_tp, rollout_dtype, gpu_bytes,
                             value_at(cfg, f"{rollout}.gpu_memory_utilization")),
                 vllm_awake_in_training=not value_at(cfg, f"{rollout}.free_cache_engine"),
-                bucket_bytes=int(value_at(cfg, f"{rollout}.weight_sync.bucket_size_mb") * MIB))
+                bucket_bytes=int(value_at(cfg, f"{rollout}.weight_sync.bucket_size_mb") * MIB),
+                host_bytes=None if host_memory_gib is None else int(host_memory_gib * GIB))
     plan.phases = phases(plan)
     plan.issues = _fit_issues(plan, cfg, gpu_memory_gib)
     return plan
@@ -250,6 +290,16 @@ def _fit_issues(plan: Plan, cfg: DictConfig, gib: float) -> list[Issue]:
                             f"sequence of {seq}",
                             f"raise {rollout}.gpu_memory_utilization or {rollout}.tensor_model_parallel_size"))
     cluster = "trainer.nnodes / trainer.n_gpus_per_node"
+    host_need = sum(host_terms(plan).values())
+    if plan.host_bytes is not None and host_need > plan.host_bytes:
+        offloading = [f"{r.role.megatron}.{k}" for r in plan.roles.values()
+                      for k, on in (("param_offload", r.param_offload), ("optimizer_offload", r.optimizer_offload)) if on]
+        issues.append(Issue("trainer.memory_plan.host_memory_gib", round(plan.host_bytes / GIB, 1),
+                            f"a node needs {host_need / GIB:.1f} GiB of host memory (the page-locked copies of what its "
+                            f"{plan.per_node} GPUs offload, and their worker processes), the node has {plan.host_bytes / GIB:.1f}",
+                            "offload less (" + ", ".join(offloading) + "), put fewer GPUs on a node "
+                            "(trainer.n_gpus_per_node), or set trainer.memory_plan.host_memory_gib to the nodes' RAM "
+                            "if it is not this machine's"))
     for name, phase in plan.phases.items():
         if phase.total <= plan.gpu_bytes:
             continue

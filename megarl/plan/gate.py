@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 
 from megarl.config.errors import Issue
 from megarl.config.typed import typed_config
-from megarl.plan.build import GIB, build_plan, gpu_memory_gib
+from megarl.plan.build import GIB, build_plan, gpu_memory_gib, host_memory_gib
 
 __all__ = ["memory_gate"]
 
@@ -26,7 +26,7 @@ def memory_gate(cfg: DictConfig) -> list[Issue]:
     problems that refuse the run (empty when it fits or is not enforced)."""
     trainer = typed_config(cfg).trainer
     enforce, device = trainer.memory_plan.enforce, trainer.device
-    plan = build_plan(cfg, gpu_memory_gib(trainer.memory_plan, device))
+    plan = build_plan(cfg, gpu_memory_gib(trainer.memory_plan, device), host_memory_gib(trainer.memory_plan, trainer.device))
     name, peak = max(((n, p.total) for n, p in plan.phases.items()), key=lambda item: item[1])
     verdict = "fits" if not plan.issues else "does NOT fit"
     print(f"megarl: memory plan {verdict}: peak {peak / GIB:.1f} of {plan.gpu_bytes / GIB:g} GiB per GPU in phase "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from megarl.plan.build import GIB, GPU_OVERHEAD, Plan
+from megarl.plan.build import GIB, GPU_OVERHEAD, Plan, host_terms
 from megarl.plan.placement import group_lines, node_lines, slot_lines
 
 DETAILED_NODES = 2  # up to this many nodes the placement is listed per GPU
@@ -52,6 +52,11 @@ def format_plan(plan: Plan, notes: tuple[str, ...] | list[str] = ()) -> str:
         flag = "  <-- does not fit" if phase.total > plan.gpu_bytes else ""
         terms = " + ".join(f"{term} {_g(size)}" for term, size in phase.terms.items())
         out.append(f"  {name:<14}{_g(phase.total):>8} = {terms}{flag}")
+    host = host_terms(plan)
+    out.append(f"  {'host (node)':<14}{_g(sum(host.values())):>8} = "
+               + " + ".join(f"{term} {_g(size)}" for term, size in host.items())
+               + (f" of {_g(plan.host_bytes)} GiB (trainer.memory_plan.host_memory_gib)" if plan.host_bytes is not None
+                  else " (not judged: set trainer.memory_plan.host_memory_gib to the nodes' RAM)"))
     peak = max(phase.total for phase in plan.phases.values())
     out.append("")
     if plan.issues:

@@ -37,17 +37,9 @@ if TYPE_CHECKING:
     from megarl.workers.actor import ActorWorker
     from megarl.workers.rollout import RolloutWorker
 
-__all__ = ["ColocatedSync", "device_used_gib"]
+__all__ = ["ColocatedSync", "choose_path"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def device_used_gib() -> float | None:
-    """Memory in use on this process's GPU (every allocator and process), GiB; None on CPU."""
-    if not torch.cuda.is_available():
-        return None
-    free, total = torch.cuda.mem_get_info()
-    return (total - free) / 2**30
 
 
 def _actor_shards(actor: ActorWorker, hf_config) -> ActorShards:
@@ -123,6 +115,7 @@ class ColocatedSync:
         onload_s, offload_s, wake_weights_s, wake_kv_s}`` and ``memory/sync_<stage>_device_used_gib``.
         """
         from megarl.weight_sync.tp_gather import release_export_buffers
+        from megarl.utils.gpu_memory import device_used_gib
         from megarl.workers.megatron.offload import PARAMS
 
         memory: dict[str, float] = {}

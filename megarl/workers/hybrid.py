@@ -31,9 +31,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from megarl.protocol import DataProto
+from megarl.utils.gpu_memory import phase_memory
 from megarl.weight_sync import log_prob_gap
 
 if TYPE_CHECKING:
@@ -42,17 +41,6 @@ if TYPE_CHECKING:
     from megarl.weight_sync.colocated import ColocatedSync
 
 ROLES = ("actor_rollout_ref", "actor_rollout")
-
-
-def gpu_memory(phase: str) -> dict[str, float]:
-    """``memory/{phase}_peak_gib`` (torch allocator peak since the last phase) and
-    ``memory/{phase}_device_used_gib`` (whole device, vLLM's pools included) on CUDA."""
-    if not torch.cuda.is_available():
-        return {}
-    free, total = torch.cuda.mem_get_info()
-    peak = torch.cuda.max_memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    return {f"memory/{phase}_peak_gib": peak / 2**30, f"memory/{phase}_device_used_gib": (total - free) / 2**30}
 
 
 class ActorRolloutRefWorker:
@@ -143,7 +131,7 @@ class ActorRolloutRefWorker:
         start = time.perf_counter()
         out = self.rollout.generate_sequences(prompts, validate=validate, do_sample=do_sample)
         metrics["timing/generate_s"] = time.perf_counter() - start
-        metrics.update(gpu_memory("rollout"))
+        metrics.update(phase_memory("rollout"))
         if self.rollout.sleep_freed_bytes is not None:
             metrics["memory/vllm_sleep_freed_gib"] = self.rollout.sleep_freed_bytes / 2**30
         out.meta_info["metrics"] = {**out.meta_info.get("metrics", {}), **metrics}
@@ -156,7 +144,7 @@ class ActorRolloutRefWorker:
         from megarl.workers.megatron.inputs import response_mask_of
 
         out = self.actor.compute_log_prob(data)
-        metrics = gpu_memory("old_log_prob")
+        metrics = phase_memory("old_log_prob")
         if "rollout_log_probs" in data.batch.keys():
             mask = response_mask_of(data)
             metrics.update(log_prob_gap(data.batch["rollout_log_probs"], out.batch["old_log_probs"], mask))
@@ -172,14 +160,14 @@ class ActorRolloutRefWorker:
             raise RuntimeError("compute_ref_log_prob: this worker has no reference (role='actor_rollout')")
         else:
             out = self.ref.compute_log_prob(data)
-        memory = gpu_memory("ref_log_prob")
+        memory = phase_memory("ref_log_prob")
         if memory:
             out.meta_info["metrics"] = memory
         return out
 
     def update_actor(self, data: DataProto) -> dict[str, float]:
         """PPO update; the rollout engine is re-synced before the next generation."""
-        metrics = {**self.actor.update_policy(data), **gpu_memory("update_actor")}
+        metrics = {**self.actor.update_policy(data), **phase_memory("update_actor")}
         self.weight_sync.mark_changed()
         return metrics
 

@@ -65,7 +65,7 @@ def test_placement_at_64_nodes_is_a_summary(tmp_path):
                            "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
                            "critic.megatron.tensor_model_parallel_size=4", "data.train_batch_size=1024",
                            "actor_rollout_ref.rollout.tensor_model_parallel_size=4", nodes=64, gpus=8),
-                      gpu_memory_gib=80)
+                      gpu_memory_gib=80, host_memory_gib=2048)
     text = format_plan(plan)
     assert len(text.splitlines()) < 60, text
     assert "nodes 0-31 (ranks 0-255, 8 per node): actor tp0-3 pp0 cp0;" in text
@@ -77,7 +77,7 @@ def test_placement_at_64_nodes_is_a_summary(tmp_path):
 def test_7b_on_two_nodes_fits_with_tp4(tmp_path):
     plan = build_plan(_cfg(tmp_path, "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4",
                            "critic.megatron.tensor_model_parallel_size=4",
-                           "actor_rollout_ref.rollout.gpu_memory_utilization=0.4"), gpu_memory_gib=80)
+                           "actor_rollout_ref.rollout.gpu_memory_utilization=0.4"), gpu_memory_gib=80, host_memory_gib=2048)
     assert not plan.issues, [i.format() for i in plan.issues]
     actor = plan.roles["actor"]
     assert (actor.layout.tp, actor.layout.dp) == (4, 4)
@@ -91,7 +91,7 @@ def test_7b_on_two_nodes_fits_with_tp4(tmp_path):
 
 def test_7b_tp1_is_refused_naming_the_keys(tmp_path, capsys):
     plan = build_plan(_cfg(tmp_path, "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1",
-                           "actor_rollout_ref.actor.megatron.use_distributed_optimizer=false"), gpu_memory_gib=80)
+                           "actor_rollout_ref.actor.megatron.use_distributed_optimizer=false"), gpu_memory_gib=80, host_memory_gib=2048)
     text = "\n".join(i.format() for i in plan.issues)
     assert "update_actor" in text
     assert "actor_rollout_ref.actor.megatron.tensor_model_parallel_size" in text
@@ -114,7 +114,7 @@ def test_phases_follow_the_offloaded_choreography(tmp_path):
     """7B at TP=2 on 2 GPUs, everything offloaded (verl's 7B Megatron scripts): each phase holds
     exactly the terms of the colocated worker's choreography (megarl/plan/build.py)."""
     plan = build_plan(_cfg(tmp_path, *GRPO_KL_TP2, *OFFLOAD, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
-                           nodes=1, gpus=2), gpu_memory_gib=80)
+                           nodes=1, gpus=2), gpu_memory_gib=80, host_memory_gib=2048)
     total = 7_615_616_512  # parameters; bf16 over TP=2 -> `total` bytes per GPU
     overhead = "overhead"
     actor = plan.roles["actor"].memory
@@ -134,7 +134,7 @@ def test_phases_follow_the_offloaded_choreography(tmp_path):
 
 
 def test_phases_without_offload_keep_every_role_resident(tmp_path):
-    plan = build_plan(_cfg(tmp_path, *GRPO_KL_TP2, nodes=1, gpus=2), gpu_memory_gib=80)
+    plan = build_plan(_cfg(tmp_path, *GRPO_KL_TP2, nodes=1, gpus=2), gpu_memory_gib=80, host_memory_gib=2048)
     total = 7_615_616_512
     resident = {"actor params": total, "actor grads": 2 * total, "actor optimizer": 6 * total, "ref params": total}
     gen = plan.phases["generate"].terms
@@ -152,7 +152,7 @@ def test_phases_without_offload_keep_every_role_resident(tmp_path):
 def test_vllm_budget_without_room_for_kv_is_refused(tmp_path):
     plan = build_plan(_cfg(tmp_path, "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4",
                            "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-                           "actor_rollout_ref.rollout.gpu_memory_utilization=0.18"), gpu_memory_gib=80)
+                           "actor_rollout_ref.rollout.gpu_memory_utilization=0.18"), gpu_memory_gib=80, host_memory_gib=2048)
     # 0.18 x 80 = 14.4 GiB < 14.2 GiB of 7B bf16 weights + one 4096-token sequence of KV
     assert any(i.key == "actor_rollout_ref.rollout.gpu_memory_utilization" and "KV cache" in i.problem
                for i in plan.issues)
@@ -177,3 +177,31 @@ def test_cli_prints_demo_plan_and_refuses_a_tiny_gpu(capsys):
     assert plan_main(["--gpu-memory-gib=0.004", "trainer.total_training_steps=2"]) == 2
     out = capsys.readouterr().out
     assert "REFUSED" in out and "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu" in out
+
+
+def test_host_memory_holds_the_offload_copies(tmp_path):
+    """Every offloaded byte has a page-locked host copy per GPU: a node that cannot hold its GPUs'
+    copies is refused naming the offload keys (the 7B TP=2 run of 2026-11-26 with everything
+    offloaded ran its node out of RAM at the first update); with the RAM unknown it is reported only."""
+    cfg = _cfg(tmp_path, *GRPO_KL_TP2, *OFFLOAD, nodes=1, gpus=2)
+    total = 7_615_616_512  # bf16 bytes per GPU at TP=2
+    # actor: params + fp32 grads + Adam (12 B/param at TP=2) = 1 + 2 + 6 totals; reference: its params
+    per_gpu = (1 + 2 + 6) * total + total
+    small = build_plan(cfg, gpu_memory_gib=80, host_memory_gib=100)
+    issue = next(i for i in small.issues if i.key == "trainer.memory_plan.host_memory_gib")
+    need = 2 * per_gpu + 2 * 20 * GIB
+    assert f"needs {need / GIB:.1f} GiB of host memory" in issue.problem
+    assert "actor_rollout_ref.actor.megatron.optimizer_offload" in issue.fix and "trainer.n_gpus_per_node" in issue.fix
+    host_key = "trainer.memory_plan.host_memory_gib"
+    assert all(i.key != host_key for i in build_plan(cfg, gpu_memory_gib=80, host_memory_gib=251).issues)
+    unknown = build_plan(cfg, gpu_memory_gib=80, host_memory_gib=None)
+    assert all(i.key != host_key for i in unknown.issues) and "not judged" in format_plan(unknown)
+
+
+def test_the_actor_forward_counts_the_entropy(tmp_path):
+    """The actor's old-log-prob pass also takes the entropy: 12 bytes per logit (measured 12.4 at
+    7B), the reference's 6."""
+    plan = build_plan(_cfg(tmp_path, *GRPO_KL_TP2, nodes=1, gpus=2), gpu_memory_gib=80, host_memory_gib=None)
+    actor, ref = plan.roles["actor"].memory, plan.roles["ref"].memory
+    logits = 4 * 4096 * 152064 / 2  # log_prob micro-batch 4 x 4096 tokens, vocabulary / TP
+    assert actor.activations_forward - ref.activations_forward == pytest.approx(6 * logits, rel=1e-6)
