@@ -23,7 +23,7 @@ device memory is reported (``memory/sync_<stage>_device_used_gib``) with the syn
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -33,9 +33,28 @@ from megarl.weight_sync.direct import ActorShards, DirectTargets, direct_targets
 from megarl.weight_sync.plan import plan_for_model
 from megarl.weight_sync.transport import SyncStats, stream_in_process
 
-if TYPE_CHECKING:
-    from megarl.workers.actor import ActorWorker
-    from megarl.workers.rollout import RolloutWorker
+class ActorWorker(Protocol):
+    """What the sync needs of the trained policy (``megarl.workers.actor.ActorWorker``)."""
+
+    engine: object  # MegatronEngine: chunks, hf_config, unwrapped_chunks()
+    uses_lora: bool
+
+    def onload_params(self) -> None: ...
+    def offload_params(self) -> None: ...
+
+
+class RolloutWorker(Protocol):
+    """What the sync needs of this rank's engine (``megarl.workers.rollout.RolloutWorker``)."""
+
+    llm: object  # vllm.LLM
+    weights_discarded: bool
+
+    def model(self) -> torch.nn.Module: ...
+    def wake_up(self, tags: list[str] | None = None) -> float: ...
+    def update_weights(self, named_tensors) -> int: ...
+    def mark_weights_loaded(self) -> None: ...
+    def reset_prefix_cache(self) -> None: ...
+
 
 __all__ = ["ColocatedSync", "choose_path"]
 
@@ -116,7 +135,6 @@ class ColocatedSync:
         """
         from megarl.weight_sync.tp_gather import release_export_buffers
         from megarl.utils.gpu_memory import device_used_gib
-        from megarl.workers.megatron.offload import PARAMS
 
         memory: dict[str, float] = {}
 
@@ -127,7 +145,7 @@ class ColocatedSync:
 
         timing: dict[str, float] = {}
         t0 = time.perf_counter()
-        self.actor.onload((PARAMS,))
+        self.actor.onload_params()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         timing["weight_sync/onload_s"] = time.perf_counter() - t0
@@ -148,7 +166,7 @@ class ColocatedSync:
             stats.seconds = time.perf_counter() - start
             mark("loaded")
             t0 = time.perf_counter()
-            self.actor.offload((PARAMS,))
+            self.actor.offload_params()
             release_export_buffers()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()

@@ -97,6 +97,14 @@ class MegatronWorker:
         if self.offloader is not None:
             self.offloader.onload(groups)
 
+    def onload_params(self) -> None:
+        """The parameters alone back on the device (a forward, the weight sync into vLLM)."""
+        self.onload((PARAMS,))
+
+    def offload_params(self) -> None:
+        """The parameters back to the host when ``megatron.param_offload``."""
+        self.offload((PARAMS,))
+
     def _onloaded(self, groups: tuple[str, ...] = ALL):
         """Context: ``groups`` on device for the block, re-offloaded after it if they were offloaded."""
         return self.offloader.onloaded(groups) if self.offloader is not None else contextlib.nullcontext()
