@@ -8,6 +8,7 @@
 #   e2e05_tp2   2 GRPO steps of the 0.5B shape with actor TP=2 and one vLLM TP=2 replica (shard-to-shard sync)
 #   e2e7b_tp2   5 GRPO steps of the 7B shape, actor TP=2 (+ reference), one vLLM TP=2 replica, 16 prompts x 8 x <= 1024
 #               tokens, offload as verl's 7B Megatron scripts set it; the launch plan of the same command first
+#   e2e7b_tp2_optim  the same with only the optimizer state offloaded (parameters and gradients stay on the GPUs)
 #   baselines   same-run copy and NCCL all-gather of one rank's 7B share (benchmarks/bench_sync_baselines.py)
 #   tests2      the 2-GPU tests: direct sync (shard to shard, gathered into vLLM), TP=2 paths
 set -u
@@ -20,10 +21,8 @@ SCALE7B=(actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 actor_rol
   data.train_batch_size=16 data.max_prompt_length=64 data.max_response_length=1024 actor_rollout_ref.rollout.n=8
   actor_rollout_ref.actor.ppo_mini_batch_size=16 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16
-  actor_rollout_ref.actor.megatron.param_offload=true actor_rollout_ref.actor.megatron.optimizer_offload=true
-  actor_rollout_ref.ref.megatron.param_offload=true actor_rollout_ref.actor.use_kl_loss=true
-  actor_rollout_ref.actor.kl_loss_coef=0.001 actor_rollout_ref.rollout.gpu_memory_utilization=0.5
-  trainer.total_training_steps=5)
+  actor_rollout_ref.actor.megatron.optimizer_offload=true actor_rollout_ref.ref.megatron.param_offload=true
+  actor_rollout_ref.actor.use_kl_loss=true actor_rollout_ref.actor.kl_loss_coef=0.001 trainer.total_training_steps=5)
 
 for step in "$@"; do
   echo "=== $step $(date -u +%T)"
@@ -37,11 +36,12 @@ for step in "$@"; do
                actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16 actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 \
                actor_rollout_ref.actor.megatron.param_offload=true actor_rollout_ref.actor.megatron.optimizer_offload=true \
                actor_rollout_ref.rollout.gpu_memory_utilization=0.3 trainer.total_training_steps=2 ;;
-    e2e7b_tp2) python3 -m megarl.plan actor_rollout_ref.model.path=/tmp/q7b trainer.device=cuda trainer.n_gpus_per_node=2 \
-               data.train_files=/tmp/gpu-demo/train.parquet data.val_files=/tmp/gpu-demo/val.parquet algorithm.adv_estimator=grpo \
-               "${SCALE7B[@]}" > "$OUT/plan7b_tp2.txt" 2>&1; echo plan rc $?
-             nvidia-smi --query-gpu=memory.used,memory.total --format=csv
-             run_e2e e2e7b_tp2 /tmp/q7b 2 540 "${SCALE7B[@]}" ;;
+    e2e7b_tp2) plan_e2e e2e7b_tp2 /tmp/q7b 2 "${SCALE7B[@]}" actor_rollout_ref.actor.megatron.param_offload=true \
+               actor_rollout_ref.rollout.gpu_memory_utilization=0.5
+             run_e2e e2e7b_tp2 /tmp/q7b 2 540 "${SCALE7B[@]}" actor_rollout_ref.actor.megatron.param_offload=true \
+               actor_rollout_ref.rollout.gpu_memory_utilization=0.5 ;;
+    e2e7b_tp2_optim) plan_e2e e2e7b_tp2_optim /tmp/q7b 2 "${SCALE7B[@]}" actor_rollout_ref.rollout.gpu_memory_utilization=0.45
+             run_e2e e2e7b_tp2_optim /tmp/q7b 2 540 "${SCALE7B[@]}" actor_rollout_ref.rollout.gpu_memory_utilization=0.45 ;;
     baselines) timeout 120 torchrun --nproc_per_node=2 benchmarks/bench_sync_baselines.py --model /tmp/q7b --tp 2 \
                > "$OUT/baselines.log" 2>&1; echo rc $?; grep -E "baseline|Error" "$OUT/baselines.log" ;;
     tests2)  timeout 420 python3 -m pytest -q -m gpu tests/gpu/test_vllm_direct_sync.py tests/gpu/test_gpu_paths.py -rA \
