@@ -61,7 +61,7 @@ def e2e_rows() -> list[tuple[str, float, float]]:
     peaks are `memory/*_peak_gib` of steps 2-3 (torch's counter, vLLM's pool included; CUDA
     contexts and NCCL buffers, the plan's GPU_OVERHEAD, are outside it and left out here)."""
     from megarl.config import resolve_config
-    from megarl.config.load import load_config
+    from megarl.config.compose import load_config
     from megarl.plan.build import GPU_OVERHEAD, build_plan
 
     with tempfile.TemporaryDirectory() as model_dir:

@@ -32,12 +32,12 @@ from megarl.config import (
     resolve_config,
     validate_config,
 )
+from megarl.config.compose import finish_compose
+from megarl.config.demo_profile import demo_banner
 from megarl.config.errors import no_value
-from megarl.config.load import finish_compose
-from megarl.config.preflight import preflight
-from megarl.config.profile import demo_banner
-from megarl.config.rules_compat import compat_notices
+from megarl.config.verl_compat.check import compat_notices
 from megarl.plan.gate import memory_gate
+from megarl.preflight import RUNTIME_RULES, preflight
 from megarl.utils.te_apex_warnings import fallback_note
 
 EXIT_BAD_CONFIG = 2
@@ -54,35 +54,22 @@ def exit_with(failure) -> None:
     sys.exit(failure.code)
 
 
-def _optional(module: str, name: str):
-    """`module.name`, or None while that part of megarl is not written yet."""
-    import importlib
-
-    try:
-        mod = importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and module.startswith(exc.name):
-            return None
-        raise
-    return getattr(mod, name, None)
-
-
 def prepare(cfg: DictConfig) -> DictConfig:
     """Schema check, demo assets, full validation, the memory plan, preflight; returns the resolved config.
 
     Everything a user can get wrong is checked here, before Ray or any worker starts;
     raises ConfigError.
     """
+    from megarl.data.demo import ensure_demo_assets  # torch, tensordict: seconds, so only here
+
     issues = check_schema(cfg)
     if issues:
         raise ConfigError(issues)
-    ensure_demo_assets = _optional("megarl.data.demo", "ensure_demo_assets")
-    if ensure_demo_assets is not None:
-        try:
-            ensure_demo_assets(cfg)
-        except ValueError as error:  # a demo path the builder does not know; names the key
-            raise ConfigError([Issue("demo assets", no_value(), str(error), "point the key at your own file or at a demo asset")]) from error
-    validate_config(cfg)
+    try:
+        ensure_demo_assets(cfg)
+    except ValueError as error:  # a demo path the builder does not know; names the key
+        raise ConfigError([Issue("demo assets", no_value(), str(error), "point the key at your own file or at a demo asset")]) from error
+    validate_config(cfg, RUNTIME_RULES)
     for notice in compat_notices(cfg):
         print(f"megarl: {notice}", flush=True)
     resolved = resolve_config(cfg)
@@ -107,17 +94,14 @@ def main(cfg: DictConfig) -> None:
         resolved = prepare(cfg)
     except ConfigError as error:
         _fail(error)
-    from megarl.config.typed import to_dict, typed_config
+    from megarl.config.read import to_dict, typed_config
 
     # The keys megarl implements, resolved (verl's other keys are at their defaults or refused).
     print(OmegaConf.to_yaml(OmegaConf.create(to_dict(typed_config(resolved)))), flush=True)
     note = fallback_note()
     if note:
         print(note, flush=True)
-    run_ppo = _optional("megarl.trainer", "run_ppo")
-    if run_ppo is None:
-        print("megarl: config is valid; megarl.trainer.run_ppo is not available yet, nothing to run.")
-        return
+    from megarl.trainer import run_ppo
     from megarl.trainer.failures import FailureContext, explain
 
     try:

@@ -21,31 +21,23 @@ which run concurrently on the same instance (keep per-sample state in ``run``).
 from __future__ import annotations
 
 import importlib
-import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from omegaconf import OmegaConf
 
+from megarl.config.files import resolve_file
+
 if TYPE_CHECKING:
-    from megarl.config.schema_actor import RolloutConfig
-    from megarl.workers.async_engine import AsyncEngine
+    from megarl.config.schema.actor import RolloutConfig
 
-AGENT_LOOPS: dict[str, str] = {}  # agent name -> "module.Class"
-PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # megarl/
-
-
-def resolve_file(path: str) -> str:
-    """``path`` as given (``~`` expanded) when it exists, else relative to the megarl package (as
-    verl resolves its config paths against its package), so ``configs/tools/calculator.yaml`` works
-    from any working directory and in an installed wheel. Unchanged when neither exists (the caller
-    reports it)."""
-    path = os.path.expanduser(path)
-    if os.path.exists(path) or os.path.isabs(path):
-        return path
-    in_package = os.path.join(PACKAGE_DIR, path)
-    return in_package if os.path.exists(in_package) else path
+# agent name -> "module.Class", imported on first use like the loops of agent_loop_config_path
+AGENT_LOOPS: dict[str, str] = {
+    "single_turn_agent": "megarl.agent.single_turn.SingleTurnAgentLoop",
+    "tool_agent": "megarl.agent.tool_agent.ToolAgentLoop",
+}
 
 
 def register(name: str) -> Callable[[type], type]:
@@ -59,6 +51,23 @@ def register(name: str) -> Callable[[type], type]:
 
 
 @dataclass
+class TokenOutput:
+    """One finished request: the sampled tokens and their log-probs (``[]`` when the engine
+    returned none), and vLLM's finish reason (``"stop"`` | ``"length"`` | ``"abort"``)."""
+
+    token_ids: list[int]
+    log_probs: list[float]
+    finish_reason: str | None
+
+
+class Engine(Protocol):
+    """What an agent loop generates with (the rollout worker's :class:`megarl.workers.async_engine.AsyncEngine`)."""
+
+    async def generate(self, prompt_ids: Sequence[int], params: Any) -> TokenOutput:
+        """Sample one response (``params.n`` must be 1) to ``prompt_ids``."""
+
+
+@dataclass
 class AgentContext:
     """What every agent loop of a rollout worker shares.
 
@@ -67,7 +76,7 @@ class AgentContext:
     model's HF tokenizer (None when the model dir has none). ``eos_token_ids``: stop ids.
     """
 
-    engine: AsyncEngine
+    engine: Engine
     rollout: RolloutConfig
     tokenizer: Any
     sampling_params: Any
@@ -134,10 +143,7 @@ def class_entries(path: str, key: str, list_name: str, base_class: type) -> list
 
 
 def load_agent_loop_config(path: str | None) -> dict[str, type]:
-    """Agent name -> class: the built-ins plus those of verl's agent-loop YAML at ``path``."""
-    import megarl.agent.single_turn  # noqa: F401  (registers the built-ins)
-    import megarl.agent.tool_agent  # noqa: F401
-
+    """Agent name -> class: the built-ins, those registered, and those of verl's agent-loop YAML at ``path``."""
     targets = dict(AGENT_LOOPS)
     key = "actor_rollout_ref.rollout.agent.agent_loop_config_path"
     if path:

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from megarl.agent.base import AgentLoopBase, AgentLoopOutput, register
+from megarl.agent.base import AgentLoopBase, AgentLoopOutput
 
 
-@register("single_turn_agent")
 class SingleTurnAgentLoop(AgentLoopBase):
     async def run(self, prompt_ids: list[int], sample: dict[str, Any]) -> AgentLoopOutput:
         out = await self.ctx.engine.generate(prompt_ids, self.ctx.sampling_params)

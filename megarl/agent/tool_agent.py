@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from megarl.agent.base import AgentContext, AgentLoopBase, AgentLoopOutput, register
+from megarl.agent.base import AgentContext, AgentLoopBase, AgentLoopOutput
 from megarl.agent.interactions import load_interactions
 from megarl.agent.tool_call import CallResult, call_tool, run_bounded, truncate
 from megarl.agent.tool_parser import FunctionCall, make_tool_parser
@@ -34,7 +34,6 @@ from megarl.agent.tools import load_tools
 _BASE = [{"role": "user", "content": "."}, {"role": "assistant", "content": "."}]
 
 
-@register("tool_agent")
 class ToolAgentLoop(AgentLoopBase):
     def __init__(self, ctx: AgentContext) -> None:
         super().__init__(ctx)

@@ -1,12 +1,11 @@
 """RL algorithms as pure torch functions (no Ray / Megatron / vLLM).
 
 Registries map config strings to functions and reject unknown names with the valid
-list; the name views below (ADV_ESTIMATORS, POLICY_LOSSES) are live (they include later registrations) and are
-what the config validator checks against.
+list; the name views below (ADV_ESTIMATORS, POLICY_LOSSES) are live (they include later registrations).
+The config names the built-ins in megarl.config.names (tests/config/test_names.py holds them equal).
 """
 
 from megarl.algorithms.agg import (
-    LOSS_AGG_MODES,
     GlobalDenominator,
     agg_loss,
     combine_actor_loss,
@@ -17,8 +16,6 @@ from megarl.algorithms.advantages import ADV_ESTIMATORS, get_adv_estimator, regi
 from megarl.algorithms.compute_advantage import compute_advantage
 from megarl.algorithms.gae import discounted_returns, gae_advantages_returns
 from megarl.algorithms.kl import (
-    KL_CTRL_TYPES,
-    KL_PENALTIES,
     AdaptiveKLController,
     FixedKLController,
     apply_kl_penalty,
@@ -38,33 +35,17 @@ from megarl.algorithms.dapo import (
     filter_metric_values,
     overlong_penalty,
 )
-from megarl.algorithms.rollout_correction import (
-    ROLLOUT_CORR_LOSS_TYPES,
-    ROLLOUT_IS_LEVELS,
-    ROLLOUT_RS_OPTIONS,
-    compute_offpolicy_metrics,
-    compute_rollout_correction,
-    parse_is_threshold,
-    parse_rs_thresholds,
-)
+from megarl.algorithms.rollout_correction import compute_offpolicy_metrics, compute_rollout_correction
 
 __all__ = [
     "ADV_ESTIMATORS",
     "BUILTIN_FILTER_METRICS",
-    "ROLLOUT_CORR_LOSS_TYPES",
-    "ROLLOUT_IS_LEVELS",
-    "ROLLOUT_RS_OPTIONS",
     "apply_overlong_penalty",
     "compute_offpolicy_metrics",
     "compute_rollout_correction",
     "filter_groups",
     "filter_metric_values",
     "overlong_penalty",
-    "parse_is_threshold",
-    "parse_rs_thresholds",
-    "KL_CTRL_TYPES",
-    "KL_PENALTIES",
-    "LOSS_AGG_MODES",
     "POLICY_LOSSES",
     "AdaptiveKLController",
     "FixedKLController",

@@ -21,14 +21,7 @@ import torch
 
 from megarl.algorithms.masked import masked_count, masked_sum
 from megarl.algorithms.registry import check_choice
-
-LOSS_AGG_MODES: tuple[str, ...] = (
-    "token-mean",
-    "token-sum",
-    "seq-mean-token-sum",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum-norm",
-)
+from megarl.config.names import LOSS_AGG_MODES
 TOKEN_UNIT_MODES = ("token-mean",)
 SEQ_UNIT_MODES = ("seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 

@@ -13,7 +13,7 @@ from megarl.algorithms import optimal_token_baseline as _otb  # noqa: F401  (reg
 from megarl.algorithms.advantages import get_adv_estimator
 
 if TYPE_CHECKING:
-    from megarl.config.schema_algorithm import AlgorithmConfig
+    from megarl.config.schema.algorithm import AlgorithmConfig
 
 _TENSOR_FIELDS = ("values", "reward_baselines", "old_log_probs", "sum_pi_squared", "rollout_is_weights")
 

@@ -13,17 +13,10 @@ import torch
 from megarl.algorithms.agg import Denominator, agg_loss
 from megarl.algorithms.masked import masked_mean
 from megarl.algorithms.registry import check_choice
+from megarl.config.names import KL_CTRL_TYPES, KL_PENALTIES
 
 if TYPE_CHECKING:
-    from megarl.config.schema_algorithm import KLCtrlConfig
-
-_BASE_KL_PENALTIES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full")
-# A "+" suffix keeps the forward value of the estimator but takes the gradient of k2
-# (straight-through), whose gradient is the unbiased KL gradient; k2/mse/full unchanged.
-KL_PENALTIES: tuple[str, ...] = _BASE_KL_PENALTIES + tuple(
-    f"{m}+" for m in _BASE_KL_PENALTIES if m not in ("mse", "k2", "full")
-)
-KL_CTRL_TYPES: tuple[str, ...] = ("fixed", "adaptive")
+    from megarl.config.schema.algorithm import KLCtrlConfig
 
 
 def _kl_forward(logprob: torch.Tensor, ref_logprob: torch.Tensor, mode: str) -> torch.Tensor:

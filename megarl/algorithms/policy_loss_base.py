@@ -27,7 +27,7 @@ from megarl.algorithms.masked import masked_mean
 from megarl.algorithms.registry import Registry
 
 if TYPE_CHECKING:
-    from megarl.config.schema_actor import ActorConfig
+    from megarl.config.schema.actor import ActorConfig
 
 LOG_RATIO_CLAMP = 20.0
 

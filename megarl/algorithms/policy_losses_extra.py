@@ -20,15 +20,12 @@ from megarl.algorithms.policy_loss_base import (
 )
 from megarl.algorithms.policy_losses_ppo import compute_policy_loss_vanilla, ppo_clip_token_losses
 from megarl.algorithms.registry import check_choice
-from megarl.algorithms.rollout_correction import (
-    ROLLOUT_CORR_LOSS_TYPES,
-    compute_offpolicy_metrics,
-    rollout_weights_and_mask,
-)
+from megarl.algorithms.rollout_correction import compute_offpolicy_metrics, rollout_weights_and_mask
+from megarl.config.names import ROLLOUT_CORR_LOSS_TYPES
 
 if TYPE_CHECKING:
-    from megarl.config.schema_actor import ActorConfig
-    from megarl.config.schema_algorithm import RolloutCorrectionConfig
+    from megarl.config.schema.actor import ActorConfig
+    from megarl.config.schema.algorithm import RolloutCorrectionConfig
 
 
 @register_policy_loss("gspo")

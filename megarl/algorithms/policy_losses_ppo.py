@@ -18,7 +18,7 @@ from megarl.algorithms.policy_loss_base import (
 )
 
 if TYPE_CHECKING:
-    from megarl.config.schema_actor import ActorConfig
+    from megarl.config.schema.actor import ActorConfig
 
 
 def ppo_clip_token_losses(

@@ -1,8 +1,8 @@
 """Name -> function registries for config strings.
 
 Each registry rejects unknown names with the config key and the list of valid names, so
-a typo in the yaml fails before any worker starts (the config validator imports the
-live name views, e.g. `ADV_ESTIMATORS`, from `megarl.algorithms`).
+a typo in the yaml fails with the key even where the config validator did not run (it checks
+against the same names, kept in `megarl.config.names`).
 """
 
 from __future__ import annotations

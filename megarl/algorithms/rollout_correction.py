@@ -24,74 +24,14 @@ import torch
 
 from megarl.algorithms.masked import masked_count, masked_mean, masked_sum
 from megarl.algorithms.registry import check_choice
+from megarl.config.names import ROLLOUT_IS_LEVELS, ROLLOUT_RS_OPTIONS, ROLLOUT_RS_RATIO_OPTIONS
+from megarl.config.schema.algorithm import parse_is_threshold, parse_rs_thresholds
 
 if TYPE_CHECKING:
-    from megarl.config.schema_algorithm import RolloutCorrectionConfig
+    from megarl.config.schema.algorithm import RolloutCorrectionConfig
 
 SAFETY_BOUND = 20.0  # |log ratio| clamp before exp
-ROLLOUT_IS_LEVELS: tuple[str, ...] = ("token", "sequence", "geometric")
-# Ratio options (verl <= 0.6 names) bound the IS ratio itself at the token / sequence-product
-# / geometric-mean level; the k options bound a divergence estimate (current verl names).
-ROLLOUT_RS_RATIO_OPTIONS: tuple[str, ...] = ("token", "sequence", "geometric")
-ROLLOUT_RS_OPTIONS: tuple[str, ...] = ROLLOUT_RS_RATIO_OPTIONS + (
-    "token_k1", "token_k2", "token_k3",
-    "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
-    "seq_mean_k1", "seq_mean_k2", "seq_mean_k3",
-    "seq_max_k2", "seq_max_k3",
-)  # fmt: skip
-ROLLOUT_CORR_LOSS_TYPES: tuple[str, ...] = ("ppo_clip", "reinforce")
 _KEY = "algorithm.rollout_correction."
-
-
-def parse_is_threshold(spec: float | str) -> tuple[float, float | None]:
-    """`rollout_is_threshold` -> (upper, lower or None)."""
-    if isinstance(spec, bool) or not isinstance(spec, (int, float, str)):
-        raise ValueError(f"{_KEY}rollout_is_threshold must be a number or 'lower_upper', got {spec!r}")
-    parts = str(spec).strip().split("_")
-    try:
-        nums = [float(p) for p in parts]
-    except ValueError:
-        raise ValueError(f"{_KEY}rollout_is_threshold: cannot parse {spec!r}") from None
-    if len(nums) == 1:
-        upper, lower = nums[0], None
-    elif len(nums) == 2:
-        lower, upper = nums
-    else:
-        raise ValueError(f"{_KEY}rollout_is_threshold: cannot parse {spec!r}")
-    if upper <= 0 or (lower is not None and not 0 < lower <= upper):
-        raise ValueError(f"{_KEY}rollout_is_threshold needs 0 < lower <= upper, got {spec!r}")
-    return upper, lower
-
-
-def parse_rs_thresholds(options: list[str], spec: float | str | None) -> dict[str, tuple[float | None, float]]:
-    """`rollout_rs_threshold` -> {option: (lower or None, upper)} (k1 bounds are ratios)."""
-    if spec is None:
-        raise ValueError(f"{_KEY}rollout_rs_threshold must be set when rollout_rs is enabled")
-    specs = [s.strip() for s in str(spec).split(",") if s.strip()]
-    if len(specs) == 1:
-        specs = specs * len(options)
-    if len(specs) != len(options):
-        raise ValueError(
-            f"{_KEY}rollout_rs_threshold has {len(specs)} entries for {len(options)} rollout_rs options {options}"
-        )
-    out: dict[str, tuple[float | None, float]] = {}
-    for opt, s in zip(options, specs):
-        try:
-            nums = [float(p) for p in s.split("_")]
-        except ValueError:
-            raise ValueError(f"{_KEY}rollout_rs_threshold: cannot parse {s!r} for {opt}") from None
-        if opt.endswith("k1") or opt in ROLLOUT_RS_RATIO_OPTIONS:
-            lower, upper = (1.0 / nums[0], nums[0]) if len(nums) == 1 else (nums[0], nums[1])
-            if len(nums) > 2 or not 0 < lower <= upper:
-                raise ValueError(
-                    f"{_KEY}rollout_rs_threshold for {opt} needs ratio bounds 0 < lower <= upper, got {s!r}"
-                )
-            out[opt] = (lower, upper)
-        else:
-            if len(nums) != 1 or nums[0] <= 0:
-                raise ValueError(f"{_KEY}rollout_rs_threshold for {opt} needs one positive upper bound, got {s!r}")
-            out[opt] = (None, nums[0])
-    return out
 
 
 def _seq_valid(response_mask: torch.Tensor) -> torch.Tensor:

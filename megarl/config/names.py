@@ -1,8 +1,4 @@
-"""Allowed names for string keys, in one place.
-
-Algorithm names come from the live registries in `megarl.algorithms` (so a newly
-registered estimator or loss is accepted without touching this file).
-"""
+"""Allowed names for string keys, in one place."""
 
 from __future__ import annotations
 
@@ -21,50 +17,43 @@ GROUP_ADV_ESTIMATORS: tuple[str, ...] = (
     "optimal_token_baseline",
 )
 
-def _registry(name: str) -> tuple[str, ...]:
-    import megarl.algorithms as algorithms  # here, not at the top: algorithms read config's schema
+# Names of the runtime's registries (megarl.algorithms, megarl.agent.tool_parser): the rules check
+# a config against these; tests/config/test_names.py holds each registry to its tuple.
+ADV_ESTIMATORS: tuple[str, ...] = (
+    "gae", "grpo", "grpo_passk", "rloo", "reinforce_plus_plus_baseline", "reinforce_plus_plus", "remax", "opo", "gpg",
+    "gdpo", "optimal_token_baseline",
+)
+POLICY_LOSSES: tuple[str, ...] = (
+    "vanilla", "gpg", "clip_cov", "kl_cov", "gspo", "sapo", "cispo", "geo_mean", "dppo_tv", "dppo_kl", "dro", "bypass_mode",
+)
+TOOL_PARSERS: tuple[str, ...] = ("hermes",)  # rollout.multi_turn.format
 
-    return tuple(getattr(algorithms, name))
-
-
-def adv_estimators() -> tuple[str, ...]:
-    return _registry("ADV_ESTIMATORS")
-
-
-def policy_losses() -> tuple[str, ...]:
-    return _registry("POLICY_LOSSES")
-
-
-def loss_agg_modes() -> tuple[str, ...]:
-    return _registry("LOSS_AGG_MODES")
-
-
-def kl_penalties() -> tuple[str, ...]:
-    return _registry("KL_PENALTIES")
-
-
-def kl_ctrl_types() -> tuple[str, ...]:
-    return _registry("KL_CTRL_TYPES")
-
-
-def rollout_is_levels() -> tuple[str, ...]:
-    return _registry("ROLLOUT_IS_LEVELS")
-
-
-def rollout_rs_options() -> tuple[str, ...]:
-    return _registry("ROLLOUT_RS_OPTIONS")
-
-
-def tool_parsers() -> tuple[str, ...]:
-    """rollout.multi_turn.format: the tool-call parsers registered in megarl.agent.tool_parser."""
-    from megarl.agent.tool_parser import TOOL_PARSERS
-
-    return tuple(TOOL_PARSERS)
-
-
-def rollout_corr_loss_types() -> tuple[str, ...]:
-    return _registry("ROLLOUT_CORR_LOSS_TYPES")
-
+LOSS_AGG_MODES: tuple[str, ...] = (
+    "token-mean",
+    "token-sum",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+)
+_BASE_KL_PENALTIES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full")
+# A "+" suffix keeps the forward value of the estimator but takes the gradient of k2
+# (straight-through), whose gradient is the unbiased KL gradient; k2/mse/full unchanged.
+KL_PENALTIES: tuple[str, ...] = _BASE_KL_PENALTIES + tuple(
+    f"{m}+" for m in _BASE_KL_PENALTIES if m not in ("mse", "k2", "full")
+)
+KL_CTRL_TYPES: tuple[str, ...] = ("fixed", "adaptive")
+# algorithm.rollout_correction (megarl.algorithms.rollout_correction)
+ROLLOUT_IS_LEVELS: tuple[str, ...] = ("token", "sequence", "geometric")
+# Ratio options (verl <= 0.6 names) bound the IS ratio itself at the token / sequence-product
+# / geometric-mean level; the k options bound a divergence estimate (current verl names).
+ROLLOUT_RS_RATIO_OPTIONS: tuple[str, ...] = ("token", "sequence", "geometric")
+ROLLOUT_RS_OPTIONS: tuple[str, ...] = ROLLOUT_RS_RATIO_OPTIONS + (
+    "token_k1", "token_k2", "token_k3",
+    "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
+    "seq_mean_k1", "seq_mean_k2", "seq_mean_k3",
+    "seq_max_k2", "seq_max_k3",
+)  # fmt: skip
+ROLLOUT_CORR_LOSS_TYPES: tuple[str, ...] = ("ppo_clip", "reinforce")
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 TRUNCATIONS = ("error", "left", "right", "middle")

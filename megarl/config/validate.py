@@ -1,32 +1,45 @@
-"""`validate_config`: the schema check plus every cross-key rule, all issues at once."""
+"""Validation entry points: the per-key schema check plus every cross-key rule, all issues at once.
+
+Rules that need megarl's runtime (which architectures megarl.models builds) are not here: the caller
+passes them (`megarl.preflight.RUNTIME_RULES`), and they run with the same view of the config, so a
+bad model and a bad key are reported in one error.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from omegaconf import DictConfig
 
-from megarl.config import (
-    rules_agent, rules_algo, rules_batch, rules_compat, rules_engines, rules_model, rules_optim, rules_parallel,
-    rules_reward_model, rules_trainer,
-)
+from megarl.config.check_keys import check_tree
 from megarl.config.errors import ConfigError, Issue
-from megarl.config.schema import MegaRLConfig
-from megarl.config.view import Skip, View, has_module
-from megarl.config.walk import check_tree
+from megarl.config.rules import (
+    agent,
+    algorithm,
+    batch,
+    engines,
+    model,
+    optim,
+    parallel,
+    reward_model,
+    trainer,
+)
+from megarl.config.rules.view import Skip, View, has_module
+from megarl.config.schema.root import MegaRLConfig
+from megarl.config.verl_compat import check as verl_compat
 
 Rule = Callable[[View], Iterable[Issue]]
 RULES: tuple[Rule, ...] = (
-    *rules_batch.RULES,
-    *rules_parallel.RULES,
-    *rules_algo.RULES,
-    *rules_optim.RULES,
-    *rules_trainer.RULES,
-    *rules_compat.RULES,
-    *rules_engines.RULES,
-    *rules_agent.RULES,
-    *rules_reward_model.RULES,
-    rules_model.run,
+    *batch.RULES,
+    *parallel.RULES,
+    *algorithm.RULES,
+    *optim.RULES,
+    *trainer.RULES,
+    *verl_compat.RULES,
+    *engines.RULES,
+    *agent.RULES,
+    *reward_model.RULES,
+    model.run,
 )
 
 
@@ -42,15 +55,17 @@ def check_schema(cfg: DictConfig) -> list[Issue]:
     return check_tree(cfg, MegaRLConfig)[0]
 
 
-def collect_issues(cfg: DictConfig, *, installed: Callable[[str], bool] = has_module, files: bool = True) -> list[Issue]:
-    """Every problem of `cfg` (empty list = valid); `installed` / `files`: see `View` (a plan
-    judges another machine's packages and needs no data files, weights or tokenizers)."""
+def collect_issues(cfg: DictConfig, runtime_rules: Sequence[Rule] = (), *, installed: Callable[[str], bool] = has_module,
+                   files: bool = True) -> list[Issue]:
+    """Every problem of `cfg` (empty list = valid); `runtime_rules` run after the config's own;
+    `installed` / `files`: see `View` (a plan judges another machine's packages and needs no data
+    files, weights or tokenizers)."""
     issues, bad = check_tree(cfg, MegaRLConfig)
     v = View(cfg, bad, installed=installed, files=files)
-    for rule in RULES:
+    for rule in (*RULES, *runtime_rules):
         issues += _run(rule, v)
     try:
-        pairs = list(rules_parallel.run_role_rules(v))
+        pairs = list(parallel.run_role_rules(v))
     except Skip:
         pairs = []
     for rule, role in pairs:
@@ -68,8 +83,9 @@ def _dedupe(issues: list[Issue]) -> list[Issue]:
     return out
 
 
-def validate_config(cfg: DictConfig, *, installed: Callable[[str], bool] = has_module, files: bool = True) -> None:
+def validate_config(cfg: DictConfig, runtime_rules: Sequence[Rule] = (), *, installed: Callable[[str], bool] = has_module,
+                    files: bool = True) -> None:
     """Raise `ConfigError` listing every problem of `cfg` (full dotted key, value, fix)."""
-    issues = collect_issues(cfg, installed=installed, files=files)
+    issues = collect_issues(cfg, runtime_rules, installed=installed, files=files)
     if issues:
         raise ConfigError(issues)

@@ -31,7 +31,9 @@ from megarl.models.moe_config import MOE_MODEL_TYPES, check_moe_supported, moe_t
 from megarl.models.spec import have_transformer_engine, resolve_transformer_impl
 from megarl.parallel.layout import ParallelLayout
 
-__all__ = ["SUPPORTED_MODEL_TYPES", "hf_to_transformer_config", "gpt_model_kwargs", "padded_vocab_size"]
+__all__ = [
+    "SUPPORTED_MODEL_TYPES", "hf_to_transformer_config", "gpt_model_kwargs", "padded_vocab_size", "unsupported_reason",
+]
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", *GEMMA3_MODEL_TYPES, *MOE_MODEL_TYPES)
 # model_type -> why megarl refuses it
@@ -81,6 +83,17 @@ def _rope_kwargs(hf_config) -> dict[str, Any]:
     ):
         return {**kwargs, "rope_scaling": True, "rope_scaling_factor": float(params["factor"])}
     raise ValueError(f"rope scaling {params!r} is not supported (default, or llama3 with 1/4/8192)")
+
+
+def unsupported_reason(hf_config) -> str | None:
+    """Why megarl cannot build the model of ``hf_config`` (its model_type, activation, sliding window,
+    rope scaling, MoE layout), or None when it can; what the preflight reports before any worker starts."""
+    try:
+        _check_supported(hf_config)
+        _rope_kwargs(hf_config)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def padded_vocab_size(vocab_size: int, tp_size: int) -> int:

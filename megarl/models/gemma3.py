@@ -8,7 +8,7 @@ What Gemma 3 adds to a Llama-like decoder, and where megarl puts it:
 * sandwich norms: the attention output and the MLP output are normed before their residual add:
   :class:`Gemma3SelfAttention` / :class:`Gemma3MLP` (megatron's modules plus that norm);
 * interleaved sliding-window (``layer_types`` ``sliding_attention``) and global layers: megatron's
-  own ``window_size`` / ``window_attn_skip_freq``, honoured by :class:`megarl.models.spec.SDPACoreAttention`;
+  own ``window_size`` / ``window_attn_skip_freq``, honoured by :class:`megarl.models.core_attention.SDPACoreAttention`;
   local layers rotate with ``rope_parameters["sliding_attention"]`` (their own base, no scaling),
   global ones with GPTModel's rotary (``rope_parameters["full_attention"]``, linear scaling allowed);
 * GeGLU MLP (``gelu_pytorch_tanh``), softmax scale ``query_pre_attn_scalar ** -0.5``, embeddings
@@ -169,7 +169,7 @@ def gemma3_layer_spec(config: TransformerConfig, hf_config) -> ModuleSpec:
     """The local layer spec with Gemma 3's norms, attention and MLP (see module docstring)."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    from megarl.models.spec import SDPACoreAttention
+    from megarl.models.core_attention import SDPACoreAttention
 
     spec = copy.deepcopy(get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm"))
     layer = spec.submodules

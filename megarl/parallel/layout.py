@@ -1,7 +1,7 @@
 """The parallel layout of one world of ranks: its sizes, the rules they obey, each rank's place.
 
 :class:`ParallelLayout` is the one place that does Megatron's layout arithmetic. The config
-rules (``megarl/config/rules_parallel.py``, ``rules_batch.py``) turn its :meth:`problems`
+rules (``megarl/config/rules/parallel.py``, ``rules/batch.py``) turn its :meth:`problems`
 into issues naming the keys; :func:`megarl.parallel.init_distributed` calls
 :meth:`~ParallelLayout.validate` and hands its sizes to megatron's
 ``initialize_model_parallel``; the trainer cuts batches by its :meth:`coordinates`.

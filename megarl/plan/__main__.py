@@ -17,17 +17,17 @@ import sys
 
 from hydra.errors import HydraException
 
-from megarl.config import ConfigError, check_override_keys, check_schema, resolve_config, validate_config
-from megarl.config.load import load_config
-from megarl.config.view import FILE_CHECKS, has_module
+from megarl.config import ConfigError, check_override_keys, check_schema, load_config, resolve_config, validate_config
+from megarl.config.rules.view import FILE_CHECKS, has_module
 from megarl.plan.stack import GPU_LOCK, in_gpu_stack
+from megarl.preflight import RUNTIME_RULES
 
 EXIT_REFUSED = 2
 
 
 def plan_text(overrides: list[str]) -> tuple[str, bool]:
     """(the plan as text, whether it fits). Raises ConfigError for a bad config."""
-    from megarl.config.typed import typed_config
+    from megarl.config.read import typed_config
     from megarl.data.demo import ensure_demo_assets
     from megarl.plan.build import build_plan, gpu_memory_gib, host_memory_gib
     from megarl.plan.report import format_plan
@@ -45,7 +45,7 @@ def plan_text(overrides: list[str]) -> tuple[str, bool]:
     if cfg.trainer.device == "cuda" and not _local_gpu():
         installed = in_gpu_stack
         notes.append(f"GPU packages judged against the stack megarl ships ({GPU_LOCK.name}; this machine has no GPU)")
-    validate_config(cfg, installed=installed, files=False)
+    validate_config(cfg, RUNTIME_RULES, installed=installed, files=False)
     resolved = resolve_config(cfg)
     trainer = typed_config(resolved).trainer
     plan = build_plan(resolved, gpu_memory_gib(trainer.memory_plan, trainer.device), host_memory_gib(trainer.memory_plan, trainer.device))

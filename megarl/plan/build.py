@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from omegaconf import DictConfig, OmegaConf
 
 from megarl.config.errors import Issue
-from megarl.config.roles import ACTOR, CRITIC, REF, Role, need_critic, need_reference
-from megarl.config.schema_trainer import MemoryPlanConfig
-from megarl.config.view import value_at
+from megarl.config.rules.roles import ACTOR, CRITIC, REF, Role, need_critic, need_reference
+from megarl.config.rules.view import value_at
+from megarl.config.schema.trainer import MemoryPlanConfig
 from megarl.parallel.layout import ParallelLayout
 from megarl.plan.memory import RankMemory, TrainSetup, VllmMemory, rank_memory, vllm_memory
 from megarl.plan.model_size import ParamCount, count_params, load_shape

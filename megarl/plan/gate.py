@@ -13,7 +13,7 @@ import dataclasses
 from omegaconf import DictConfig
 
 from megarl.config.errors import Issue
-from megarl.config.typed import typed_config
+from megarl.config.read import typed_config
 from megarl.plan.build import GIB, build_plan, gpu_memory_gib, host_memory_gib
 
 __all__ = ["memory_gate"]

@@ -275,7 +275,7 @@ def reward_spec(cfg: Any) -> RewardSpec:
     """The reward spec of a full config (reward.*, data.*)."""
     from omegaconf import OmegaConf
 
-    from megarl.config.schema_reward import overlong_buffer
+    from megarl.config.schema.reward import overlong_buffer
 
     name = cfg.reward.reward_manager.name
     overlong = None

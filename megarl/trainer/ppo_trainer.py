@@ -32,9 +32,9 @@ from omegaconf import DictConfig
 
 from megarl.algorithms import apply_kl_penalty, compute_advantage, compute_rollout_correction, get_kl_controller
 from megarl.algorithms import filter_groups, filter_metric_values
-from megarl.config.roles import need_critic, need_reference
-from megarl.config.schema import MegaRLConfig
-from megarl.config.typed import to_dict, typed_config
+from megarl.config.rules.roles import need_critic, need_reference
+from megarl.config.schema.root import MegaRLConfig
+from megarl.config.read import to_dict, typed_config
 from megarl.parallel.layout import ParallelLayout
 from megarl.protocol import DataProto
 from megarl.reward import build_reward_manager
@@ -117,7 +117,7 @@ class RayPPOTrainer:
     before Ray starts; ``init_workers()`` starts the workers, ``fit()`` trains. ``close()``
     releases the workers (and removes a checkpoint left half-written by a failure).
 
-    The loop reads the typed config (``self.cfg``, megarl.config.typed); dataset and reward plugins
+    The loop reads the typed config (``self.cfg``, megarl.config.read); dataset and reward plugins
     get the DictConfig sections, as verl hands them.
     """
 

@@ -34,7 +34,7 @@ from megarl.workers.megatron.vocab_parallel import vocab_parallel_log_probs_and_
 from megarl.workers.megatron.worker_base import MegatronWorker
 
 if TYPE_CHECKING:
-    from megarl.config.schema_algorithm import RolloutCorrectionConfig
+    from megarl.config.schema.algorithm import RolloutCorrectionConfig
 
 __all__ = ["ActorWorker"]
 

@@ -30,27 +30,18 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from dataclasses import dataclass
 from typing import Any, Awaitable, Sequence, TypeVar
+
+from megarl.agent.base import TokenOutput
 
 T = TypeVar("T")
 
 _IDLE_WAIT_S = 0.002  # engine empty, coroutines busy in tools: poll again after this
 
 
-@dataclass
-class TokenOutput:
-    """One finished request: the sampled tokens and their log-probs (``[]`` when the engine
-    returned none), and vLLM's finish reason (``"stop"`` | ``"length"`` | ``"abort"``)."""
-
-    token_ids: list[int]
-    log_probs: list[float]
-    finish_reason: str | None
-
-
 class AsyncEngine:
-    """Per-request access to ``llm_engine`` (a vLLM V1 ``LLMEngine`` running in this process, or the
-    rollout TP leader's ``LeaderEngine`` around it)."""
+    """The agent loops' :class:`megarl.agent.base.Engine`: per-request access to ``llm_engine`` (a vLLM
+    V1 ``LLMEngine`` running in this process, or the rollout TP leader's ``LeaderEngine`` around it)."""
 
     def __init__(self, llm_engine: Any) -> None:
         self.engine = llm_engine

@@ -36,7 +36,7 @@ from megarl.utils.gpu_memory import phase_memory
 from megarl.weight_sync import log_prob_gap
 
 if TYPE_CHECKING:
-    from megarl.config.schema_algorithm import RolloutCorrectionConfig
+    from megarl.config.schema.algorithm import RolloutCorrectionConfig
     from megarl.reward.managers import RewardSpec
     from megarl.weight_sync.colocated import ColocatedSync
 

@@ -6,7 +6,7 @@ checkpoint with one label (`score.weight` `[1, hidden]`), built as the critic's 
 value head (megarl.models.value_head) holding `score.weight`; the score of a sequence is the head's
 output at its last token, as HF's forward and verl's vLLM `/classify` read it.
 
-Config: `reward.reward_model` (verl's names, typed: megarl.config.schema_reward). verl serves the
+Config: `reward.reward_model` (verl's names, typed: megarl.config.schema.reward). verl serves the
 reward model with vLLM; its `rollout.*` keys map onto the Megatron forward as
 `RewardModelMegatron.from_rollout` says.
 """

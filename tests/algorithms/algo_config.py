@@ -16,10 +16,10 @@ from typing import Any, TypeVar
 
 from cpu_config import CPU_SMALL
 from megarl.config import load_config
-from megarl.config.schema import MegaRLConfig
-from megarl.config.schema_actor import ActorConfig
-from megarl.config.schema_algorithm import AlgorithmConfig, KLCtrlConfig, RolloutCorrectionConfig
-from megarl.config.typed import typed_config
+from megarl.config.schema.root import MegaRLConfig
+from megarl.config.schema.actor import ActorConfig
+from megarl.config.schema.algorithm import AlgorithmConfig, KLCtrlConfig, RolloutCorrectionConfig
+from megarl.config.read import typed_config
 
 # typed_config needs no files (only validation does): any model path skips the demo profile.
 _BASE = [*CPU_SMALL, "actor_rollout_ref.model.path=/x"]

@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from megarl.algorithms import LOSS_AGG_MODES, GlobalDenominator, agg_loss
+from megarl.algorithms import GlobalDenominator, agg_loss
+from megarl.config.names import LOSS_AGG_MODES
 
 # Ragged mask: lengths 3, 1, 0 (an all-padding row), 2.
 LOSS = torch.tensor([[1.0, 2.0, 3.0, 9.0], [4.0, 9.0, 9.0, 9.0], [9.0, 9.0, 9.0, 9.0], [5.0, 6.0, 9.0, 9.0]])

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import megarl.algorithms as A
+from megarl.config.names import KL_PENALTIES, LOSS_AGG_MODES
 
 
 def test_entropy_from_logits_by_hand():
@@ -28,8 +29,8 @@ def test_name_views_are_complete_and_live():
             "grpo_passk", "gdpo", "optimal_token_baseline"} <= set(A.ADV_ESTIMATORS)
     assert {"vanilla", "clip_cov", "kl_cov", "gpg", "gspo", "sapo", "cispo", "geo_mean", "dppo_tv", "dppo_kl",
             "dro", "bypass_mode"} <= set(A.POLICY_LOSSES)
-    assert set(A.LOSS_AGG_MODES) >= {"token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"}
-    assert {"kl", "abs", "mse", "low_var_kl", "full"} <= set(A.KL_PENALTIES)
+    assert set(LOSS_AGG_MODES) >= {"token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"}
+    assert {"kl", "abs", "mse", "low_var_kl", "full"} <= set(KL_PENALTIES)
 
     from megarl.algorithms.policy_loss_base import POLICY_LOSS_REGISTRY
 

@@ -5,7 +5,6 @@ import torch
 
 from algo_config import kl_ctrl
 from megarl.algorithms import (
-    KL_PENALTIES,
     AdaptiveKLController,
     FixedKLController,
     apply_kl_penalty,
@@ -13,6 +12,7 @@ from megarl.algorithms import (
     get_kl_controller,
     kl_penalty,
 )
+from megarl.config.names import KL_PENALTIES
 
 LOGP = torch.tensor([[-1.0, -2.0]])
 REF = torch.tensor([[-1.5, -1.0]])

@@ -9,11 +9,13 @@ from typing import Any
 from omegaconf import DictConfig
 
 from megarl.config import collect_issues
+from megarl.preflight import RUNTIME_RULES
 
 
 def issue_for(cfg: DictConfig, key: str, *words: str):
-    """The issue reported for `key`; its text must contain each of `words`."""
-    issues = collect_issues(cfg)
+    """The issue reported for `key` (as main_ppo validates: with the runtime's rules); its text must
+    contain each of `words`."""
+    issues = collect_issues(cfg, RUNTIME_RULES)
     found = [i for i in issues if i.key == key]
     listing = "\n".join(i.format() for i in issues)
     assert found, f"no issue for {key}; got:\n{listing}"
@@ -24,7 +26,7 @@ def issue_for(cfg: DictConfig, key: str, *words: str):
 
 
 def no_issues(cfg: DictConfig) -> None:
-    issues = collect_issues(cfg)
+    issues = collect_issues(cfg, RUNTIME_RULES)
     assert not issues, "\n".join(i.format() for i in issues)
 
 

@@ -47,7 +47,7 @@ def test_override_key_check_skips_additions_and_hydra_keys():
 def test_prepare_returns_resolved_config_with_expanded_paths(make, monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
     cfg = make({"trainer.rollout_data_dir": "~/dumps"})
-    monkeypatch.setattr("megarl.main_ppo._optional", lambda module, name: None)  # no demo builder here
+    monkeypatch.setattr("megarl.data.demo.ensure_demo_assets", lambda cfg: None)  # no demo assets here
     checked = []
     monkeypatch.setattr("megarl.main_ppo.preflight", checked.append)  # data files here are empty stand-ins
     out = prepare(cfg)
@@ -69,7 +69,7 @@ def test_resolve_config_makes_logger_a_list(make):
 
 
 def test_need_critic_and_reference(make):
-    from megarl.config import need_critic, need_reference
+    from megarl.config.rules.roles import need_critic, need_reference
 
     assert not need_critic(make()) and not need_reference(make())
     assert need_critic(make({"algorithm.adv_estimator": "gae"}))

@@ -25,7 +25,7 @@ def rm_on(make, tmp_path):
 
 
 def test_enabled_reward_model_validates_and_types(rm_on, tmp_path):
-    from megarl.config.typed import typed_config
+    from megarl.config.read import typed_config
 
     cfg = rm_on({f"{RM}.rollout.max_num_seqs": 7, f"{RM}.rollout.dtype": "float32"})
     no_issues(cfg)
@@ -37,7 +37,7 @@ def test_enabled_reward_model_validates_and_types(rm_on, tmp_path):
 
 
 def test_rollout_keys_map_onto_the_megatron_layout(rm_on):
-    from megarl.config.typed import typed_config
+    from megarl.config.read import typed_config
     from megarl.workers.reward_model import RewardModelMegatron
 
     cfg = rm_on({f"{RM}.rollout.pipeline_model_parallel_size": 2, f"{RM}.rollout.dtype": "float16",
@@ -80,7 +80,7 @@ def test_rows_without_ground_truth_pass_preflight_when_the_reward_model_scores(r
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from megarl.config.preflight_data import data_issues
+    from megarl.preflight.data import data_issues
     from megarl.data.demo_tokenizer import build_demo_tokenizer
 
     rows = [{"data_source": "chat", "prompt": [{"role": "user", "content": "1+2"}], "reward_model": None,

@@ -8,8 +8,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from megarl.config import CONFIG_DIR, CONFIG_NAME, ConfigError, check_schema, collect_issues, validate_config
-from megarl.config.schema import MegaRLConfig
-from megarl.config.walk import iter_schema_keys
+from megarl.config.schema.root import MegaRLConfig
+from megarl.config.schema.field import iter_schema_keys
 
 from config_testing import issue_for, no_issues
 

@@ -8,13 +8,13 @@ and preflight. Every issue must be one of
 - hardware: this machine is not the cluster the script asks for (trainer.nnodes,
   trainer.n_gpus_per_node, trainer.device; sequence parallelism, the precision-aware optimizer,
   FP8 or TE's fused kernels without transformer-engine);
-- refused: a verl feature megarl documents as not implemented (a `refuse` rule in compat.py);
+- refused: a verl feature megarl documents as not implemented (a `refuse` rule in verl_compat/accepted_keys.py);
 - stale: a plain override of a key verl 0.9.1 itself does not have (absent from its generated
   config, tests/fixtures/verl_0.9.1_ppo_megatron_trainer.yaml), so verl's Hydra rejects it too;
   a `+key` addition of such a key must get a documented reason ("not accepted: ...");
 - known: listed in KNOWN below with the reason (verl fails the same way, or it follows from a
   refused feature, or the script needs another Megatron-Core);
-- gap: listed in GAPS: a verl feature megarl lacks that compat.py does not list; the script's
+- gap: listed in GAPS: a verl feature megarl lacks that verl_compat/accepted_keys.py does not list; the script's
   test is an expected failure (xfail) naming it, and fails once the gap is closed (remove it then).
 
 Anything else fails the test. Each script's model is a config.json with the real model's layer /
@@ -38,7 +38,7 @@ from omegaconf import OmegaConf
 
 from config_testing import issue_for, no_issues
 from megarl.config import ConfigError, Issue, check_override_keys, collect_issues, load_config, resolve_config
-from megarl.config.compat import rule_for
+from megarl.config.verl_compat.accepted_keys import rule_for
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 sys.path.insert(0, str(FIXTURES))
@@ -103,7 +103,7 @@ KNOWN: dict[str, dict[str, str]] = {
         "actor_rollout_ref.rollout.n": "follows from distillation (refused): it samples one response per prompt",
     },
 }
-# verl features megarl lacks and compat.py does not list (script -> key -> what is missing).
+# verl features megarl lacks and verl_compat/accepted_keys.py does not list (script -> key -> what is missing).
 GAPS: dict[str, dict[str, str]] = {
     "lora/run_qwen3_30b_a3b_megatron.sh": {
         "actor_rollout_ref.model.lora.rank": "megarl's LoRA adapts dense layers only (no adapters on MoE experts)",
@@ -201,8 +201,8 @@ def run_script(overrides: list[str]) -> tuple[list[Issue], list[str]]:
     command-line key check, validation and preflight. The CLI stops at the first stage with
     issues; here every stage runs (without the overrides the key check refused) to show all
     at once. Returns the issues and the notices of accepted no-effect keys."""
-    from megarl.config.preflight import preflight
-    from megarl.config.rules_compat import compat_notices
+    from megarl.preflight.run import preflight
+    from megarl.config.verl_compat.check import compat_notices
 
     args = [a for a in overrides if not a.startswith("-")]
     issues = check_override_keys(args)

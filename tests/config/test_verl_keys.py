@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from config_testing import no_issues, write_model
 from megarl.config import load_config
-from megarl.config.profile import DEMO_PROFILE
+from megarl.config.demo_profile import DEMO_PROFILE
 
 VERL_YAML = Path(__file__).resolve().parents[1] / "fixtures" / "verl_0.9.1_ppo_megatron_trainer.yaml"
 # verl values that only name a machine of verl's authors: a user points them at their own files.

@@ -9,11 +9,11 @@ import pytest
 from omegaconf import OmegaConf
 
 from config_testing import issue_for, no_issues
-from megarl.config.compat import RULES, rule_for
-from megarl.config.load import CONFIG_DIR, CONFIG_NAME
-from megarl.config.rules_compat import compat_notices
-from megarl.config.schema import MegaRLConfig
-from megarl.config.walk import iter_schema_keys
+from megarl.config.verl_compat.accepted_keys import RULES, rule_for
+from megarl.config.files import CONFIG_DIR, CONFIG_NAME
+from megarl.config.verl_compat.check import compat_notices
+from megarl.config.schema.root import MegaRLConfig
+from megarl.config.schema.field import iter_schema_keys
 
 YAML = Path(CONFIG_DIR) / f"{CONFIG_NAME}.yaml"
 FREE_FORM = {key for key, tp, _ in iter_schema_keys(MegaRLConfig) if tp is dict or getattr(tp, "__origin__", None) is dict}
@@ -37,7 +37,7 @@ def test_every_yaml_key_is_typed_or_compat_and_never_both():
     leaves = yaml_leaf_keys()
     neither = [k for k in leaves if k not in typed and rule_for(k) is None]
     both = [k for k in leaves if k in typed and rule_for(k) is not None]
-    assert not neither, f"yaml keys neither typed (megarl/config/schema*.py) nor in compat.py: {neither}"
+    assert not neither, f"yaml keys neither typed (megarl/config/schema/) nor in verl_compat/accepted_keys.py: {neither}"
     assert not both, f"typed keys also matched by a compat rule (remove the rule): {both}"
     missing = sorted(typed - set(leaves))
     assert not missing, f"schema keys with no yaml default: {missing}"
@@ -83,10 +83,10 @@ def test_compat_keys_at_default_are_fine_and_silent(make):
     ("actor_rollout_ref.actor.loss_agg_mode", "LOSS_AGG_MODES"),
 ])
 def test_yaml_comment_lists_every_registered_name(key, registry):
-    import megarl.algorithms as algorithms
+    from megarl.config import names
 
     leaf = key.rsplit(".", 1)[-1]
     line = next(line for line in YAML.read_text().splitlines() if line.strip().startswith(f"{leaf}:"))
     listed = {n.strip() for n in line.split("#", 1)[1].split(":", 1)[1].split("(")[0].split("|")}
-    missing = set(getattr(algorithms, registry)) - listed
+    missing = set(getattr(names, registry)) - listed
     assert not missing, f"the yaml comment of {key} does not list {sorted(missing)}"

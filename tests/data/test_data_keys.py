@@ -193,7 +193,7 @@ def _cfg(run_dir, *overrides: str):
 
 
 def test_custom_chat_template_renders_the_prompts(run_dir):
-    from megarl.config.preflight import preflight
+    from megarl.preflight.run import preflight
 
     with pytest.raises(ConfigError, match="it has no chat template") as info:
         preflight(_cfg(run_dir))
@@ -208,7 +208,7 @@ def test_custom_chat_template_renders_the_prompts(run_dir):
 
 
 def test_a_broken_custom_chat_template_names_its_key(run_dir):
-    from megarl.config.preflight import preflight
+    from megarl.preflight.run import preflight
 
     with pytest.raises(ConfigError) as info:
         preflight(_cfg(run_dir, f"actor_rollout_ref.model.custom_chat_template={_quoted('{% for m in messages %}')}"))
@@ -217,7 +217,7 @@ def test_a_broken_custom_chat_template_names_its_key(run_dir):
 
 
 def test_apply_chat_template_kwargs_from_the_command_line(run_dir):
-    from megarl.config.preflight import preflight
+    from megarl.preflight.run import preflight
 
     cfg = _cfg(run_dir, f"actor_rollout_ref.model.custom_chat_template={_quoted(THINKING_TEMPLATE)}",
                "+data.apply_chat_template_kwargs.enable_thinking=false")  # verl users add the key
@@ -238,7 +238,7 @@ class MarkedTokenizer(PreTrainedTokenizerFast):
 
 @pytest.mark.parametrize("data_trust, model_trust", [(False, False), (True, False), (False, True)])
 def test_trust_remote_code_runs_the_tokenizers_code(run_dir, monkeypatch, tmp_path, data_trust, model_trust):
-    from megarl.config.preflight import load_tokenizer
+    from megarl.preflight.run import load_tokenizer
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     marker = tmp_path / "ran"

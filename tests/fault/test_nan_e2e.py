@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_nan_loss_stops_the_run_naming_step_and_phase(tmp_path, monkeypatch):
-    from megarl.config.load import load_config
+    from megarl.config.compose import load_config
     from megarl.main_ppo import prepare
     from megarl.trainer import run_ppo
     from megarl.trainer.worker_group import WorkerError

@@ -64,7 +64,7 @@ def test_worker_check_needs_the_trainers_nan_policy():
 
 def test_config_refuses_an_unknown_nan_policy():
     from megarl.config import check_schema
-    from megarl.config.load import load_config
+    from megarl.config.compose import load_config
 
     issues = check_schema(load_config(["trainer.nan_policy=ignore"]))
     assert any(i.key == "trainer.nan_policy" for i in issues), issues

@@ -69,7 +69,7 @@ def _demo_settings(demo_dir) -> list[str]:
     """The demo profile as explicit overrides: with a model path given, the profile no longer applies."""
     from omegaconf import OmegaConf
 
-    from megarl.config.profile import DEMO_PROFILE
+    from megarl.config.demo_profile import DEMO_PROFILE
 
     def cli(v):
         return "null" if v is None else str(v).lower() if isinstance(v, bool) else "[" + ",".join(map(cli, v)) + "]" if isinstance(v, list) else str(v)
@@ -170,7 +170,7 @@ def test_3_damage_lock_and_model_changes_fail_before_ray(first_run, demo_dir, ru
 def test_4_auto_resume_falls_back_and_applies_the_new_lr(first_run, demo_dir, run_dir):
     from omegaconf import OmegaConf
 
-    from megarl.config.profile import DEMO_PROFILE
+    from megarl.config.demo_profile import DEMO_PROFILE
 
     root = run_dir / "ckpt"
     shard = sorted((root / "global_step_4" / "actor" / "dist_ckpt").glob("*.distcp"))[0]

@@ -13,7 +13,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from megarl.config.load import CONFIG_DIR, CONFIG_NAME
+from megarl.config.files import CONFIG_DIR, CONFIG_NAME
 from megarl.trainer import checkpointing as ckpt
 
 MEGARL = Path(__file__).resolve().parents[2] / "megarl"
@@ -122,7 +122,7 @@ def _evil_tokenizer_dir(root: Path, marker: Path) -> Path:
 
 @pytest.mark.parametrize("trust", [False, True])
 def test_preflight_tokenizer_runs_model_code_only_with_trust_remote_code(tmp_path, monkeypatch, trust):
-    from megarl.config.preflight import load_tokenizer
+    from megarl.preflight.run import load_tokenizer
 
     marker = tmp_path / "ran"
     model = _evil_tokenizer_dir(tmp_path, marker)

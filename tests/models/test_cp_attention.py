@@ -45,7 +45,7 @@ def _case(seq_lens: list[int], batch: int, packed: bool) -> dict:
     from megatron.core.transformer.enums import AttnMaskType
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from megarl.models.spec import SDPACoreAttention
+    from megarl.models.core_attention import SDPACoreAttention
     from megarl.parallel.context_parallel import cp_token_index
     from megarl.parallel.cpu_compat import apply_cpu_compat
 

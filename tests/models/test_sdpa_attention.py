@@ -9,7 +9,7 @@ from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from megarl.models.spec import SDPACoreAttention
+from megarl.models.core_attention import SDPACoreAttention
 
 
 def _attention(heads=4, groups=2, head_dim=8, layer=1, **window):

@@ -11,7 +11,7 @@ import pytest
 
 import megarl.plan.__main__ as plan_cli
 from megarl.config import collect_issues, load_config
-from megarl.config.view import has_module
+from megarl.config.rules.view import has_module
 from megarl.plan.stack import in_gpu_stack, shipped_distributions
 
 QWEN25_7B = dict(model_type="qwen2", architectures=["Qwen2ForCausalLM"], vocab_size=152064, hidden_size=3584,

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from megarl.config import resolve_config
-from megarl.config.load import load_config
+from megarl.config.compose import load_config
 from megarl.plan.__main__ import main as plan_main
 from megarl.plan.build import GIB, build_plan
 from megarl.plan.placement import groups, node_lines, ranks_text

@@ -17,7 +17,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from megarl.config.load import CONFIG_DIR, CONFIG_NAME
+from megarl.config.files import CONFIG_DIR, CONFIG_NAME
 from megarl.protocol import DataProto
 
 CONFIG = Path(CONFIG_DIR) / f"{CONFIG_NAME}.yaml"
@@ -143,7 +143,7 @@ def test_scores_and_errors_are_unchanged_by_the_process_boundary(tmp_path):
 
 def test_timeout_key_is_in_the_yaml_and_validated():
     from megarl.config import check_schema
-    from megarl.config.load import load_config
+    from megarl.config.compose import load_config
 
     cfg = OmegaConf.load(CONFIG)
     assert cfg.reward.timeout == 300  # verl's reward.timeout default (RateLimitedRewardManager)

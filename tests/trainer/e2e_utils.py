@@ -11,7 +11,7 @@ def demo_config(demo_dir: Path, run_dir: Path, overrides: list[str], small_batch
     """The project config with the demo assets under ``demo_dir`` and outputs under ``run_dir``,
     validated and resolved exactly as ``python -m megarl.main_ppo`` does; ``small_batches``: 4 prompts
     x 4 samples a step (else the demo profile's sizes)."""
-    from megarl.config.load import load_config
+    from megarl.config.compose import load_config
     from megarl.main_ppo import prepare
 
     os.environ["MEGARL_DEMO_DIR"] = str(demo_dir)

@@ -36,7 +36,7 @@ def one_step_per_loss_mode(model_path: str, batch: dict[str, torch.Tensor],
     from cpu_config import CPU_SMALL
     from megarl.algorithms import get_policy_loss
     from megarl.config import load_config
-    from megarl.config.typed import typed_config
+    from megarl.config.read import typed_config
     from megarl.protocol import DataProto
     from megarl.workers.actor import ActorWorker
     from workers.tiny import actor_rollout_ref_config, megatron_node

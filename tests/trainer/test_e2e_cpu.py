@@ -26,7 +26,7 @@ def demo_dir(tmp_path_factory):
 @pytest.fixture(scope="module", autouse=True)
 def config_reads(tmp_path_factory):
     """Every typed key the runs of this module read, in the driver and in every worker process."""
-    from megarl.config.spec import record_reads_to
+    from megarl.config.schema.field import record_reads_to
 
     path = tmp_path_factory.mktemp("reads") / "reads"
     record_reads_to(str(path))
@@ -205,7 +205,7 @@ NOT_EXERCISED_HERE = {
                                                              "lora_A_init_method"))),
     **_keys("read through its interpolation into rollout.weight_sync.bucket_size_mb",
             f"{R}.checkpoint_engine.update_weights_bucket_megabytes"),
-    **_keys("verl's legacy keys: moved to reward.* at load (megarl.config.legacy; tests/config/test_rules_algo.py)",
+    **_keys("verl's legacy keys: moved to reward.* at load (megarl.config.verl_compat.legacy; tests/config/test_rules_algo.py)",
             "custom_reward_function.path", "custom_reward_function.name", "reward_model.reward_manager", "reward_model.enable"),
     **_keys("read by megarl.config (roles, preflight) on the DictConfig", "critic.enable", "actor_rollout_ref.model.tokenizer_path",
             "critic.model.tokenizer_path", "data.tokenizer", "ray_kwargs.ray_init.num_cpus",
@@ -251,8 +251,8 @@ NOT_EXERCISED_HERE = {
 def test_the_runs_read_every_typed_key(config_reads):
     """A key megarl types must be read by the code (here: by the GRPO, PPO and DAPO runs above);
     a key no run reads is dead (e.g. a documented sampling seed that never reaches the engine)."""
-    from megarl.config.schema import MegaRLConfig
-    from megarl.config.walk import iter_schema_keys
+    from megarl.config.schema.root import MegaRLConfig
+    from megarl.config.schema.field import iter_schema_keys
 
     files = list(config_reads.parent.glob(config_reads.name + ".*"))
     if not files:
@@ -260,4 +260,4 @@ def test_the_runs_read_every_typed_key(config_reads):
     read = set().union(*(f.read_text().split() for f in files))
     typed = {key for key, _, _ in iter_schema_keys(MegaRLConfig)}
     unread = sorted(typed - read - set(NOT_EXERCISED_HERE))
-    assert not unread, f"typed keys no run read (implement them, or move them to compat.py): {unread}"
+    assert not unread, f"typed keys no run read (implement them, or move them to verl_compat/accepted_keys.py): {unread}"

@@ -29,7 +29,8 @@ from cpu_config import CPU_SMALL
 from dist_utils import run_distributed
 from e2e_utils import demo_config
 from loss_mode_bodies import CLIP_GRAD, LR, one_step_per_loss_mode
-from megarl.algorithms import ADV_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES
+from megarl.algorithms import ADV_ESTIMATORS, POLICY_LOSSES
+from megarl.config.names import LOSS_AGG_MODES
 from megarl.config import collect_issues, load_config
 from megarl.data.demo import ensure_demo_assets
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from megarl.config.load import CONFIG_DIR, CONFIG_NAME
+from megarl.config.files import CONFIG_DIR, CONFIG_NAME
 
 VOCAB = 96
 

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from dist_utils import run_distributed
 from tiny import unusual_norms_and_biases_
-from megarl.config.load import CONFIG_DIR, CONFIG_NAME
+from megarl.config.files import CONFIG_DIR, CONFIG_NAME
 
 pytestmark = pytest.mark.slow
 

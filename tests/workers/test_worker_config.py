@@ -61,7 +61,7 @@ def test_mini_batch_unit_is_rollout_n(monkeypatch, n):
 def test_bypass_mode_loss_needs_the_rollout_correction_section(monkeypatch):
     """loss_mode=bypass_mode reads algorithm.rollout_correction, which the worker gets as an argument."""
     import megarl.workers.actor as actor_module
-    from megarl.config.typed import typed_config
+    from megarl.config.read import typed_config
 
     cfg = _cfg("actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode", "actor_rollout_ref.actor.use_kl_loss=false",
                "algorithm.rollout_correction.bypass_mode=true")

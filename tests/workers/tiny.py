@@ -8,7 +8,7 @@ import torch
 import transformers
 from omegaconf import DictConfig, OmegaConf
 
-from megarl.config.load import CONFIG_DIR, CONFIG_NAME
+from megarl.config.files import CONFIG_DIR, CONFIG_NAME
 
 PROMPT_LEN, RESPONSE_LEN, VOCAB = 6, 5, 97  # 97: not divisible by TP=2 (vocab padding)
 

@@ -25,7 +25,7 @@ import torch
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
-from megarl.config.rules_optim import OPTIMIZER_FIELDS_FROM_KEYS
+from megarl.config.schema.megatron import OPTIMIZER_FIELDS_FROM_KEYS
 
 __all__ = [
     "build_optimizer", "build_scheduler", "fit_torch_adam", "optimizer_config", "schedule_steps",
@@ -163,7 +163,7 @@ def optimizer_config(optim_cfg, *, use_distributed_optimizer: bool, dtype: torch
 def _overrides(overrides: Mapping[str, Any], prefix: str) -> dict[str, Any]:
     """`override_optimizer_config` as OptimizerConfig kwargs (dtype names become torch dtypes).
 
-    The config rule (megarl.config.rules_optim) refuses the same names before start-up; this
+    The config rule (megarl.config.rules.optim) refuses the same names before start-up; this
     repeats it for engines built without `validate_config`.
     """
     fields = {f.name: f.type for f in dataclasses.fields(OptimizerConfig)}

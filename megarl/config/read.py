@@ -1,0 +1,63 @@
+"""The reader: a validated config as the typed objects the run receives (`MegaRLConfig` and its
+nested dataclasses, attribute access by the yaml's key names).
+
+`resolve_config` resolves the composed DictConfig (interpolations, `~` in paths); `typed_config`
+builds the typed tree from it. Keys megarl does not implement (verl_compat) are not carried.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, TypeVar
+
+from omegaconf import DictConfig, OmegaConf
+
+from megarl.config.schema.field import iter_schema_keys, schema_fields
+from megarl.config.schema.root import MegaRLConfig
+
+T = TypeVar("T")
+
+
+def resolve_config(cfg: DictConfig) -> DictConfig:
+    """A resolved copy: interpolations replaced by values and `~` expanded in path keys.
+
+    `trainer.logger` given as one string (`trainer.logger=console`) becomes a list.
+    """
+    out = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    if isinstance(OmegaConf.select(out, "trainer.logger", default=None), str):
+        OmegaConf.update(out, "trainer.logger", [out.trainer.logger])
+    for key, _, meta in iter_schema_keys(MegaRLConfig):
+        if not meta.get("path"):
+            continue
+        value = OmegaConf.select(out, key, default=None)
+        if isinstance(value, str):
+            OmegaConf.update(out, key, os.path.expanduser(value))
+        elif value is not None and OmegaConf.is_list(value):
+            OmegaConf.update(out, key, [os.path.expanduser(v) if isinstance(v, str) else v for v in value])
+    return out
+
+
+def to_typed(cls: type[T], values: dict[str, Any], prefix: str = "") -> T:
+    """Instance of schema dataclass `cls` from plain `values` (sections become nested dataclasses);
+    `prefix` is the section's dotted key (recorded reads name the full key)."""
+    kwargs = {}
+    for name, (tp, _) in schema_fields(cls).items():
+        value = values[name]
+        kwargs[name] = to_typed(tp, value, f"{prefix}{name}.") if dataclasses.is_dataclass(tp) else value
+    obj = cls(**kwargs)
+    object.__setattr__(obj, "_megarl_key", prefix)
+    return obj
+
+
+def typed_config(cfg: DictConfig) -> MegaRLConfig:
+    """`MegaRLConfig` from a validated (and preferably resolved) DictConfig."""
+    return to_typed(MegaRLConfig, OmegaConf.to_container(cfg, resolve=True))
+
+
+def to_dict(obj: Any) -> Any:
+    """Plain nested dict of a typed config (for logging, checkpoints, hashing). Reads the fields
+    without recording them: a dump is not a use (see megarl.config.schema.field.record_reads_to)."""
+    if not dataclasses.is_dataclass(obj):
+        return obj
+    return {f.name: to_dict(object.__getattribute__(obj, f.name)) for f in dataclasses.fields(obj)}

@@ -1,0 +1,241 @@
+"""Rules that need the model's shape: read `config.json` from each model dir with plain
+json (no weights, no transformers import) and check it against the parallel layout."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from megarl.config.errors import Issue
+from megarl.config.rules.roles import ACTOR, RM_ROLE, Role, active_roles
+from megarl.config.rules.view import Skip, View, needs_files
+
+_EXPERT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
+def read_hf_config(v: View, path_key: str, override_key: str | None) -> tuple[dict[str, Any] | None, Issue | None]:
+    """config.json of the dir at `path_key` with `override_key`'s fields applied."""
+    path = v.path(path_key)
+    if path is None:
+        return None, Issue(path_key, None, "no model directory given", f"set {path_key} to a local HF model dir (with config.json)")
+    config_file = os.path.join(path, "config.json")
+    if not os.path.isfile(config_file):
+        why = "does not exist" if not os.path.exists(path) else "has no config.json"
+        return None, Issue(
+            path_key, v.get(path_key), f"model directory {why}",
+            f"point {path_key} at a local HF model dir (download hub models first, e.g. `huggingface-cli download <repo> --local-dir <dir>`)",
+        )
+    try:
+        with open(config_file) as f:
+            hf = json.load(f)
+    except (OSError, ValueError) as exc:
+        return None, Issue(path_key, v.get(path_key), f"cannot read {config_file}: {exc}", f"fix or replace {config_file}")
+    if not isinstance(hf, dict):
+        return None, Issue(path_key, v.get(path_key), f"{config_file} is not a JSON object", f"fix or replace {config_file}")
+    if override_key is not None:
+        hf.update(v.get(override_key) or {})
+    return hf, None
+
+
+def _shape(hf: dict[str, Any]) -> tuple[int | None, int | None, int | None, int | None]:
+    heads = hf.get("num_attention_heads")
+    kv = hf.get("num_key_value_heads") or heads
+    experts = next((hf[k] for k in _EXPERT_FIELDS if hf.get(k)), None)
+    return heads, kv, hf.get("num_hidden_layers"), experts
+
+
+def megatron_shape(v: View, role: Role, hf: dict[str, Any]) -> Iterator[Issue]:
+    m = role.megatron
+    heads, kv, layers, experts = _shape(hf)
+    tp = v.get(f"{m}.tensor_model_parallel_size")
+    where = f"({role.model_path} config.json)"
+    if heads and heads % tp:
+        yield Issue(f"{m}.tensor_model_parallel_size", tp, f"does not divide num_attention_heads={heads} {where}", f"choose a TP size that divides {heads}")
+    elif kv and kv % tp:
+        yield Issue(f"{m}.tensor_model_parallel_size", tp, f"does not divide num_key_value_heads={kv} {where} (Megatron splits KV groups over TP)", f"choose a TP size that divides {kv}")
+    pp = v.get(f"{m}.pipeline_model_parallel_size")
+    vpp = v.get(f"{m}.virtual_pipeline_model_parallel_size") or 1
+    split = {k: val for k, val in (v.get(f"{m}.override_transformer_config") or {}).items() if k in PIPELINE_SPLIT_FIELDS}
+    if layers and split:
+        problem = uneven_pipeline_problem(layers, pp, v.get(f"{m}.virtual_pipeline_model_parallel_size"), split)
+        if problem:
+            yield Issue(f"{m}.override_transformer_config", split, f"{problem} {where}",
+                        f"give a pipeline split of the {layers} layers over pp={pp} (x vpp={vpp}) stages that Megatron accepts")
+    elif layers and layers % (pp * vpp):
+        yield Issue(
+            f"{m}.pipeline_model_parallel_size", pp,
+            f"pp={pp} x vpp={vpp} does not divide num_hidden_layers={layers} {where}",
+            f"choose pipeline_model_parallel_size x virtual_pipeline_model_parallel_size dividing {layers}, "
+            f"or split unevenly with {m}.override_transformer_config.num_layers_in_first_pipeline_stage / "
+            "num_layers_in_last_pipeline_stage / pipeline_model_parallel_layout",
+        )
+    ep = v.get(f"{m}.expert_model_parallel_size")
+    if ep > 1 and not experts:
+        yield Issue(f"{m}.expert_model_parallel_size", ep, f"the model has no MoE experts {where}", f"set {m}.expert_model_parallel_size=1")
+    elif experts and experts % ep:
+        yield Issue(f"{m}.expert_model_parallel_size", ep, f"does not divide the {experts} experts {where}", f"choose an EP size that divides {experts}")
+
+
+# TransformerConfig fields that split the layers over pipeline stages other than evenly.
+PIPELINE_SPLIT_FIELDS = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
+                         "pipeline_model_parallel_layout", "account_for_embedding_in_pipeline_split",
+                         "account_for_loss_in_pipeline_split")
+
+
+def uneven_pipeline_problem(layers: int, pp: int, vpp: int | None, split: dict[str, Any]) -> str | None:
+    """Megatron-Core's own verdict (TransformerConfig's checks) on an uneven pipeline split of
+    `layers` over `pp` x `vpp` stages; None when it accepts it or Megatron is not importable here."""
+    try:
+        import torch
+        from megatron.core.transformer.transformer_config import TransformerConfig
+    except Exception:  # megatron not importable here: the worker checks
+        return None
+    try:
+        TransformerConfig(num_layers=layers, hidden_size=8, num_attention_heads=1, pipeline_model_parallel_size=pp,
+                          virtual_pipeline_model_parallel_size=vpp, pipeline_dtype=torch.float32, **split)
+    except (ValueError, AssertionError, TypeError) as exc:
+        return f"Megatron-Core refuses this pipeline split: {exc}"
+    return None
+
+
+REQUIRED_FIELDS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+# MoE model_type -> config.json fields megarl builds its experts from (besides an expert count)
+MOE_FIELDS = {
+    "qwen3_moe": ("num_experts_per_tok", "moe_intermediate_size"),
+    "qwen2_moe": ("num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size"),
+    "mixtral": ("num_experts_per_tok",),
+    "glm4_moe": ("num_experts_per_tok", "moe_intermediate_size", "n_shared_experts", "first_k_dense_replace"),
+    "deepseek_v3": ("num_experts_per_tok", "moe_intermediate_size", "n_shared_experts", "first_k_dense_replace",
+                    "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"),
+}
+
+
+def missing_fields(hf: dict[str, Any]) -> list[str]:
+    """The config.json fields megarl builds a model from that `hf` lacks."""
+    missing = [f for f in REQUIRED_FIELDS if not isinstance(hf.get(f), (int, str)) or isinstance(hf.get(f), bool)]
+    if hf.get("model_type") in MOE_FIELDS:
+        missing += [f for f in MOE_FIELDS[hf["model_type"]] if not isinstance(hf.get(f), int)]
+        if not any(isinstance(hf.get(f), int) for f in _EXPERT_FIELDS):
+            missing.append("num_experts")
+    return missing
+
+
+def model_fields(v: View, role: Role, hf: dict[str, Any]) -> Iterator[Issue]:
+    where = f"{v.path(role.model_path)}/config.json"
+    missing = missing_fields(hf)
+    if missing:
+        yield Issue(role.model_path, v.get(role.model_path), f"{where} lacks {', '.join(missing)}",
+                    "use the config.json that came with the model (megarl builds the Megatron model from these fields)")
+
+
+@needs_files("model weights (*.safetensors in each model dir)")
+def weights(v: View, role: Role) -> Iterator[Issue]:
+    """The HF safetensors the worker loads initial weights from (unless a dist checkpoint is used)."""
+    if v.get(f"{role.megatron}.use_dist_checkpointing"):
+        return
+    path = v.path(role.model_path)
+    if path and os.path.isdir(path) and not any(n.endswith(".safetensors") for n in os.listdir(path)):
+        yield Issue(role.model_path, v.get(role.model_path), "model directory has no *.safetensors weights",
+                    "save the model with safe_serialization=True (model.save_pretrained), or point at a dir that has them")
+
+
+def lengths(v: View, hf: dict[str, Any]) -> Iterator[Issue]:
+    prompt, response = v.get("data.max_prompt_length"), v.get("data.max_response_length")
+    max_pos = hf.get("max_position_embeddings")
+    if max_pos and prompt + response > max_pos:
+        yield Issue(
+            "data.max_response_length", response,
+            f"data.max_prompt_length={prompt} + max_response_length={response} = {prompt + response} exceeds the model's max_position_embeddings={max_pos}",
+            f"shorten data.max_prompt_length / data.max_response_length to a total <= {max_pos}",
+        )
+    key = "actor_rollout_ref.rollout.max_model_len"
+    max_len = v.get(key)
+    if max_len is not None and max_pos and max_len > max_pos:
+        yield Issue(key, max_len, f"exceeds the model's max_position_embeddings={max_pos}", f"set {key} <= {max_pos} (or null)")
+
+
+def rollout_shape(v: View, hf: dict[str, Any]) -> Iterator[Issue]:
+    heads, kv, _, _ = _shape(hf)
+    key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+    tp = v.get(key)
+    if heads and heads % tp:
+        yield Issue(key, tp, f"vLLM TP must divide num_attention_heads={heads}", f"choose {key} dividing {heads}")
+    elif kv and kv % tp and tp % kv:
+        yield Issue(key, tp, f"vLLM TP must divide num_key_value_heads={kv} or be a multiple of it", f"choose {key} dividing {kv} or a multiple of {kv}")
+
+
+def lora_on_moe(v: View, hf: dict[str, Any]) -> Iterator[Issue]:
+    """megarl's LoRA adapts dense layers only (megarl/models/lora.py)."""
+    key = "actor_rollout_ref.model.lora.rank"
+    experts = _shape(hf)[3]
+    if v.get(key) and experts:
+        yield Issue(key, v.get(key), f"LoRA on an MoE model ({experts} experts) is not implemented in megarl",
+                    f"train it full-parameter ({key}=0)")
+
+
+@needs_files("tokenizer dirs (data.tokenizer / model.tokenizer_path)")
+def tokenizer_dirs(v: View) -> Iterator[Issue]:
+    for key in ("data.tokenizer", "actor_rollout_ref.model.tokenizer_path"):
+        path = v.path(key)
+        if path is not None and not os.path.isdir(path):
+            yield Issue(key, v.get(key), "tokenizer directory does not exist", f"point {key} at a local HF tokenizer dir, or set it to null (= model.path)")
+
+
+def run(v: View) -> Iterator[Issue]:
+    """All model-dependent rules, for every active role; a role's missing model is one issue."""
+    yield from _guard(tokenizer_dirs, v)
+    seen: dict[str, dict[str, Any] | None] = {}
+    for role in active_roles(v):
+        try:
+            cache_key = f"{role.model_path}|{role.override_config}"
+            if cache_key not in seen:
+                hf, issue = read_hf_config(v, role.model_path, role.override_config)
+                seen[cache_key] = hf
+                if issue is not None:
+                    yield issue
+                else:
+                    yield from model_fields(v, role, hf)
+                    yield from _guard(weights, v, role)
+            hf = seen[cache_key]
+            if hf is None:
+                continue
+            yield from megatron_shape(v, role, hf)
+            if role is ACTOR:
+                yield from _guard(lengths, v, hf)
+                yield from _guard(rollout_shape, v, hf)
+                yield from _guard(lora_on_moe, v, hf)
+        except Skip:
+            continue
+
+
+def built_models(v: View) -> Iterator[tuple[Role, dict[str, Any]]]:
+    """(role, config.json with the role's overrides) of each model dir the run builds (actor, reference,
+    critic, reward model) whose config.json these rules read and found complete: what the runtime's own
+    architecture check (megarl.preflight.models) looks at."""
+    seen: set[str] = set()
+    roles = list(active_roles(v))
+    try:
+        if v.get("reward.reward_model.enable"):
+            roles.append(RM_ROLE)
+    except Skip:
+        pass
+    for role in roles:
+        try:
+            cache_key = f"{role.model_path}|{role.override_config}"
+            if cache_key in seen:
+                continue
+            seen.add(cache_key)
+            hf, issue = read_hf_config(v, role.model_path, role.override_config)
+        except Skip:
+            continue
+        if issue is None and not missing_fields(hf):
+            yield role, hf
+
+
+def _guard(rule, *args) -> Iterator[Issue]:
+    try:
+        yield from rule(*args)
+    except Skip:
+        return
