@@ -6,9 +6,10 @@
 check override syntax and keys -> compose (Hydra) -> check keys and types -> build the
 demo assets the config points at -> validate everything (layouts against each model's
 config.json, batch sizes, files) -> the memory plan (megarl.plan.gate: a GPU run with a phase
-that does not fit is refused unless trainer.memory_plan.enforce=false) -> preflight (load the
-tokenizer, datasets and reward function as the trainer will) -> print the resolved config ->
-run the trainer (Ray starts here). A bad config or bad data exits with code 2 and a message naming each bad key, file
+that does not fit is refused unless trainer.memory_plan.enforce=false) -> read it into the typed
+config (`MegaRLConfig`, what the trainer, workers and algorithms receive) -> preflight (load the
+tokenizer, datasets and reward function as the trainer will) -> print the typed config -> run the
+trainer (Ray starts here). A bad config or bad data exits with code 2 and a message naming each bad key, file
 and row and the fix; no traceback. A failure after that (a locked run directory, a damaged
 checkpoint, a reward function error, a full disk, a worker error) is one message too,
 naming the phase, step, worker or file and the fix, with the exit code of
@@ -27,14 +28,17 @@ from megarl.config import (
     CONFIG_NAME,
     ConfigError,
     Issue,
+    MegaRLConfig,
     check_override_keys,
     check_schema,
     resolve_config,
+    typed_config,
     validate_config,
 )
 from megarl.config.compose import finish_compose
 from megarl.config.demo_profile import demo_banner
 from megarl.config.errors import no_value
+from megarl.config.read import to_dict
 from megarl.config.verl_compat.check import compat_notices
 from megarl.plan.gate import memory_gate
 from megarl.preflight import RUNTIME_RULES, preflight
@@ -54,8 +58,9 @@ def exit_with(failure) -> None:
     sys.exit(failure.code)
 
 
-def prepare(cfg: DictConfig) -> DictConfig:
-    """Schema check, demo assets, full validation, the memory plan, preflight; returns the resolved config.
+def prepare(cfg: DictConfig) -> MegaRLConfig:
+    """Schema check, demo assets, full validation, the memory plan, preflight; returns the run's
+    typed config.
 
     Everything a user can get wrong is checked here, before Ray or any worker starts;
     raises ConfigError.
@@ -72,15 +77,15 @@ def prepare(cfg: DictConfig) -> DictConfig:
     validate_config(cfg, RUNTIME_RULES)
     for notice in compat_notices(cfg):
         print(f"megarl: {notice}", flush=True)
-    resolved = resolve_config(cfg)
-    refused = memory_gate(resolved)
+    refused = memory_gate(resolve_config(cfg))
+    typed = typed_config(cfg)
     try:
-        preflight(resolved)
+        preflight(typed)
     except ConfigError as error:  # every problem at once
         raise ConfigError(refused + error.issues) from None
     if refused:
         raise ConfigError(refused)
-    return resolved
+    return typed
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name=CONFIG_NAME, version_base="1.3")
@@ -91,13 +96,11 @@ def main(cfg: DictConfig) -> None:
         applied = finish_compose(cfg, list(HydraConfig.get().overrides.task))
         if applied:
             print(demo_banner(applied), flush=True)
-        resolved = prepare(cfg)
+        typed = prepare(cfg)
     except ConfigError as error:
         _fail(error)
-    from megarl.config.read import to_dict, typed_config
-
     # The keys megarl implements, resolved (verl's other keys are at their defaults or refused).
-    print(OmegaConf.to_yaml(OmegaConf.create(to_dict(typed_config(resolved)))), flush=True)
+    print(OmegaConf.to_yaml(OmegaConf.create(to_dict(typed))), flush=True)
     note = fallback_note()
     if note:
         print(note, flush=True)
@@ -105,9 +108,9 @@ def main(cfg: DictConfig) -> None:
     from megarl.trainer.failures import FailureContext, explain
 
     try:
-        run_ppo(resolved)
+        run_ppo(typed)
     except Exception as error:  # KeyboardInterrupt passes: Ctrl-C ends the run as usual
-        context = getattr(error, "megarl_context", None) or FailureContext(run_dir=resolved.trainer.default_local_dir)
+        context = getattr(error, "megarl_context", None) or FailureContext(run_dir=typed.trainer.default_local_dir)
         exit_with(explain(error, context))
 
 

@@ -13,7 +13,7 @@ from megarl.algorithms.agg import (
     entropy_from_logits,
 )
 from megarl.algorithms.advantages import ADV_ESTIMATORS, get_adv_estimator, register_adv_estimator
-from megarl.algorithms.compute_advantage import compute_advantage
+from megarl.algorithms.compute_advantage import compute_advantage, needs_greedy_baselines
 from megarl.algorithms.gae import discounted_returns, gae_advantages_returns
 from megarl.algorithms.kl import (
     AdaptiveKLController,
@@ -69,6 +69,7 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "needs_greedy_baselines",
     "register_adv_estimator",
     "register_policy_loss",
 ]

@@ -16,6 +16,14 @@ if TYPE_CHECKING:
     from megarl.config.schema.algorithm import AlgorithmConfig
 
 _TENSOR_FIELDS = ("values", "reward_baselines", "old_log_probs", "sum_pi_squared", "rollout_is_weights")
+# Estimators that compare each response with the score of its prompt's greedy response
+# (`reward_baselines`, which the rollout generates and scores for them).
+GREEDY_BASELINE_ESTIMATORS = ("remax",)
+
+
+def needs_greedy_baselines(algorithm_config: AlgorithmConfig) -> bool:
+    """Whether `algorithm.adv_estimator` needs `reward_baselines` (one greedy response per prompt, scored)."""
+    return algorithm_config.adv_estimator in GREEDY_BASELINE_ESTIMATORS
 
 
 def _lookup(data: Any, key: str) -> Any:

@@ -1,8 +1,9 @@
 """The reader: a validated config as the typed objects the run receives (`MegaRLConfig` and its
 nested dataclasses, attribute access by the yaml's key names).
 
-`resolve_config` resolves the composed DictConfig (interpolations, `~` in paths); `typed_config`
-builds the typed tree from it. Keys megarl does not implement (verl_compat) are not carried.
+`typed_config` resolves the composed DictConfig (`resolve_config`: interpolations, `~` in paths, a
+single logger as a list) and builds the typed tree from it; nothing changes it afterwards. Keys megarl
+does not implement (verl_compat) are not carried.
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ def to_typed(cls: type[T], values: dict[str, Any], prefix: str = "") -> T:
 
 
 def typed_config(cfg: DictConfig) -> MegaRLConfig:
-    """`MegaRLConfig` from a validated (and preferably resolved) DictConfig."""
-    return to_typed(MegaRLConfig, OmegaConf.to_container(cfg, resolve=True))
+    """`MegaRLConfig` of a validated DictConfig (resolved here)."""
+    return to_typed(MegaRLConfig, OmegaConf.to_container(resolve_config(cfg)))
 
 
 def to_dict(obj: Any) -> Any:
@@ -61,3 +62,14 @@ def to_dict(obj: Any) -> Any:
     if not dataclasses.is_dataclass(obj):
         return obj
     return {f.name: to_dict(object.__getattribute__(obj, f.name)) for f in dataclasses.fields(obj)}
+
+
+def value_at(cfg: MegaRLConfig, dotted: str) -> Any:
+    """The typed value at dotted key `dotted` (e.g. "data.train_files"), for messages that show a key
+    with its value; None when `dotted` is not a key of the schema."""
+    node: Any = cfg
+    for part in dotted.split("."):
+        if not dataclasses.is_dataclass(node) or part not in {f.name for f in dataclasses.fields(node)}:
+            return None
+        node = getattr(node, part)
+    return node

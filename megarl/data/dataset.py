@@ -11,7 +11,8 @@ a dict of
   position in the dataset), ``raw_prompt`` (the chat, when ``data.return_raw_chat``) and
   ``full_prompts`` (the templated text, when ``data.return_full_prompt``).
 
-Data config keys read (by attribute: a DictConfig of the ``data`` section): prompt_key,
+Data config keys read (by attribute: the typed ``data`` section, or the DictConfig of it that a
+custom dataset class subclassing this one gets, as in verl): prompt_key,
 max_prompt_length, truncation, filter_overlong_prompts, return_raw_chat, return_full_prompt,
 reward_fn_key, apply_chat_template_kwargs, shuffle and seed (for ``max_samples``).
 
@@ -27,10 +28,10 @@ from typing import Any, Mapping, Sequence
 
 import torch
 from torch.utils.data import Dataset
+from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedTokenizerBase
 
-from omegaconf import OmegaConf
-
+from megarl.config.schema.data import DataConfig
 from megarl.data.errors import DataError
 from megarl.data.parquet_io import read_parquet_rows
 from megarl.data.sampler import data_seed
@@ -77,7 +78,7 @@ class RLDataset(Dataset):
         self,
         data_files: Sequence[str],
         tokenizer: PreTrainedTokenizerBase,
-        config: Any,
+        config: DataConfig | DictConfig,
         files_key: str = "data.train_files",
         max_samples: int = -1,
     ):

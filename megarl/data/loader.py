@@ -1,7 +1,7 @@
 """``create_dataloader``: the data config -> a resumable DataProto loader.
 
-The data config is the ``data`` section as a DictConfig, read by attribute (a custom dataset
-class or sampler gets it as verl passes it). Keys read here: train_files, val_files,
+The data config is the typed ``data`` section (``DataConfig``); a custom dataset class or sampler
+gets it as verl passes it, a DictConfig. Keys read here: train_files, val_files,
 train_max_samples, val_max_samples, train_batch_size, val_batch_size, shuffle, seed,
 validation_shuffle, custom_cls.{path,name}, sampler.{class_path,class_name} (plus the
 dataset's keys, see ``dataset.py``).
@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from typing import Any
 
+from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import Dataset, Sampler
 from transformers import PreTrainedTokenizerBase
+
+from megarl.config.read import to_dict
+from megarl.config.schema.data import DataConfig
 
 from megarl.data.collate import collate_fn
 from megarl.data.dataset import RLDataset
@@ -64,7 +67,12 @@ def load_custom_dataset_class(path: str, name: str | None) -> type:
     return load_class(path, name, ("data.custom_cls.path", "data.custom_cls.name"), Dataset)
 
 
-def create_dataset(data_cfg: Any, tokenizer: PreTrainedTokenizerBase, split: str) -> Dataset:
+def verl_data_config(data_cfg: DataConfig) -> DictConfig:
+    """The ``data`` section as verl hands it to a custom dataset class or sampler (a DictConfig)."""
+    return OmegaConf.create(to_dict(data_cfg))
+
+
+def create_dataset(data_cfg: DataConfig, tokenizer: PreTrainedTokenizerBase, split: str) -> Dataset:
     """The dataset of ``split``: ``RLDataset`` or ``data.custom_cls``, called as
     ``cls(data_files=[...], tokenizer=tokenizer, config=data_cfg)`` plus, when
     ``data.<split>_max_samples`` is set (> 0), ``max_samples=N`` (verl's keyword: the custom
@@ -72,14 +80,14 @@ def create_dataset(data_cfg: Any, tokenizer: PreTrainedTokenizerBase, split: str
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     files_key = f"{split}_files"
-    files = as_file_list(data_cfg[files_key], f"data.{files_key}")
-    max_samples = int(data_cfg[f"{split}_max_samples"])
+    files = as_file_list(getattr(data_cfg, files_key), f"data.{files_key}")
+    max_samples = int(getattr(data_cfg, f"{split}_max_samples"))
     custom = data_cfg.custom_cls
     if custom.path or custom.name:
         dataset_cls = load_custom_dataset_class(custom.path, custom.name)
         extra = {"max_samples": max_samples} if max_samples > 0 else {}
         try:
-            return dataset_cls(data_files=files, tokenizer=tokenizer, config=data_cfg, **extra)
+            return dataset_cls(data_files=files, tokenizer=tokenizer, config=verl_data_config(data_cfg), **extra)
         except DataError:
             raise
         except Exception as exc:  # the user's class: say which one failed, not where inside it
@@ -92,7 +100,7 @@ def create_dataset(data_cfg: Any, tokenizer: PreTrainedTokenizerBase, split: str
                      max_samples=max_samples)
 
 
-def create_sampler(data_cfg: Any, dataset: Dataset, shuffle: bool, seed: int) -> ResumableSampler:
+def create_sampler(data_cfg: DataConfig, dataset: Dataset, shuffle: bool, seed: int) -> ResumableSampler:
     """``data.sampler.class_path/class_name`` (a ``torch.utils.data.Sampler`` subclass built as
     ``cls(data_source=dataset, data_config=data_cfg)``, verl's signature) wrapped for resuming,
     or the seeded random / sequential ``ResumableSampler``."""
@@ -108,7 +116,7 @@ def create_sampler(data_cfg: Any, dataset: Dataset, shuffle: bool, seed: int) ->
             fix="use a sampler whose order does not depend on training feedback, or data.sampler.class_path=null",
         )
     try:
-        sampler = cls(data_source=dataset, data_config=data_cfg)
+        sampler = cls(data_source=dataset, data_config=verl_data_config(data_cfg))
     except Exception as exc:
         raise DataError(f"data.sampler.class_name={ref.class_name!r}: constructing it failed: "
                         f"{type(exc).__name__}: {exc}", key=keys[1],
@@ -116,7 +124,7 @@ def create_sampler(data_cfg: Any, dataset: Dataset, shuffle: bool, seed: int) ->
     return ClassSampler(sampler, len(dataset), name=ref.class_name)
 
 
-def create_dataloader(data_cfg: Any, tokenizer: PreTrainedTokenizerBase, split: str) -> RLDataLoader:
+def create_dataloader(data_cfg: DataConfig, tokenizer: PreTrainedTokenizerBase, split: str) -> RLDataLoader:
     """A resumable loader over ``split``.
 
     train: ``data.train_batch_size`` prompts per batch, short last batch dropped,

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import torch
 
 from megarl.protocol import DataProto
 
+if TYPE_CHECKING:
+    from megarl.config.schema.data import DataConfig
 
-def data_seed(data_cfg: Any) -> int:
+
+def data_seed(data_cfg: DataConfig) -> int:
     """``data.seed`` of the data config; null = 1. Always a fixed seed: the preflight and the
     trainer build the loaders separately and must pick the same rows in the same order."""
     return 1 if data_cfg.seed is None else int(data_cfg.seed)

@@ -11,28 +11,29 @@ it, so the template applies to training and generation alike.
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from transformers import PreTrainedTokenizerBase
+
+from megarl.config.schema.root import MegaRLConfig
 
 TOKENIZER_KEYS = ("data.tokenizer", "actor_rollout_ref.model.tokenizer_path", "actor_rollout_ref.model.path")
 
 
-def tokenizer_key(cfg: Any) -> str:
+def tokenizer_key(cfg: MegaRLConfig) -> str:
     """The first of ``TOKENIZER_KEYS`` that is set (``model.path`` when none is)."""
     values = (cfg.data.tokenizer, cfg.actor_rollout_ref.model.tokenizer_path)
     return next((key for key, value in zip(TOKENIZER_KEYS, values) if value), TOKENIZER_KEYS[-1])
 
 
-def tokenizer_dir(cfg: Any) -> str:
+def tokenizer_dir(cfg: MegaRLConfig) -> str:
     """The tokenizer directory (``~`` expanded) named by ``tokenizer_key(cfg)``."""
     values = dict(zip(TOKENIZER_KEYS, (cfg.data.tokenizer, cfg.actor_rollout_ref.model.tokenizer_path,
                                        cfg.actor_rollout_ref.model.path)))
     return os.path.expanduser(str(values[tokenizer_key(cfg)]))
 
 
-def load_data_tokenizer(cfg: Any) -> PreTrainedTokenizerBase:
-    """The tokenizer of ``cfg`` (full config, attribute access) with the custom chat template set.
+def load_data_tokenizer(cfg: MegaRLConfig) -> PreTrainedTokenizerBase:
+    """The tokenizer of the run's config with the custom chat template set.
 
     Raises what ``AutoTokenizer.from_pretrained`` raises for a bad directory.
     """

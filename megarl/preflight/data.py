@@ -9,15 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from omegaconf import DictConfig
-
 from megarl.config.errors import Issue
-from megarl.config.rules.view import value_at
+from megarl.config.read import value_at
+from megarl.config.schema.root import MegaRLConfig
 
 MAX_LISTED_ROWS = 3
 
 
-def data_issues(cfg: DictConfig, tokenizer: Any, split: str, tokenizer_key: str = "data.tokenizer") -> list[Issue]:
+def data_issues(cfg: MegaRLConfig, tokenizer: Any, split: str, tokenizer_key: str = "data.tokenizer") -> list[Issue]:
     """Build `split`'s dataloader as the trainer will; check every prompt's length.
     tokenizer_key: the key the tokenizer came from (named in tokenizer problems, and in chat
     template problems unless actor_rollout_ref.model.custom_chat_template is set)."""
@@ -30,7 +29,7 @@ def data_issues(cfg: DictConfig, tokenizer: Any, split: str, tokenizer_key: str 
         dataset = loader.dataset
         if not isinstance(dataset, RLDataset):
             return []  # a custom dataset checks its own rows
-        if value_at(cfg, "reward.reward_model.enable"):  # the reward model scores: no ground truth or scorer read
+        if cfg.reward.reward_model.enable:  # the reward model scores: no ground truth or scorer read
             return _overlong(cfg, dataset, files_key)
         issues = _overlong(cfg, dataset, files_key) + _ground_truths(cfg, dataset, files_key)
         return issues + (_data_sources(cfg, dataset, files_key) if not issues else [])
@@ -46,7 +45,7 @@ def data_issues(cfg: DictConfig, tokenizer: Any, split: str, tokenizer_key: str 
         return [Issue(key, value, problem, exc.fix or f"fix the data in {files_key}")]
 
 
-def _overlong(cfg: DictConfig, dataset: Any, files_key: str) -> list[Issue]:
+def _overlong(cfg: MegaRLConfig, dataset: Any, files_key: str) -> list[Issue]:
     if dataset.truncation != "error":
         return []
     rows = dataset.overlong_rows()  # the filter already dropped them when filter_overlong_prompts
@@ -64,7 +63,7 @@ def _overlong(cfg: DictConfig, dataset: Any, files_key: str) -> list[Issue]:
     )]
 
 
-def _ground_truths(cfg: DictConfig, dataset: Any, files_key: str) -> list[Issue]:
+def _ground_truths(cfg: MegaRLConfig, dataset: Any, files_key: str) -> list[Issue]:
     """Rows whose reward_model (or its ground_truth) is None, first few by file and row."""
     missing = []
     for row, (path, index) in zip(dataset.rows, dataset.origins):
@@ -84,9 +83,9 @@ def _ground_truths(cfg: DictConfig, dataset: Any, files_key: str) -> list[Issue]
     )]
 
 
-def _data_sources(cfg: DictConfig, dataset: Any, files_key: str) -> list[Issue]:
+def _data_sources(cfg: MegaRLConfig, dataset: Any, files_key: str) -> list[Issue]:
     """With the built-in scorers, every row's data source must have one."""
-    if value_at(cfg, "reward.custom_reward_function.path"):
+    if cfg.reward.custom_reward_function.path:
         return []
     from megarl.reward import default_compute_score, known_data_sources
 

@@ -9,17 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from omegaconf import DictConfig
-
 from megarl.config.errors import ConfigError, Issue
-from megarl.config.rules.view import value_at
+from megarl.config.read import to_dict, value_at
+from megarl.config.schema.root import MegaRLConfig
 from megarl.preflight.cluster import local_cluster_issues
 from megarl.preflight.data import data_issues
 
 
-def preflight(cfg: DictConfig) -> Any:
+def preflight(cfg: MegaRLConfig) -> Any:
     """Raise `ConfigError` listing every data / tokenizer / reward-function problem of the
-    resolved, validated `cfg`; returns the tokenizer it loaded."""
+    run's typed config; returns the tokenizer it loaded."""
     from megarl.data.tokenizer import tokenizer_key
 
     issues: list[Issue] = list(local_cluster_issues(cfg))
@@ -35,7 +34,7 @@ def preflight(cfg: DictConfig) -> Any:
     return tokenizer
 
 
-def load_tokenizer(cfg: DictConfig) -> tuple[Any, Issue | None]:
+def load_tokenizer(cfg: MegaRLConfig) -> tuple[Any, Issue | None]:
     """The tokenizer the trainer uses (`megarl.data.tokenizer`); it must have a chat template
     (its own or model.custom_chat_template) unless a custom dataset class (data.custom_cls) does
     its own tokenizing (megarl's RLDataset renders chats)."""
@@ -50,23 +49,23 @@ def load_tokenizer(cfg: DictConfig) -> tuple[Any, Issue | None]:
     except Exception as exc:  # transformers raises OSError / ValueError / KeyError ... for a bad dir
         first = (str(exc).strip().splitlines() or [""])[0][:300]
         return None, Issue(key, value_at(cfg, key), f"cannot load a tokenizer from {path}: {type(exc).__name__}: {first}", fix)
-    if not getattr(tokenizer, "chat_template", None) and not value_at(cfg, "data.custom_cls.path"):  # RLDataset renders chats
+    if not getattr(tokenizer, "chat_template", None) and not cfg.data.custom_cls.path:  # RLDataset renders chats
         return None, Issue(key, value_at(cfg, key), f"cannot load a tokenizer from {path}: it has no chat template", fix)
     return tokenizer, None
 
 
-def reward_issues(cfg: DictConfig) -> list[Issue]:
+def reward_issues(cfg: MegaRLConfig) -> list[Issue]:
     """Load the custom reward function as the trainer will."""
     from megarl.reward import RewardFunctionError, load_reward_fn
 
     try:
-        load_reward_fn(cfg.reward.custom_reward_function)
+        load_reward_fn(to_dict(cfg.reward.custom_reward_function))
     except RewardFunctionError as exc:
         text = str(exc)
         key = "reward.custom_reward_function.name" if text.startswith("reward.custom_reward_function.name") else "reward.custom_reward_function.path"
         problem = text.split(": ", 1)[1] if ": " in text else text
         fixes = {
-            "reward.custom_reward_function.name": f"set reward.custom_reward_function.name to a function defined in {value_at(cfg, 'reward.custom_reward_function.path')}",
+            "reward.custom_reward_function.name": f"set reward.custom_reward_function.name to a function defined in {cfg.reward.custom_reward_function.path}",
             "reward.custom_reward_function.path": "point reward.custom_reward_function.path at an existing .py file that imports cleanly",
         }
         return [Issue(key, value_at(cfg, key), problem, fixes[key])]

@@ -27,13 +27,18 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
 
+from megarl.config.read import to_dict
+from megarl.config.schema.reward import overlong_buffer
 from megarl.protocol import DataProto
 from megarl.reward.scoring_pool import Outcome, ScoringPool
+
+if TYPE_CHECKING:
+    from megarl.config.schema.root import MegaRLConfig
 
 REWARD_MANAGERS = ("naive", "batch", "prime", "dapo")
 PRIME_WORKERS = 4
@@ -271,19 +276,14 @@ class RewardSpec:
     overlong: tuple[int, float, int] | None
 
 
-def reward_spec(cfg: Any) -> RewardSpec:
-    """The reward spec of a full config (reward.*, data.*)."""
-    from omegaconf import OmegaConf
-
-    from megarl.config.schema.reward import overlong_buffer
-
+def reward_spec(cfg: MegaRLConfig) -> RewardSpec:
+    """The reward spec of the run's config (reward.*, data.*)."""
     name = cfg.reward.reward_manager.name
     overlong = None
-    buffer = overlong_buffer(dict(cfg.reward.reward_kwargs))
+    buffer = overlong_buffer(cfg.reward.reward_kwargs)
     if name == "dapo" and buffer is not None and buffer.enable:
         overlong = (buffer.len, float(buffer.penalty_factor), int(cfg.data.max_response_length))
-    custom = cfg.reward.custom_reward_function
-    custom = OmegaConf.to_container(custom, resolve=True) if OmegaConf.is_config(custom) else dict(custom or {})
+    custom = to_dict(cfg.reward.custom_reward_function)
     return RewardSpec(name, float(cfg.reward.timeout), cfg.data.reward_fn_key, custom, overlong)
 
 
@@ -294,6 +294,6 @@ def make_reward_manager(spec: RewardSpec, tokenizer: Any) -> RewardManager:
                          reward_fn_key=spec.reward_fn_key, overlong=spec.overlong)
 
 
-def build_reward_manager(cfg: Any, tokenizer: Any) -> RewardManager:
-    """The reward manager of a full config (reward.*, data.*)."""
+def build_reward_manager(cfg: MegaRLConfig, tokenizer: Any) -> RewardManager:
+    """The reward manager of the run's config (reward.*, data.*)."""
     return make_reward_manager(reward_spec(cfg), tokenizer)

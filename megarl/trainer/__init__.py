@@ -1,16 +1,16 @@
 """The single controller: resource pools, worker groups, the PPO loop, checkpoints.
 
-``run_ppo(cfg)`` is what ``megarl.main_ppo`` calls with a validated, resolved config.
+``run_ppo(cfg)`` is what ``megarl.main_ppo`` calls with the run's typed config.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from omegaconf import DictConfig
+from megarl.config.schema.root import MegaRLConfig
 
 
-def run_ppo(cfg: DictConfig) -> dict[str, Any]:
+def run_ppo(cfg: MegaRLConfig) -> dict[str, Any]:
     """Hold trainer.default_local_dir, build the trainer (data, reward, the checkpoint to resume:
     all checked before Ray starts), start (or join) Ray and the workers, train; returns the last
     step's metrics. An exception leaves with ``megarl_context`` (a FailureContext: phase, step,

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
+
+import numpy as np
 import torch
 
 from megarl.protocol import DataProto
@@ -50,3 +53,13 @@ def compute_data_metrics(batch: DataProto, use_critic: bool) -> dict[str, float]
 def num_tokens(batch: DataProto) -> int:
     """Valid prompt + response tokens of the batch."""
     return int(batch.batch["attention_mask"].sum().item())
+
+
+def mean_metrics(dicts: list[dict[str, float]]) -> dict[str, float]:
+    """The mean of each numeric metric over the dicts the workers returned (one per rank or replica)."""
+    sums: dict[str, list[float]] = defaultdict(list)
+    for d in dicts:
+        for k, v in (d or {}).items():
+            if isinstance(v, (int, float)):
+                sums[k].append(float(v))
+    return {k: float(np.mean(v)) for k, v in sums.items()}

@@ -1,12 +1,14 @@
 """The single controller: the PPO/GRPO loop over Ray worker groups.
 
-One step, as the algorithm reads:
+One step (``train_step``), phase by phase:
 
-    prompts -> generate n per prompt (vLLM, after weight sync) [+ one greedy per prompt: remax]
-      -> reward (rule / custom scorers), or reward_model (a learned reward model, which replaces them as in verl)
-      -> old log-prob (actor) -> ref log-prob -> values (critic)
-      -> advantages on the controller (+ in-reward KL) -> critic update
-      -> actor update (after trainer.critic_warmup steps) -> metrics / validation / checkpoint
+    rollout (megarl.trainer.rollout_stage): weight sync (when the actor changed) -> n responses per
+      prompt (vLLM) [+ one greedy per prompt: remax] -> rewards (rule / custom scorers, or a learned
+      reward model)
+    -> old log-prob (actor) -> ref log-prob -> values (critic) [-> rewards scored in the background]
+    -> advantages on the controller (+ in-reward KL)
+    -> critic update -> actor update (after trainer.critic_warmup steps)
+    -> metrics; then validation / checkpoint (``fit``)
 
 The controller holds DataProto batches and never model weights; the worker groups
 dispatch by data-parallel rank (training) or rollout replica (generation). ``self.phase``
@@ -18,35 +20,26 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
 from collections import defaultdict
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
-from omegaconf import DictConfig
 
 from megarl.algorithms import apply_kl_penalty, compute_advantage, compute_rollout_correction, get_kl_controller
-from megarl.algorithms import filter_groups, filter_metric_values
-from megarl.config.rules.roles import need_critic, need_reference
+from megarl.config.read import to_dict
 from megarl.config.schema.root import MegaRLConfig
-from megarl.config.read import to_dict, typed_config
 from megarl.parallel.layout import ParallelLayout
 from megarl.protocol import DataProto
-from megarl.reward import build_reward_manager
-from megarl.reward.managers import place_scores, reward_spec
-from megarl.reward.rm_inputs import rm_inputs
 from megarl.trainer import checkpointing as ckpt
-from megarl.trainer.balance import balance_order
 from megarl.trainer.failures import FailureContext
 from megarl.trainer.fault_points import pause_point
-from megarl.trainer.metrics import compute_data_metrics, num_tokens
+from megarl.trainer.metrics import compute_data_metrics, mean_metrics, num_tokens
 from megarl.trainer.resources import ResourcePool, create_resource_pool
 from megarl.trainer.resume_config import check_resume_config, run_record
+from megarl.trainer.rollout_stage import RolloutStage
 from megarl.trainer.worker_group import WorkerGroup
 from megarl.utils.timer import timed
 from megarl.utils.tracking import Tracking, dump_generations
@@ -78,21 +71,12 @@ def _worker_env(device: str) -> dict[str, str]:
     return env
 
 
-def _mean_dicts(dicts: list[dict[str, float]]) -> dict[str, float]:
-    sums: dict[str, list[float]] = defaultdict(list)
-    for d in dicts:
-        for k, v in (d or {}).items():
-            if isinstance(v, (int, float)):
-                sums[k].append(float(v))
-    return {k: float(np.mean(v)) for k, v in sums.items()}
-
-
 def _merge(batch: DataProto, out: DataProto) -> dict[str, float]:
     """Copy ``out``'s tensors into ``batch``; return the metrics the workers attached."""
     for key in out.batch.keys():
         batch.batch[key] = out.batch[key]
     metrics = out.meta_info.get("metrics", [])
-    return _mean_dicts(metrics if isinstance(metrics, list) else [metrics])
+    return mean_metrics(metrics if isinstance(metrics, list) else [metrics])
 
 
 def _verify_initial_dist_checkpoints(cfg: MegaRLConfig, use_critic: bool) -> None:
@@ -112,57 +96,35 @@ def _verify_initial_dist_checkpoints(cfg: MegaRLConfig, use_critic: bool) -> Non
 
 
 class RayPPOTrainer:
-    """Builds the data, reward, worker groups and loggers of ``raw_cfg`` (validated and resolved)
-    and chooses the checkpoint to resume (verified, its config compared with ``cfg``), all
-    before Ray starts; ``init_workers()`` starts the workers, ``fit()`` trains. ``close()``
-    releases the workers (and removes a checkpoint left half-written by a failure).
-
-    The loop reads the typed config (``self.cfg``, megarl.config.read); dataset and reward plugins
-    get the DictConfig sections, as verl hands them.
+    """Builds the data, reward, worker groups and loggers of the run's typed config and chooses the
+    checkpoint to resume (verified, its config compared with ``cfg``), all before Ray starts;
+    ``init_workers()`` starts the workers, ``fit()`` trains. ``close()`` releases the workers (and
+    removes a checkpoint left half-written by a failure).
     """
 
-    def __init__(self, raw_cfg: DictConfig) -> None:
+    def __init__(self, cfg: MegaRLConfig) -> None:
         from megarl.data import create_dataloader
         from megarl.data.tokenizer import load_data_tokenizer
 
-        self.cfg = cfg = typed_config(raw_cfg)
-        self.raw_cfg = raw_cfg  # the run's config as stored in checkpoints and compared on resume
+        self.cfg = cfg
         arr = cfg.actor_rollout_ref
-        self.tokenizer = load_data_tokenizer(raw_cfg)  # the preflight loaded the same one (custom chat template included)
-        self.train_loader = create_dataloader(raw_cfg.data, self.tokenizer, "train")
-        self.val_loader = create_dataloader(raw_cfg.data, self.tokenizer, "val") if cfg.data.val_files else None
+        self.tokenizer = load_data_tokenizer(cfg)  # the preflight loaded the same one (custom chat template included)
+        self.train_loader = create_dataloader(cfg.data, self.tokenizer, "train")
+        self.val_loader = create_dataloader(cfg.data, self.tokenizer, "val") if cfg.data.val_files else None
         steps_per_epoch = len(self.train_loader)
         self.total_steps = int(cfg.trainer.total_epochs) * steps_per_epoch
         if cfg.trainer.total_training_steps:
             self.total_steps = min(self.total_steps, int(cfg.trainer.total_training_steps))
         arr.actor.optim.total_training_steps = self.total_steps  # the schedule length, known only now
         cfg.critic.optim.total_training_steps = self.total_steps
-        self.use_critic = need_critic(raw_cfg)
-        self.use_reference = need_reference(raw_cfg)
+        self.use_critic = cfg.trains_critic()
+        self.use_reference = cfg.runs_reference()
         self.use_kl_in_reward = bool(cfg.algorithm.use_kl_in_reward)
         self.kl_ctrl = get_kl_controller(cfg.algorithm.kl_ctrl) if self.use_kl_in_reward else None
-        self.reward_fn = build_reward_manager(raw_cfg, self.tokenizer)
-        rm = cfg.reward.reward_model
-        # reward.reward_model.enable: its score replaces the rule reward (verl's reward loop without a custom function)
-        self.rm_tokenizer = None
-        if rm.enable:
-            from transformers import AutoTokenizer
-
-            self.rm_tokenizer = AutoTokenizer.from_pretrained(rm.model_path)
+        self.rollout = RolloutStage(cfg, self.tokenizer, self._phase)
         self.reward_model: WorkerGroup | None = None
-        # reward.launch_reward_fn_async: with rollout.mode=async (per-row managers) the rollout workers
-        # score each training sample as its agent loop returns, overlapping reward with generation
-        # (megarl.reward.streaming); otherwise score in a background thread while the log-prob /
-        # value passes run on the workers (not with filter_groups, which needs the scores before them).
-        self.stream_reward = (reward_spec(raw_cfg) if cfg.reward.launch_reward_fn_async
-                              and arr.rollout.mode == "async" and cfg.reward.reward_manager.name != "batch" else None)
-        self.reward_pool = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="megarl-reward")
-                            if cfg.reward.launch_reward_fn_async and self.stream_reward is None
-                            and not cfg.algorithm.filter_groups.enable else None)
-        self.rollout_n = int(arr.rollout.n)
         self.global_step = 0
         self.phase = "start"
-        self.reward_timeouts = 0  # scoring calls cut by reward.timeout in this step
         self.saving_step: int | None = None  # set while a checkpoint is being written
         self.pool: ResourcePool | None = None
         self.actor: WorkerGroup | None = None
@@ -175,7 +137,7 @@ class RayPPOTrainer:
             log_dir=root, total_steps=self.total_steps,
             config=to_dict(cfg),
         )
-        self.reward_fn.start()  # forked now: run_ppo builds the trainer before Ray starts threads here
+        self.rollout.start()  # its scorers fork now: run_ppo builds the trainer before Ray starts threads here
 
     @contextmanager
     def _phase(self, name: str, timings: dict[str, float] | None = None) -> Iterator[None]:
@@ -203,7 +165,7 @@ class RayPPOTrainer:
         self.device = resolve_device(cfg)
         use_gpu = self.device == "cuda"
         nnodes, per_node = int(cfg.trainer.nnodes), int(cfg.trainer.n_gpus_per_node)
-        groups = 1 + int(self.use_critic) + int(self.rm_tokenizer is not None)
+        groups = 1 + int(self.use_critic) + int(self.rollout.uses_reward_model)
         # CPU runs share this machine's cores: small fractional reservations per rank.
         cpus_per_slot = 1.0 if use_gpu else 0.5
         self.pool = create_resource_pool(nnodes, per_node, use_gpu, cpus_per_slot)
@@ -211,23 +173,22 @@ class RayPPOTrainer:
         env = _worker_env(self.device)
         role = "actor_rollout_ref" if self.use_reference else "actor_rollout"
         world = self.pool.world_size
-        typed = cfg  # workers get typed sections: attribute reads of the yaml's keys only
-        arr = typed.actor_rollout_ref
+        arr = cfg.actor_rollout_ref  # workers get typed sections
         # algorithm.rollout_correction: read by the actor's bypass_mode policy loss
         self.actor = WorkerGroup("actor_rollout_ref", ACTOR_CLS, (arr,),
                                  {"role": role, "device": self.device,
-                                  "rollout_correction": typed.algorithm.rollout_correction,
-                                  "reward": self.stream_reward},
+                                  "rollout_correction": cfg.algorithm.rollout_correction,
+                                  "reward": self.rollout.stream_spec},
                                  self.pool.placements,
                                  share_cpu, share_gpu, env,
                                  layout=ParallelLayout.from_megatron_config(arr.actor.megatron, world),
                                  rollout_layout=ParallelLayout(world_size=world, tp=arr.rollout.tensor_model_parallel_size))
         if self.use_critic:
-            self.critic = WorkerGroup("critic", CRITIC_CLS, (typed.critic,), {"device": self.device},
+            self.critic = WorkerGroup("critic", CRITIC_CLS, (cfg.critic,), {"device": self.device},
                                       self.pool.placements, share_cpu, share_gpu, env,
                                       layout=ParallelLayout.from_megatron_config(cfg.critic.megatron, world))
-        if self.rm_tokenizer is not None:
-            rm = typed.reward.reward_model
+        if self.rollout.uses_reward_model:
+            rm = cfg.reward.reward_model
             self.reward_model = WorkerGroup(
                 "reward_model", REWARD_MODEL_CLS, (rm,), {"device": self.device}, self.pool.placements,
                 share_cpu, share_gpu, env,
@@ -238,6 +199,7 @@ class RayPPOTrainer:
             if group is not None:
                 group.call_all("init_model")
         self.actor.call_all("init_model")
+        self.rollout.attach(self.actor, self.reward_model)
         self.phase = "start"
 
     def close(self, graceful: bool = True) -> None:
@@ -256,139 +218,30 @@ class RayPPOTrainer:
             ckpt.abort_save(self.ckpt_root, self.saving_step)
         if self.pool is not None:
             self.pool.release()
-        if self.reward_pool is not None:
-            self.reward_pool.shutdown(wait=False)
-        self.reward_fn.close()
+        self.rollout.close()
         self.tracking.close()
 
     # ------------------------------------------------------------------ one step
-    def _generate(self, prompts: DataProto, timings: dict[str, float], metrics: dict[str, float]) -> DataProto:
-        prompts.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
-        prompts.meta_info.update(global_step=self.global_step)
-        with self._phase("weight_sync", timings):  # the actor's weights into the engines (when they changed)
-            metrics.update(_mean_dicts(self.actor.call_all("sync_weights")))
-        with self._phase("gen", timings):
-            batch = self.actor.call_rollout("generate_sequences", prompts, validate=False, do_sample=True)
-        gen_metrics = batch.meta_info.pop("metrics", [])
-        gen_metrics = _mean_dicts(gen_metrics if isinstance(gen_metrics, list) else [gen_metrics])
-        if "timing/generate_s" in gen_metrics:
-            gen_metrics["timing_s/gen_engine"] = gen_metrics.pop("timing/generate_s")
-        metrics.update(gen_metrics)
-        if self.cfg.algorithm.adv_estimator == "remax":
-            with self._phase("gen_max", timings):
-                batch.batch["reward_baselines"] = self._greedy_baselines(prompts, batch)
-        return batch
-
-    def _greedy_baselines(self, prompts: DataProto, batch: DataProto) -> torch.Tensor:
-        """ReMax: one greedy response per prompt (do_sample=False -> temperature 0, n=1, same
-        rollout group), scored by the same reward manager; its sequence reward for every row
-        of ``batch`` whose ``uid`` is that prompt's. The greedy batch is discarded.
-
-        Returns: ``reward_baselines`` ``[len(batch)]`` float32.
-        """
-        greedy = DataProto(batch=prompts.batch, non_tensor_batch=dict(prompts.non_tensor_batch),
-                           meta_info=dict(prompts.meta_info))
-        out = self.actor.call_rollout("generate_sequences", greedy, validate=False, do_sample=False)
-        out.meta_info.pop("metrics", None)
-        scores, _ = self._score(out)
-        by_uid = dict(zip(out.non_tensor_batch["uid"].tolist(), scores.sum(-1).tolist()))
-        return torch.tensor([by_uid[u] for u in batch.non_tensor_batch["uid"].tolist()], dtype=torch.float32)
-
-    def _reward(self, batch: DataProto) -> tuple[torch.Tensor, dict[str, list[Any]]]:
-        if "token_level_scores" in batch.batch.keys():  # scored in the rollout as each sample finished
-            scores = batch.batch.pop("token_level_scores")
-            extra = {k[len("reward_extra/"):]: list(v) for k, v in batch.non_tensor_batch.items()
-                     if k.startswith("reward_extra/")}
-        else:
-            scores, extra = self.reward_fn(batch)
-        self.reward_timeouts += int(sum(extra["timeout"]))
-        return scores, extra
-
-    def _score(self, batch: DataProto, timings: dict[str, float] | None = None,
-               metrics: dict[str, float] | None = None) -> tuple[torch.Tensor, dict[str, list[Any]]]:
-        """``token_level_scores`` ``[B, R]`` and reward extras of ``batch``: the rule / custom reward
-        (phase ``reward``) or, with reward.reward_model.enable, the reward model's score on each
-        response's last token (phase ``reward_model``; verl: it replaces the rule reward)."""
-        if self.reward_model is None:
-            with self._phase("reward", timings):
-                return self._reward(batch)
-        with self._phase("reward_model", timings):
-            rm = self.cfg.reward.reward_model
-            inputs, truncated = rm_inputs(batch, self.tokenizer, self.rm_tokenizer, rm.rollout.max_length())
-            scores = self.reward_model.call_dp("compute_rm_score", inputs).batch["rm_scores"]
-        if metrics is not None:
-            metrics["reward_model/truncated_ratio"] = truncated
-        return place_scores(scores, batch.batch["response_mask"]), {"score": scores.tolist(), "timeout": [0.0] * len(batch)}
-
-    def _filter_groups(self, batch: DataProto, scores: torch.Tensor, extra: dict, metrics: dict) -> DataProto:
-        metric = self.cfg.algorithm.filter_groups.metric
-        values = filter_metric_values(metric, token_level_scores=scores, reward_extra_info=extra)
-        kept, counts = filter_groups(batch.non_tensor_batch["uid"], values)
-        metrics.update({f"filter_groups/{k}": float(v) for k, v in counts.items()})
-        out = batch[torch.as_tensor(kept, dtype=torch.long)]
-        out.batch["token_level_scores"] = scores[torch.as_tensor(kept, dtype=torch.long)]
-        return out
-
-    def _rollout_batch(self, first_prompts: DataProto, prompts_iter, timings, metrics) -> DataProto:
-        """Generate + score; with algorithm.filter_groups, regenerate until the batch is full."""
-        cfg = self.cfg
-        batch = self._generate(first_prompts, timings, metrics)
-        if self.reward_pool is not None:
-            return batch  # scored in train_step, in the background
-        scores, extra = self._score(batch, timings, metrics)
-        if not cfg.algorithm.filter_groups.enable:
-            self._set_scores(batch, scores, extra)
-            return batch
-        want = int(cfg.data.train_batch_size) * self.rollout_n
-        max_rounds = int(cfg.algorithm.filter_groups.max_num_gen_batches)
-        kept = [self._filter_groups(batch, scores, extra, metrics)]
-        rounds = 1
-        while sum(len(k) for k in kept) < want:
-            if max_rounds and rounds >= max_rounds:
-                raise RuntimeError(
-                    f"algorithm.filter_groups: only {sum(len(k) for k in kept)} of {want} responses kept after "
-                    f"{rounds} generation rounds (algorithm.filter_groups.max_num_gen_batches={max_rounds}); "
-                    "the data is too easy or too hard for this policy"
-                )
-            more = next(prompts_iter, None)
-            if more is None:
-                break
-            batch = self._generate(more, timings, metrics)
-            scores, extra = self._score(batch, timings, metrics)
-            kept.append(self._filter_groups(batch, scores, extra, metrics))
-            rounds += 1
-        merged = DataProto.concat(kept)
-        metrics["filter_groups/gen_rounds"] = float(rounds)
-        return merged[: min(len(merged), want)]
-
-    @staticmethod
-    def _set_scores(batch: DataProto, scores: torch.Tensor, extra: dict[str, list[Any]]) -> None:
-        batch.batch["token_level_scores"] = scores
-        batch.non_tensor_batch.update({f"reward_extra/{k}": np.array(v, dtype=object) for k, v in extra.items()})
-
-    def _balance(self, batch: DataProto) -> None:
-        dp_size = self.actor.layout.dp
-        if len(batch) % dp_size:
-            return
-        lengths = batch.batch["attention_mask"].sum(-1).tolist()
-        batch.reorder(torch.as_tensor(balance_order(lengths, dp_size)))
-
-    def train_step(self, prompts: DataProto, prompts_iter) -> dict[str, float]:
-        cfg, timings, metrics = self.cfg, {}, {}
+    def train_step(self, prompts: DataProto, prompts_iter: Iterator[DataProto]) -> dict[str, float]:
+        """One PPO step on ``prompts`` (``prompts_iter``: the epoch's next batches, which
+        algorithm.filter_groups may draw on); returns the step's metrics."""
+        timings: dict[str, float] = {}
         start = time.perf_counter()
-        self.reward_timeouts = 0
-        batch = self._rollout_batch(prompts, prompts_iter, timings, metrics)
-        if cfg.trainer.balance_batch:
-            self._balance(batch)
-        pending_reward = None
-        if self.reward_pool is not None:
-            pending_reward = self.reward_pool.submit(
-                self._reward, batch.select(["responses", "response_mask", "prompts", "attention_mask"]))
+        batch, metrics = self.rollout.run(prompts, prompts_iter, self.global_step, timings)
+        metrics.update(self._log_probs_and_values(batch, timings))
+        metrics.update(self.rollout.finish(batch, timings))
+        metrics.update(self._advantages(batch, timings))
+        metrics.update(self._update(batch, timings))
+        metrics.update(self._step_metrics(batch, timings, time.perf_counter() - start))
+        if self.cfg.trainer.rollout_data_dir:
+            self._dump(batch, self.cfg.trainer.rollout_data_dir)
+        return metrics
 
-        rc = cfg.algorithm.rollout_correction
-        bypass = bool(rc.bypass_mode)
+    def _log_probs_and_values(self, batch: DataProto, timings: dict[str, float]) -> dict[str, float]:
+        """Old log-probs (actor; the rollout's own in bypass mode), reference log-probs, values."""
+        metrics: dict[str, float] = {}
         with self._phase("old_log_prob", timings):
-            if bypass:
+            if self.cfg.algorithm.rollout_correction.bypass_mode:
                 batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
             else:
                 metrics.update(_merge(batch, self.actor.call_dp("compute_log_prob", batch)))
@@ -398,62 +251,61 @@ class RayPPOTrainer:
         if self.use_critic:
             with self._phase("values", timings):
                 _merge(batch, self.critic.call_dp("compute_values", batch))
+        return metrics
 
-        if pending_reward is not None:
-            with self._phase("reward_wait", timings):
-                self._set_scores(batch, *pending_reward.result())
+    def _advantages(self, batch: DataProto, timings: dict[str, float]) -> dict[str, float]:
+        """Rewards (scores, minus the in-reward KL penalty), rollout correction, advantages and returns."""
+        rc = self.cfg.algorithm.rollout_correction
+        metrics: dict[str, float] = {}
         with self._phase("adv", timings):
             mask = batch.batch["response_mask"]
             if self.use_kl_in_reward:
                 rewards, kl_metrics = apply_kl_penalty(
                     batch.batch["token_level_scores"], batch.batch["old_log_probs"], batch.batch["ref_log_prob"],
-                    mask, self.kl_ctrl, cfg.algorithm.kl_penalty,
+                    mask, self.kl_ctrl, self.cfg.algorithm.kl_penalty,
                 )
                 metrics.update(kl_metrics)
             else:
                 rewards = batch.batch["token_level_scores"]
             batch.batch["token_level_rewards"] = rewards
-            if not bypass and "rollout_log_probs" in batch.batch.keys() and (rc.rollout_is or rc.rollout_rs
-                                                                               or rc.rollout_token_veto_threshold):
+            if not rc.bypass_mode and "rollout_log_probs" in batch.batch.keys() and (
+                    rc.rollout_is or rc.rollout_rs or rc.rollout_token_veto_threshold):
                 weights, new_mask, corr = compute_rollout_correction(
                     batch.batch["old_log_probs"], batch.batch["rollout_log_probs"], mask, rc)
                 if weights is not None:
                     batch.batch["rollout_is_weights"] = weights
                 batch.batch["response_mask"] = new_mask.to(mask.dtype)
                 metrics.update(corr)
-            advantages, returns = compute_advantage(batch, cfg.algorithm)
+            advantages, returns = compute_advantage(batch, self.cfg.algorithm)
             batch.batch["advantages"], batch.batch["returns"] = advantages, returns
-
-        # trainer.nan_policy: a NaN/Inf loss or grad norm stops the run naming this step and
-        # the phase, or (skip) drops that optimizer step (megarl.utils.nonfinite).
-        batch.meta_info.update(global_step=self.global_step, nan_policy=cfg.trainer.nan_policy)
-        if self.use_critic:
-            with self._phase("update_critic", timings):
-                metrics.update(_mean_dicts(self.critic.call_dp("update_critic", batch, pad=False)))
-        if self.global_step > int(cfg.trainer.critic_warmup):
-            pause_point("update_actor", self.global_step)
-            with self._phase("update_actor", timings):
-                metrics.update(_mean_dicts(self.actor.call_dp("update_actor", batch, pad=False)))
-
-        metrics.update(compute_data_metrics(batch, self.use_critic))
-        metrics["reward/timeouts"] = float(self.reward_timeouts)  # scoring calls cut by reward.timeout (scored 0.0)
-        for key, values in batch.non_tensor_batch.items():
-            if key.startswith("reward_extra/") and key not in ("reward_extra/score", "reward_extra/timeout"):
-                try:
-                    metrics[key.replace("reward_extra/", "reward/") + "/mean"] = float(np.mean(values.astype(float)))
-                except (TypeError, ValueError):
-                    pass
         if self.kl_ctrl is not None:
             metrics["actor/reward_kl_coef"] = float(self.kl_ctrl.value)
-        step_s = time.perf_counter() - start
+        return metrics
+
+    def _update(self, batch: DataProto, timings: dict[str, float]) -> dict[str, float]:
+        """Critic update, then (after trainer.critic_warmup steps) actor update."""
+        t = self.cfg.trainer
+        # trainer.nan_policy: a NaN/Inf loss or grad norm stops the run naming this step and
+        # the phase, or (skip) drops that optimizer step (megarl.utils.nonfinite).
+        batch.meta_info.update(global_step=self.global_step, nan_policy=t.nan_policy)
+        metrics: dict[str, float] = {}
+        if self.use_critic:
+            with self._phase("update_critic", timings):
+                metrics.update(mean_metrics(self.critic.call_dp("update_critic", batch, pad=False)))
+        if self.global_step > int(t.critic_warmup):
+            pause_point("update_actor", self.global_step)
+            with self._phase("update_actor", timings):
+                metrics.update(mean_metrics(self.actor.call_dp("update_actor", batch, pad=False)))
+        return metrics
+
+    def _step_metrics(self, batch: DataProto, timings: dict[str, float], step_s: float) -> dict[str, float]:
+        """Data metrics of the batch, the phases' times and the step's throughput."""
         timings["step"] = step_s
         tokens = num_tokens(batch)
-        metrics.update({f"timing_s/{k}": v for k, v in timings.items()})
-        metrics.update({"perf/total_num_tokens": float(tokens), "perf/tokens_per_s": tokens / step_s,
-                        "perf/tokens_per_s_per_rank": tokens / step_s / self.actor.world_size})
-        if cfg.trainer.rollout_data_dir:
-            self._dump(batch, cfg.trainer.rollout_data_dir)
-        return metrics
+        return {**compute_data_metrics(batch, self.use_critic),
+                **{f"timing_s/{k}": v for k, v in timings.items()},
+                "perf/total_num_tokens": float(tokens), "perf/tokens_per_s": tokens / step_s,
+                "perf/tokens_per_s_per_rank": tokens / step_s / self.actor.world_size}
 
     def _texts(self, batch: DataProto) -> tuple[list[str], list[str]]:
         from megarl.reward import decode_responses
@@ -479,22 +331,14 @@ class RayPPOTrainer:
         """Generate with rollout.val_kwargs on the whole validation set; reward by data_source."""
         if self.val_loader is None:
             return {}
-        vk = self.cfg.actor_rollout_ref.rollout.val_kwargs
         scores_by_source: dict[str, list[float]] = defaultdict(list)
         lengths: list[float] = []
         batches = []
         timeouts = 0
         for prompts in self.val_loader:
-            prompts.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
-            prompts.meta_info.update(global_step=self.global_step)
-            self.actor.call_all("sync_weights")
-            out = self.actor.call_rollout("generate_sequences", prompts, validate=True, do_sample=bool(vk.do_sample))
-            out.meta_info.pop("metrics", None)
-            before = self.reward_timeouts
-            token_scores, extra = self._score(out)
-            timeouts += self.reward_timeouts - before
-            scores = token_scores.sum(-1).tolist()
-            for src, s in zip(out.non_tensor_batch[self.reward_fn.reward_fn_key], scores):
+            out, scores, cut = self.rollout.validation_batch(prompts, self.global_step)
+            timeouts += cut
+            for src, s in zip(out.non_tensor_batch[self.rollout.reward_fn_key], scores):
                 scores_by_source[str(src)].append(s)
             lengths += out.batch["response_mask"].sum(-1).float().tolist()
             batches.append((out, scores))
@@ -529,7 +373,7 @@ class RayPPOTrainer:
             "kl_coef": None if self.kl_ctrl is None else self.kl_ctrl.value,
             "rng": ckpt.rng_state(),
         })
-        ckpt.write_run_config(path, run_record(self.raw_cfg, self.use_critic))
+        ckpt.write_run_config(path, run_record(self.cfg, self.use_critic))
         t = self.cfg.trainer
         ckpt.finish_save(root, step, {"actor": t.max_actor_ckpt_to_keep, "critic": t.max_critic_ckpt_to_keep})
         self.saving_step = None
@@ -551,7 +395,7 @@ class RayPPOTrainer:
             print(f"[megarl] WARNING: {path} stores no run config (written by an older megarl): changes since it are "
                   "not checked", flush=True)
         else:
-            changes = check_resume_config(record, self.raw_cfg, self.use_critic, str(path))
+            changes = check_resume_config(record, self.cfg, self.use_critic, str(path))
             if changes:
                 print(f"[megarl] resuming {path}: config changes since that checkpoint:\n  " + "\n  ".join(changes),
                       flush=True)

@@ -1,8 +1,9 @@
 """What changed since a checkpoint, and what resuming does about it — never silently.
 
-Every checkpoint stores the run's resolved config and its models' ``config.json``
+Every checkpoint stores the run's typed config and its models' ``config.json``
 (``run_record`` -> ``run_config.json``). On resume ``check_resume_config`` compares them
-with the current run:
+with the current run, key by key of the current typed config (a key megarl does not implement,
+which older checkpoints also stored, has no effect to report):
 
 * refused (``ConfigError`` naming key, old and new value): another ``model.path`` or other
   model shapes (``config.json`` / ``model.override_config``): the checkpoint's weights would
@@ -22,9 +23,9 @@ import json
 import os
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
 from megarl.config.errors import ConfigError, Issue
+from megarl.config.read import to_dict
+from megarl.config.schema.root import MegaRLConfig
 
 NOT_COMPARED = ("trainer.resume_mode", "trainer.resume_from_path")
 ROLES = ("actor_rollout_ref.actor", "critic")
@@ -44,14 +45,15 @@ def _model_config(path: str | None) -> dict[str, Any] | None:
         return json.load(handle)
 
 
-def run_record(cfg: DictConfig, use_critic: bool) -> dict[str, Any]:
-    """What a checkpoint stores about its run: resolved config, critic or not, models' config.json."""
+def run_record(cfg: MegaRLConfig, use_critic: bool) -> dict[str, Any]:
+    """What a checkpoint stores about its run: the typed config, critic or not, models' config.json."""
+    paths = {MODEL_KEYS[0]: cfg.actor_rollout_ref.model.path, MODEL_KEYS[1]: cfg.critic.model.path}
     keys = MODEL_KEYS if use_critic else MODEL_KEYS[:1]
     return {
         "format": 1,
-        "config": OmegaConf.to_container(cfg, resolve=True),
+        "config": to_dict(cfg),
         "critic": bool(use_critic),
-        "model_configs": {key: _model_config(OmegaConf.select(cfg, key)) for key in keys},
+        "model_configs": {key: _model_config(paths[key]) for key in keys},
     }
 
 
@@ -131,20 +133,20 @@ def _verdict(key: str, new: dict) -> str:
     return "applied"
 
 
-def check_resume_config(record: dict[str, Any], cfg: DictConfig, use_critic: bool, ckpt: str) -> list[str]:
+def check_resume_config(record: dict[str, Any], cfg: MegaRLConfig, use_critic: bool, ckpt: str) -> list[str]:
     """Compare the checkpoint's ``run_record`` with the current ``cfg``.
 
     Returns one line per changed key: ``key: old -> new: applied | not applied (why)``.
     Raises ConfigError for the changes that cannot apply (see the module docstring).
     """
-    new_tree = OmegaConf.to_container(cfg, resolve=True)
+    new_tree = to_dict(cfg)
     old, new = _flatten(record["config"]), _flatten(new_tree)
     issues = _refusals(old, new, new_tree, record, use_critic, ckpt)
     if issues:
         raise ConfigError(issues)
     refused_prefixes = tuple(f"{role}.model.override_config" for role in ("actor_rollout_ref", "critic"))
     lines = []
-    for key in sorted(set(old) | set(new)):
+    for key in sorted(new):
         if key in NOT_COMPARED or key.startswith(refused_prefixes) or old.get(key, "<absent>") == new.get(key, "<absent>"):
             continue
         if key.startswith("critic.") and not use_critic:

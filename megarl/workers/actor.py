@@ -5,18 +5,17 @@ rank's data-parallel slice (all TP/PP ranks of a DP group get the same rows). Re
 computed on the last pipeline stage and broadcast over the pipeline group, so every rank
 returns the same DataProto / metrics (TP ranks agree by construction).
 
-Config: the `actor_rollout_ref` subtree (verl names): model.{path, override_config,
+Config: the typed `actor_rollout_ref` section (`ActorRolloutRefConfig`, verl names): model.{path, override_config,
 use_remove_padding, trust_remote_code, lora (the actor's adapters; with them the reference is this
 model with its adapters off, `compute_ref_log_prob`)}; actor.* (PPO and
 optim keys, `actor.megatron`, `actor.calculate_sum_pi_squared`); ref.{log_prob_*,
 megatron}; rollout.{n, temperature, log_prob_*} (the actor's old-log-prob pass uses the
-rollout's log_prob_* keys, as verl). Read by attribute: every key must be present.
+rollout's log_prob_* keys, as verl).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any
 
 from megarl.algorithms import (
     combine_actor_loss,
@@ -24,6 +23,8 @@ from megarl.algorithms import (
     compute_kl_loss,
     get_policy_loss,
 )
+from megarl.config.schema.actor import ActorRolloutRefConfig
+from megarl.config.schema.algorithm import RolloutCorrectionConfig
 from megarl.models.lora import adapters_disabled
 from megarl.protocol import DataProto
 from megarl.workers.megatron.engine import MicroBatchSpec
@@ -32,9 +33,6 @@ from megarl.workers.megatron.offload import PARAMS
 from megarl.workers.megatron.ppo_loop import run_ppo_update, update_inputs
 from megarl.workers.megatron.vocab_parallel import vocab_parallel_log_probs_and_entropy, vocab_parallel_token_stats
 from megarl.workers.megatron.worker_base import MegatronWorker
-
-if TYPE_CHECKING:
-    from megarl.config.schema.algorithm import RolloutCorrectionConfig
 
 __all__ = ["ActorWorker"]
 
@@ -57,7 +55,7 @@ class ActorWorker(MegatronWorker):
 
     def __init__(
         self,
-        config: Any,
+        config: ActorRolloutRefConfig,
         role: str = "actor",
         device: str | None = None,
         rollout_correction: RolloutCorrectionConfig | None = None,

@@ -1,7 +1,7 @@
 """Megatron critic worker: a value model (LM backbone + linear value head).
 
 One `CriticWorker` per rank (SPMD), same data contract as the actor (DP slices in, every
-rank returns the same results). Config: the `critic` node (verl names), read by attribute:
+rank returns the same results). Config: the typed `critic` section (`CriticConfig`, verl names):
 model.{path, override_config, use_remove_padding,
 trust_remote_code}, megatron.*, optim.*, ppo_mini_batch_size (prompts; x rollout_n responses),
 rollout_n (= actor_rollout_ref.rollout.n), ppo_micro_batch_size_per_gpu (training and value
@@ -12,11 +12,10 @@ loss_scale_factor, checkpoint.*.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from megarl.algorithms.value import compute_value_loss
+from megarl.config.schema.critic import CriticConfig
 from megarl.models.weights import has_hf_value_head
 from megarl.protocol import DataProto
 from megarl.workers.megatron.engine import MicroBatchSpec
@@ -42,7 +41,7 @@ class CriticWorker(MegatronWorker):
         device: "cpu" | "cuda"; default cuda when available.
     """
 
-    def __init__(self, config: Any, device: str | None = None) -> None:
+    def __init__(self, config: CriticConfig, device: str | None = None) -> None:
         self.config = config
         super().__init__(
             config.model, config.megatron, config.optim, config.checkpoint,

@@ -8,14 +8,14 @@ output at its last token, as HF's forward and verl's vLLM `/classify` read it.
 
 Config: `reward.reward_model` (verl's names, typed: megarl.config.schema.reward). verl serves the
 reward model with vLLM; its `rollout.*` keys map onto the Megatron forward as
-`RewardModelMegatron.from_rollout` says.
+`reward_model_megatron` says.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
+from megarl.config.schema.actor import ModelConfig
+from megarl.config.schema.megatron import MegatronInferConfig
+from megarl.config.schema.reward import RewardModelConfig, RewardModelRolloutConfig
 from megarl.models.weights import has_hf_value_head
 from megarl.protocol import DataProto
 from megarl.workers.megatron.engine import MicroBatchSpec
@@ -23,50 +23,31 @@ from megarl.workers.megatron.inputs import at_last_token
 from megarl.workers.megatron.offload import PARAMS
 from megarl.workers.megatron.worker_base import MegatronWorker
 
-__all__ = ["RewardModelWorker", "RewardModelMegatron"]
+__all__ = ["RewardModelWorker", "reward_model_megatron"]
 
 PREFIX = "reward.reward_model"
 
 
-@dataclass(frozen=True)
-class RewardModelMegatron:
-    """The `megatron` node MegatronEngine reads, for the reward model (no such node in verl)."""
-
-    tensor_model_parallel_size: int
-    pipeline_model_parallel_size: int
-    dtype: str
-    param_offload: bool
-    virtual_pipeline_model_parallel_size: int | None = None
-    context_parallel_size: int = 1
-    expert_model_parallel_size: int = 1
-    expert_tensor_parallel_size: int | None = None
-    sequence_parallel: bool = False
-    use_dist_checkpointing: bool = False
-    dist_checkpointing_path: str | None = None
-    seed: int = 0  # a forward-only scoring draws no random numbers
-    override_transformer_config: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_rollout(cls, rollout: Any) -> "RewardModelMegatron":
-        """verl's `reward.reward_model.rollout` (vLLM server) -> the Megatron layout: TP and PP sizes
-        as given, parameters in `dtype`, offloaded between calls when `free_cache_engine` (verl
-        sleeps its server then); data parallel over the rest of the world (verl's replicas)."""
-        return cls(
-            tensor_model_parallel_size=rollout.tensor_model_parallel_size,
-            pipeline_model_parallel_size=rollout.pipeline_model_parallel_size,
-            dtype=rollout.dtype,
-            param_offload=rollout.free_cache_engine,
-        )
+def reward_model_megatron(rollout: RewardModelRolloutConfig) -> MegatronInferConfig:
+    """verl's `reward.reward_model.rollout` (vLLM server) -> the `megatron` node MegatronEngine reads
+    (verl has none for the reward model): TP and PP sizes as given, parameters in `dtype`, offloaded
+    between calls when `free_cache_engine` (verl sleeps its server then); data parallel over the rest
+    of the world (verl's replicas); no other parallelism, a forward-only scoring draws no random numbers."""
+    return MegatronInferConfig(
+        tensor_model_parallel_size=rollout.tensor_model_parallel_size,
+        pipeline_model_parallel_size=rollout.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=None, context_parallel_size=1, expert_model_parallel_size=1,
+        expert_tensor_parallel_size=None, sequence_parallel=False, use_dist_checkpointing=False,
+        dist_checkpointing_path=None, param_offload=rollout.free_cache_engine, seed=0, dtype=rollout.dtype,
+        override_transformer_config={},
+    )
 
 
-@dataclass(frozen=True)
-class _ModelNode:
-    """The `model` node MegatronWorker reads."""
-
-    path: str
-    override_config: dict[str, Any] = field(default_factory=dict)
-    use_remove_padding: bool = False  # padded rows: every layer spec, CPU included
-    trust_remote_code: bool = False
+def reward_model_model(model_path: str) -> ModelConfig:
+    """The `model` node MegatronWorker reads, for the reward model: padded rows (every layer spec,
+    CPU included), no overrides, no custom code."""
+    return ModelConfig(path=model_path, tokenizer_path=None, trust_remote_code=False, override_config={},
+                       use_remove_padding=False)
 
 
 class RewardModelWorker(MegatronWorker):
@@ -77,11 +58,11 @@ class RewardModelWorker(MegatronWorker):
         device: "cpu" | "cuda"; default cuda when available.
     """
 
-    def __init__(self, config: Any, device: str | None = None) -> None:
+    def __init__(self, config: RewardModelConfig, device: str | None = None) -> None:
         self.config = config
         rollout = config.rollout
         super().__init__(
-            _ModelNode(config.model_path), RewardModelMegatron.from_rollout(rollout), None, None,
+            reward_model_model(config.model_path), reward_model_megatron(rollout), None, None,
             value_head=True, prefix=PREFIX, device=device,
         )
         self.spec = MicroBatchSpec(

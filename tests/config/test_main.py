@@ -44,18 +44,21 @@ def test_override_key_check_skips_additions_and_hydra_keys():
     assert issue.key == "algorithm.adv_estimater" and "algorithm.adv_estimator" in issue.fix
 
 
-def test_prepare_returns_resolved_config_with_expanded_paths(make, monkeypatch, tmp_path):
+def test_prepare_returns_the_typed_config_resolved_with_expanded_paths(make, monkeypatch, tmp_path):
+    from megarl.config import MegaRLConfig
+    from megarl.config.read import to_dict
+
     monkeypatch.setenv("HOME", str(tmp_path))
     cfg = make({"trainer.rollout_data_dir": "~/dumps"})
     monkeypatch.setattr("megarl.data.demo.ensure_demo_assets", lambda cfg: None)  # no demo assets here
     checked = []
     monkeypatch.setattr("megarl.main_ppo.preflight", checked.append)  # data files here are empty stand-ins
     out = prepare(cfg)
-    assert checked == [out]  # the preflight sees the resolved config
+    assert isinstance(out, MegaRLConfig) and checked == [out]  # the preflight sees the run's typed config
     assert out.trainer.rollout_data_dir == str(tmp_path / "dumps")
     assert out.actor_rollout_ref.rollout.weight_sync.bucket_size_mb == out.actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes
     assert out.actor_rollout_ref.rollout.response_length == out.data.max_response_length
-    assert "${" not in OmegaConf.to_yaml(out)
+    assert "${" not in OmegaConf.to_yaml(to_dict(out))
 
 
 def test_resolve_config_expands_lists_of_paths(make, monkeypatch, tmp_path):
@@ -68,17 +71,21 @@ def test_resolve_config_makes_logger_a_list(make):
     assert list(resolve_config(make({"trainer.logger": "console"})).trainer.logger) == ["console"]
 
 
-def test_need_critic_and_reference(make):
-    from megarl.config.rules.roles import need_critic, need_reference
+def test_which_models_the_run_builds(make):
+    from megarl.config import typed_config
 
-    assert not need_critic(make()) and not need_reference(make())
-    assert need_critic(make({"algorithm.adv_estimator": "gae"}))
-    assert need_critic(make({"critic.enable": True}))
-    assert not need_critic(make({"algorithm.adv_estimator": "gae", "critic.enable": False}))
-    assert need_reference(make({"actor_rollout_ref.actor.use_kl_loss": True}))
-    assert need_reference(make({"algorithm.use_kl_in_reward": True}))
+    def typed(overrides=None):
+        return typed_config(make(overrides))
+
+    assert not typed().trains_critic() and not typed().runs_reference()
+    assert typed({"algorithm.adv_estimator": "gae"}).trains_critic()
+    assert typed({"critic.enable": True}).trains_critic()
+    assert not typed({"algorithm.adv_estimator": "gae", "critic.enable": False}).trains_critic()
+    assert typed({"actor_rollout_ref.actor.use_kl_loss": True}).runs_reference()
+    assert typed({"algorithm.use_kl_in_reward": True}).runs_reference()
 
 
 def test_override_key_check_allows_keys_inside_free_form_mappings():
     assert check_override_keys(["actor_rollout_ref.model.override_config.num_hidden_layers=2"]) == []
     assert check_override_keys(["actor_rollout_ref.model.path.x=2"]) != []
+

@@ -38,11 +38,11 @@ def test_enabled_reward_model_validates_and_types(rm_on, tmp_path):
 
 def test_rollout_keys_map_onto_the_megatron_layout(rm_on):
     from megarl.config.read import typed_config
-    from megarl.workers.reward_model import RewardModelMegatron
+    from megarl.workers.reward_model import reward_model_megatron
 
     cfg = rm_on({f"{RM}.rollout.pipeline_model_parallel_size": 2, f"{RM}.rollout.dtype": "float16",
                  f"{RM}.rollout.free_cache_engine": False})
-    m = RewardModelMegatron.from_rollout(typed_config(cfg).reward.reward_model.rollout)
+    m = reward_model_megatron(typed_config(cfg).reward.reward_model.rollout)
     assert (m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.dtype, m.param_offload) == (1, 2, "float16", False)
 
 

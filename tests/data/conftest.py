@@ -12,24 +12,27 @@ import pyarrow.parquet as pq
 import pytest
 from omegaconf import DictConfig, OmegaConf
 
+from megarl.config.schema.data import DataConfig
 from megarl.data.demo_tokenizer import build_demo_tokenizer
 
 
 @functools.cache
-def _yaml_data_section() -> DictConfig:
+def _yaml_config() -> DictConfig:
     from cpu_config import CPU_SMALL
-    from megarl.config import load_config, resolve_config
+    from megarl.config import load_config
 
-    return resolve_config(load_config([*CPU_SMALL, "actor_rollout_ref.model.path=/placeholder/model"])).data
+    return load_config([*CPU_SMALL, "actor_rollout_ref.model.path=/placeholder/model"])
 
 
-def data_config(**overrides: Any) -> DictConfig:
-    """The yaml's resolved `data` section (composed as a run would) with `overrides` set
+def data_config(**overrides: Any) -> DataConfig:
+    """The yaml's typed `data` section (composed as a run would) with `overrides` set
     (`key=value`; nested sections as dicts, e.g. custom_cls={"path": ..., "name": ...})."""
-    cfg = copy.deepcopy(_yaml_data_section())
+    from megarl.config import typed_config
+
+    cfg = copy.deepcopy(_yaml_config())
     for key, value in overrides.items():
-        OmegaConf.update(cfg, key, value, merge=False)
-    return cfg
+        OmegaConf.update(cfg, f"data.{key}", value, merge=False)
+    return typed_config(cfg).data
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,7 @@
 import pytest
 
 from conftest import data_config, row
+from megarl.config.read import to_dict
 from megarl.data import DataError, create_dataloader
 
 SAMPLERS = '''
@@ -75,6 +76,7 @@ def test_custom_sampler_resumes_mid_epoch(cfg, tokenizer):
 )
 def test_bad_sampler_names_the_key(cfg, tokenizer, name, message):
     with pytest.raises(DataError, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")) as info:
-        loader = create_dataloader(data_config(**{**cfg, "sampler": {**cfg["sampler"], "class_name": name}}), tokenizer, "train")
+        sampler = {"class_path": cfg.sampler.class_path, "class_name": name}
+        loader = create_dataloader(data_config(**{**to_dict(cfg), "sampler": sampler}), tokenizer, "train")
         order(loader)
     assert info.value.key == "data.sampler.class_name"

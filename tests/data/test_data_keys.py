@@ -21,7 +21,7 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import data_config, row
-from megarl.config import ConfigError, collect_issues, load_config, resolve_config
+from megarl.config import ConfigError, collect_issues, load_config, typed_config
 from megarl.data import DataError, RLDataset, create_dataloader, create_dataset
 from megarl.data.demo_tokenizer import CHAT_TEMPLATE
 
@@ -187,7 +187,7 @@ def run_dir(tmp_path, tokenizer, write_rows):
 def _cfg(run_dir, *overrides: str):
     from cpu_config import CPU_SMALL
 
-    return resolve_config(load_config([
+    return typed_config(load_config([
         *CPU_SMALL, f"actor_rollout_ref.model.path={run_dir['model']}", f"data.train_files={run_dir['train']}",
         f"data.val_files={run_dir['val']}", "data.train_batch_size=2", *overrides]))
 

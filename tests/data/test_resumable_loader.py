@@ -1,9 +1,9 @@
 """create_dataloader: batching, seeded shuffle, resume mid-epoch, val, custom_cls."""
 
 import pytest
-from omegaconf import OmegaConf
 
 from conftest import data_config, row
+from megarl.config.read import to_dict
 from megarl.data import DataError, create_dataloader
 from megarl.protocol import DataProto
 
@@ -18,7 +18,7 @@ def cfg(write_rows):
 
 def changed(cfg, **values):
     """A copy of `cfg` with `values` set."""
-    return data_config(**{**OmegaConf.to_container(cfg), **values})
+    return data_config(**{**to_dict(cfg), **values})
 
 
 def indices(batch: DataProto) -> list[int]:

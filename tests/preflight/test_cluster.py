@@ -11,7 +11,7 @@ from megarl.preflight.cluster import local_cluster_issues
 
 def cfg(nnodes=1, per_node=1, device="cpu", num_cpus=None):
     return OmegaConf.create({"trainer": {"nnodes": nnodes, "n_gpus_per_node": per_node, "device": device},
-                             "ray_init": {"num_cpus": num_cpus}})
+                             "ray_kwargs": {"ray_init": {"num_cpus": num_cpus}}})
 
 
 def test_cluster_named_by_ray_address_is_not_checked(monkeypatch):

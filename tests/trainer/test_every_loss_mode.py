@@ -186,7 +186,7 @@ def _greedy_scores(trainer, prompts) -> dict[str, float]:
     out = trainer.actor.call_rollout("generate_sequences", greedy, validate=False, do_sample=False)
     out.meta_info.pop("metrics", None)
     assert len(out) == len(prompts)
-    scores = trainer.reward_fn(out)[0].sum(-1).tolist()
+    scores = trainer.rollout.reward_fn(out)[0].sum(-1).tolist()
     return dict(zip(trainer._texts(out)[0], scores))
 
 

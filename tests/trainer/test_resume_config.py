@@ -11,7 +11,7 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from megarl.config import CONFIG_DIR, CONFIG_NAME, ConfigError
+from megarl.config import CONFIG_DIR, CONFIG_NAME, ConfigError, typed_config
 
 CONFIG = Path(CONFIG_DIR) / f"{CONFIG_NAME}.yaml"
 LR = "actor_rollout_ref.actor.optim.lr"
@@ -30,7 +30,7 @@ def _cfg(model: str, *dotted: str):
     for item in dotted:
         key, value = item.split("=", 1)
         OmegaConf.update(cfg, key, yaml.safe_load(value), force_add=True)
-    return OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    return typed_config(cfg)
 
 
 def _check(saved_cfg, cfg, use_critic=False):

@@ -32,12 +32,10 @@ def key_effects(model_path: str) -> dict:
     from megarl.models import build_model, load_hf_weights
     from megarl.models.lora import LoraSpec, adapters, apply_lora
 
-    from omegaconf import OmegaConf
-
     hf = transformers.AutoConfig.from_pretrained(model_path)
     megatron = lora_config(model_path, megatron_node()).actor.megatron  # the actor's build settings
     build_cfg = {"sequence_parallel": False,
-                 "override_transformer_config": OmegaConf.to_container(megatron.override_transformer_config)}
+                 "override_transformer_config": dict(megatron.override_transformer_config)}
     defaults = {"rank": RANK, "alpha": ALPHA, "target_modules": ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"),
                 "exclude_modules": (), "a_init": "xavier", "seed": 42}
 

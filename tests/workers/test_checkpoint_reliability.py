@@ -23,7 +23,8 @@ def _worker(model_path: str, **optim):
     from megarl.workers.actor import ActorWorker
 
     cfg = actor_rollout_ref_config(model_path, megatron_node())
-    cfg.actor.optim.update(optim)
+    for key, value in optim.items():
+        setattr(cfg.actor.optim, key, value)
     worker = ActorWorker(cfg, "actor", device="cpu")
     worker.init_model()
     return worker

@@ -42,12 +42,15 @@ def make_tiny_reward_model(out_dir: str, family: str, seed: int = 0) -> str:
 
 
 def rm_node(model_path: str, **rollout):
-    """The yaml's `reward.reward_model` node, enabled on `model_path`, with `rollout` keys set."""
+    """The yaml's typed `reward.reward_model` section, enabled on `model_path`, with `rollout` keys set."""
+    from megarl.config.read import to_typed
+    from megarl.config.schema.reward import RewardModelConfig
+
     node = OmegaConf.load(Path(CONFIG_DIR) / f"{CONFIG_NAME}.yaml").reward.reward_model
     node.enable, node.model_path = True, model_path
     for key, value in {"dtype": "float32", **rollout}.items():
         node.rollout[key] = value
-    return node
+    return to_typed(RewardModelConfig, OmegaConf.to_container(node, resolve=True), "reward.reward_model.")
 
 
 def rows_batch(seed: int = 3, n: int = 8) -> dict[str, torch.Tensor]:

@@ -6,9 +6,12 @@ from pathlib import Path
 
 import torch
 import transformers
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from megarl.config.files import CONFIG_DIR, CONFIG_NAME
+from megarl.config.schema.actor import ActorRolloutRefConfig
+from megarl.config.schema.critic import CriticConfig
+from megarl.config.schema.root import MegaRLConfig
 
 PROMPT_LEN, RESPONSE_LEN, VOCAB = 6, 5, 97  # 97: not divisible by TP=2 (vocab padding)
 
@@ -84,14 +87,14 @@ def megatron_node(**sizes) -> dict:
     return {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "seed": 42, **sizes}
 
 
-def project_config(model_path: str, settings: dict, megatron: dict, megatron_sections: tuple[str, ...]) -> DictConfig:
+def project_config(model_path: str, settings: dict, megatron: dict, megatron_sections: tuple[str, ...]) -> MegaRLConfig:
     """The project yaml (megarl.config.load_config: production defaults) with `settings`
-    ({dotted key: value}; dict values merge into their node) applied, then resolved.
+    ({dotted key: value}; dict values merge into their node) applied, as the typed config a run gets.
 
     `megatron` goes to the actor's megatron node (the ref / critic sizes follow it by
     interpolation) and to the keys each `<section>.megatron` holds itself (e.g. ref.param_offload).
     """
-    from megarl.config import load_config, resolve_config
+    from megarl.config import load_config, typed_config
 
     from cpu_config import CPU_SMALL
 
@@ -103,7 +106,7 @@ def project_config(model_path: str, settings: dict, megatron: dict, megatron_sec
         layout.update({f"{section}.megatron.{k}": v for k, v in megatron.items() if k in node})
     for key, value in {"actor_rollout_ref.model.path": model_path, **layout, **settings}.items():
         OmegaConf.update(cfg, key, value, merge=True)
-    return resolve_config(cfg)
+    return typed_config(cfg)
 
 
 # What the actor tests depend on; every other key keeps the yaml's value.
@@ -129,7 +132,7 @@ def _common_settings() -> dict:
     }
 
 
-def actor_rollout_ref_config(model_path: str, megatron: dict, **actor_overrides) -> DictConfig:
+def actor_rollout_ref_config(model_path: str, megatron: dict, **actor_overrides) -> ActorRolloutRefConfig:
     """The `actor_rollout_ref` node of the project yaml, sized for the tiny model."""
     settings = {
         **_common_settings(),
@@ -143,7 +146,7 @@ def actor_rollout_ref_config(model_path: str, megatron: dict, **actor_overrides)
     return project_config(model_path, settings, megatron, ("actor_rollout_ref.ref",)).actor_rollout_ref
 
 
-def critic_config(model_path: str, megatron: dict, **overrides) -> DictConfig:
+def critic_config(model_path: str, megatron: dict, **overrides) -> CriticConfig:
     """The `critic` node of the project yaml, sized for the tiny model (rollout.n = 1)."""
     critic = {
         "model": {"override_config": {}, "use_remove_padding": False},

@@ -9,6 +9,7 @@ from megarl.config.errors import Issue
 from megarl.config.names import GROUP_ADV_ESTIMATORS, ROLLOUT_RS_OPTIONS, ROLLOUT_RS_RATIO_OPTIONS
 from megarl.config.schema.algorithm import parse_is_threshold, parse_rs_thresholds
 from megarl.config.schema.reward import OVERLONG_KEY, overlong_buffer
+from megarl.config.rules.roles import critic_enabled
 from megarl.config.rules.view import Skip, View
 
 ROLLOUT = "actor_rollout_ref.rollout"
@@ -47,9 +48,7 @@ def critic_needed(v: View) -> Iterator[Issue]:
     if v.get("algorithm.adv_estimator") == "gae" and v.get("critic.enable") is False:
         yield Issue("critic.enable", False, "algorithm.adv_estimator=gae needs the critic's values", "set critic.enable=null (auto) or true, or choose another estimator")
     warmup = v.get("trainer.critic_warmup")
-    enable = v.get("critic.enable")
-    on = v.get("algorithm.adv_estimator") == "gae" if enable is None else enable
-    if warmup > 0 and not on:
+    if warmup > 0 and not critic_enabled(v):
         yield Issue("trainer.critic_warmup", warmup, "there is no critic to warm up (critic is off for this estimator)", "set trainer.critic_warmup=0")
 
 

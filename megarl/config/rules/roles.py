@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from omegaconf import DictConfig
 
 from megarl.config.rules.view import View
+from megarl.config.schema.root import critic_on, reference_on
 from megarl.parallel.layout import MEGATRON_KEYS, ParallelLayout
 
 
@@ -28,14 +29,11 @@ RM_ROLE = Role("reward_model", "reward.reward_model.rollout", "reward.reward_mod
 
 
 def critic_enabled(v: View) -> bool:
-    """critic.enable, where null means: on exactly for GAE."""
-    enable = v.get("critic.enable")
-    return v.get("algorithm.adv_estimator") == "gae" if enable is None else bool(enable)
+    return critic_on(v.get("critic.enable"), v.get("algorithm.adv_estimator"))
 
 
 def ref_enabled(v: View) -> bool:
-    """The reference model runs when a KL term (loss or reward) needs it."""
-    return bool(v.get("actor_rollout_ref.actor.use_kl_loss") or v.get("algorithm.use_kl_in_reward"))
+    return reference_on(v.get("actor_rollout_ref.actor.use_kl_loss"), v.get("algorithm.use_kl_in_reward"))
 
 
 def need_critic(cfg: DictConfig) -> bool:

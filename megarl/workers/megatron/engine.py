@@ -24,6 +24,9 @@ from megatron.core.distributed import DistributedDataParallel, DistributedDataPa
 from megatron.core.transformer.module import Float16Module
 from megatron.core.utils import get_model_config
 
+from megarl.config.schema.actor import ActorConfig
+from megarl.config.schema.critic import CriticConfig
+from megarl.config.schema.megatron import MegatronInferConfig, OptimConfig
 from megarl.models import build_model, export_hf_weights, load_hf_weights, unwrap_chunk
 from megarl.models.lora import LoraSpec, apply_lora, merged_weights
 from megarl.models.wgrad_fusion import fuse_te_wgrad_accumulation
@@ -63,7 +66,7 @@ class MicroBatchSpec:
         self.max_token_len_key = max_token_len_key
 
     @classmethod
-    def for_ppo(cls, node: Any, path: str) -> "MicroBatchSpec":
+    def for_ppo(cls, node: ActorConfig | CriticConfig, path: str) -> "MicroBatchSpec":
         """The training micro-batches of a PPO role node (`actor_rollout_ref.actor`, `critic`):
         ppo_micro_batch_size_per_gpu, use_dynamic_bsz, ppo_max_token_len_per_gpu."""
         return cls(
@@ -103,12 +106,12 @@ class MegatronEngine:
 
     def __init__(
         self,
-        megatron_cfg: Any,
+        megatron_cfg: MegatronInferConfig,
         model_path: str,
         *,
         override_config: Mapping[str, Any] | None = None,
         value_head: bool = False,
-        optim_cfg: Any | None = None,
+        optim_cfg: OptimConfig | None = None,
         remove_padding: bool = False,
         trust_remote_code: bool = False,
         prefix: str,

@@ -25,7 +25,7 @@ import torch
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
-from megarl.config.schema.megatron import OPTIMIZER_FIELDS_FROM_KEYS
+from megarl.config.schema.megatron import OPTIMIZER_FIELDS_FROM_KEYS, OptimConfig
 
 __all__ = [
     "build_optimizer", "build_scheduler", "fit_torch_adam", "optimizer_config", "schedule_steps",
@@ -130,7 +130,7 @@ def grad_reduce_in_fp32(optim_cfg) -> bool:
     return not (optim_cfg.use_precision_aware_optimizer and optim_cfg.main_grads_dtype != "fp32")
 
 
-def optimizer_config(optim_cfg, *, use_distributed_optimizer: bool, dtype: torch.dtype, prefix: str) -> OptimizerConfig:
+def optimizer_config(optim_cfg: OptimConfig, *, use_distributed_optimizer: bool, dtype: torch.dtype, prefix: str) -> OptimizerConfig:
     """Megatron `OptimizerConfig` of a verl `optim` node (typed keys, then `override_optimizer_config`).
 
     Args:
@@ -184,7 +184,7 @@ def _overrides(overrides: Mapping[str, Any], prefix: str) -> dict[str, Any]:
 
 def build_optimizer(
     chunks: Sequence[torch.nn.Module],
-    optim_cfg,
+    optim_cfg: OptimConfig,
     *,
     use_distributed_optimizer: bool,
     dtype: torch.dtype,
@@ -312,7 +312,7 @@ def _init_sgd_state(torch_optimizer: torch.optim.Optimizer, config=None) -> None
                 state["momentum_buffer"] = torch.zeros_like(param.data)
 
 
-def schedule_steps(optim_cfg, *, prefix: str) -> tuple[int, int]:
+def schedule_steps(optim_cfg: OptimConfig, *, prefix: str) -> tuple[int, int]:
     """(warmup steps, decay-end step) of the lr schedule, as verl derives them.
 
     `lr_decay_steps` null = `total_training_steps`. The warmup is `lr_warmup_steps` when > 0,
@@ -373,7 +373,7 @@ class ConfigOptimizerParamScheduler(OptimizerParamScheduler):
         self.step(increment=0)  # lr / weight decay of the groups from the bounds just set
 
 
-def build_scheduler(optimizer, optim_cfg, *, prefix: str) -> ConfigOptimizerParamScheduler:
+def build_scheduler(optimizer, optim_cfg: OptimConfig, *, prefix: str) -> ConfigOptimizerParamScheduler:
     """Megatron's lr / weight-decay schedule from a verl `optim` node, as verl builds it.
 
     lr: linear warmup `lr_warmup_init` -> `lr` over the warmup steps, then `lr_decay_style`

@@ -1,10 +1,9 @@
 """What the actor, reference and critic workers share: one MegatronEngine built from a role's
 config nodes, its offloading, dist checkpoints and HF export.
 
-Config is read by attribute (DictConfig or typed config objects with the yaml's names):
-`model.{path, override_config, use_remove_padding,
-trust_remote_code}`, `megatron.{param_offload, optimizer_offload}` (plus what MegatronEngine
-reads), `checkpoint.{save_contents, load_contents}`.
+Config: the role's typed sections (megarl.config.schema): `model.{path, override_config,
+use_remove_padding, trust_remote_code}`, `megatron.{param_offload, optimizer_offload}` (plus what
+MegatronEngine reads), `checkpoint.{save_contents, load_contents}`.
 """
 
 from __future__ import annotations
@@ -12,6 +11,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from megarl.config.schema.actor import LoraConfig, ModelConfig
+from megarl.config.schema.megatron import CheckpointConfig, MegatronInferConfig, OptimConfig
 from megarl.models.lora import LoraSpec
 from megarl.workers.megatron.checkpoint import load_checkpoint, save_checkpoint
 from megarl.workers.megatron.engine import MegatronEngine
@@ -27,7 +28,7 @@ class MegatronWorker:
         model_cfg: the role's `model` node.
         megatron_cfg: the role's `megatron` node.
         optim_cfg: the `optim` node; None = forward only (reference).
-        checkpoint_cfg: the `checkpoint` node (save_checkpoint / load_checkpoint).
+        checkpoint_cfg: the `checkpoint` node (save_checkpoint / load_checkpoint); None = never saved.
         value_head: critic model (`[b, s, 1]` outputs).
         prefix: dotted config path of the role, for messages (e.g. "critic").
         device: "cpu" | "cuda"; default cuda when available.
@@ -35,8 +36,9 @@ class MegatronWorker:
     """
 
     def __init__(
-        self, model_cfg: Any, megatron_cfg: Any, optim_cfg: Any | None, checkpoint_cfg: Any, *,
-        value_head: bool, prefix: str, device: str | None, lora_cfg: Any | None = None,
+        self, model_cfg: ModelConfig, megatron_cfg: MegatronInferConfig, optim_cfg: OptimConfig | None,
+        checkpoint_cfg: CheckpointConfig | None, *, value_head: bool, prefix: str, device: str | None,
+        lora_cfg: LoraConfig | None = None,
     ) -> None:
         self.engine = MegatronEngine(
             megatron_cfg,
