@@ -203,9 +203,8 @@ def hf_to_transformer_config(
         pipeline_dtype=dtype,
         **_DTYPE_FLAGS[dtype],
         # Unfused paths on CPU: the fused kernels need CUDA/apex/TE. On CUDA the SwiGLU
-        # is megatron's fused (torch.compile) bias_swiglu, as in plain Megatron-LM: the
-        # eager silu * mul and its backward (a cat of both halves' grads) cost ~20 ms
-        # per 32k-token step of a 1.5B model on an H200 (benchmarks/RESULTS.md).
+        # is megatron's fused (torch.compile) bias_swiglu, as in plain Megatron-LM (the eager
+        # silu * mul and its backward are slower).
         bias_activation_fusion=not on_cpu,
         bias_dropout_fusion=False,
         masked_softmax_fusion=False,

@@ -110,8 +110,7 @@ def moe_transformer_kwargs(hf_config, *, grouped_gemm: bool, on_cpu: bool) -> di
         moe_aux_loss_coeff=float(hf_config.router_aux_loss_coef) * topk if aux else 0.0,
         moe_grouped_gemm=grouped_gemm,
         # TE's fused token permute/unpermute stays off unless override_transformer_config.moe_permute_fusion
-        # asks: on the GPU e2e's Qwen3-MoE (0.5B, 8 experts) it made the actor update 1.2-1.3x slower and
-        # the first step 2x (benchmarks/RESULTS.md, run 10)
+        # asks: it was slower on the small MoE models measured (benchmarks/RESULTS.md)
         # The alltoall dispatcher creates a CUDA stream.
         moe_token_dispatcher_type="allgather" if on_cpu else "alltoall",
     )

@@ -145,8 +145,3 @@ def apply_missing_te_compat() -> None:
     # MLA's ``isinstance(..., TELinear)`` check would raise: mark TE absent there.
     if not isinstance(multi_latent_attention.TELinear, type):
         multi_latent_attention.HAVE_TE = False
-
-
-def is_applied() -> bool:
-    """Whether :func:`apply_cpu_compat` ran in this process."""
-    return _APPLIED
