@@ -7,7 +7,8 @@ setup(
     python_requires=">=3.11",
     packages=find_packages(include=["megarl", "megarl.*"]),
     # The Hydra configs live in the package (megarl/configs/megatron/...), so an installed wheel
-    # finds them without the repo (megarl.config.load.CONFIG_DIR).
+    # finds them without the repo (megarl.config.files.CONFIG_DIR); configs/ at the top of the repo is
+    # a symlink to them (the design card's place: `--config-path=configs/megatron` from a checkout).
     package_data={"megarl": ["configs/**/*.yaml"]},
     entry_points={
         "console_scripts": [

@@ -89,3 +89,12 @@ def test_override_key_check_allows_keys_inside_free_form_mappings():
     assert check_override_keys(["actor_rollout_ref.model.override_config.num_hidden_layers=2"]) == []
     assert check_override_keys(["actor_rollout_ref.model.path.x=2"]) != []
 
+
+def test_top_level_configs_are_the_package_configs():
+    """configs/megatron/ at the top of the repo (the design card's place) is the package's
+    megarl/configs/megatron, the copy a wheel ships: one file, not two that could drift."""
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    top = repo / "configs" / "megatron" / "ppo_megatron_trainer.yaml"
+    assert top.is_file() and top.resolve() == (repo / "megarl" / "configs" / "megatron" / "ppo_megatron_trainer.yaml").resolve()
