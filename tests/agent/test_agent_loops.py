@@ -18,7 +18,7 @@ import torch
 from omegaconf import OmegaConf
 
 import agent_fixtures as fx
-from tiny_hf import actor_rollout_ref_config, build_tiny_qwen2
+from helpers.tiny_hf import actor_rollout_ref_config, build_tiny_qwen2
 
 pytestmark = pytest.mark.slow
 
@@ -289,7 +289,7 @@ def test_tool_batch_at_rollout_tp2_equals_tp1(worker, hf_dir, overrides, configu
     the ranks would add the next turns in different orders without megarl.workers.engine_mirror. Both
     ranks' engines finish the same requests with the same tokens, both return the same batch, and it
     equals the batch of the same model at TP = 1 (the module's engine)."""
-    from dist_utils import run_distributed
+    from helpers.dist_utils import run_distributed
     from tp_body import tool_batch_at_rollout_tp2
 
     rows = PROMPTS + [[6, 19, 20]]

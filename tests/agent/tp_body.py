@@ -15,7 +15,7 @@ def tool_batch_at_rollout_tp2(hf_dir: str, overrides: dict[str, Any], prompt_len
     from safetensors.torch import load_file
 
     import agent_fixtures as fx
-    from tiny_hf import actor_rollout_ref_config
+    from helpers.tiny_hf import actor_rollout_ref_config
 
     from megarl.workers.rollout import RolloutWorker
 

@@ -14,7 +14,7 @@ import dataclasses
 from functools import cache
 from typing import Any, TypeVar
 
-from cpu_config import CPU_SMALL
+from helpers.cpu_config import CPU_SMALL
 from megarl.config import load_config
 from megarl.config.schema.root import MegaRLConfig
 from megarl.config.schema.actor import ActorConfig

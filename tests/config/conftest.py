@@ -16,7 +16,7 @@ from megarl.config import load_config
 
 @pytest.fixture(scope="session")
 def default_cfg() -> DictConfig:
-    from cpu_config import CPU_SMALL
+    from helpers.cpu_config import CPU_SMALL
 
     return load_config([*CPU_SMALL, "actor_rollout_ref.model.path=/placeholder/model"])
 

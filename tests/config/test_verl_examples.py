@@ -40,9 +40,9 @@ from config_testing import issue_for, no_issues
 from megarl.config import ConfigError, Issue, check_override_keys, collect_issues, load_config, resolve_config
 from megarl.config.verl_compat.accepted_keys import rule_for
 
+from fixtures.verl_megatron_examples import EXAMPLES
+
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-sys.path.insert(0, str(FIXTURES))
-from verl_megatron_examples import EXAMPLES  # noqa: E402
 
 VERL_YAML = FIXTURES / "verl_0.9.1_ppo_megatron_trainer.yaml"
 HARDWARE_KEYS = ("trainer.nnodes", "trainer.n_gpus_per_node", "trainer.device")

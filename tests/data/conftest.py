@@ -18,7 +18,7 @@ from megarl.data.demo_tokenizer import build_demo_tokenizer
 
 @functools.cache
 def _yaml_config() -> DictConfig:
-    from cpu_config import CPU_SMALL
+    from helpers.cpu_config import CPU_SMALL
     from megarl.config import load_config
 
     return load_config([*CPU_SMALL, "actor_rollout_ref.model.path=/placeholder/model"])

@@ -185,7 +185,7 @@ def run_dir(tmp_path, tokenizer, write_rows):
 
 
 def _cfg(run_dir, *overrides: str):
-    from cpu_config import CPU_SMALL
+    from helpers.cpu_config import CPU_SMALL
 
     return typed_config(load_config([
         *CPU_SMALL, f"actor_rollout_ref.model.path={run_dir['model']}", f"data.train_files={run_dir['train']}",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from tiny import actor_rollout_ref_config, critic_config, megatron_node, optim_node
+from helpers.tiny import actor_rollout_ref_config, critic_config, megatron_node, optim_node
 
 
 def _data(batch: dict, rows=slice(None), **meta):

@@ -5,16 +5,12 @@ exactly the non-finite optimizer step."""
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workers"))  # tiny.py: model + batches
-
-from dist_utils import run_distributed  # noqa: E402
-from tiny import make_tiny_qwen2, rollout_batch  # noqa: E402
+from helpers.dist_utils import run_distributed
+from helpers.tiny import make_tiny_qwen2, rollout_batch
 
 pytestmark = pytest.mark.slow
 

@@ -6,29 +6,10 @@ Each body runs on 2 GPUs (one process each) and returns CPU tensors from rank 0.
 from __future__ import annotations
 
 import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "workers"))
-from tiny import actor_rollout_ref_config, megatron_node  # noqa: E402
-
-TEMPERATURE = 0.7
-
-
-def _data(batch: dict, rows: slice | None = None):
-    from megarl.protocol import DataProto
-
-    tensors = {k: (v[rows] if rows is not None else v) for k, v in batch.items()}
-    return DataProto.from_dict(tensors, meta_info={"temperature": TEMPERATURE, "nan_policy": "stop"})
-
-
-def _dp_rows(batch: dict) -> slice:
-    from megatron.core import parallel_state
-
-    size = next(iter(batch.values())).shape[0] // parallel_state.get_data_parallel_world_size()
-    rank = parallel_state.get_data_parallel_rank()
-    return slice(rank * size, (rank + 1) * size)
+from helpers.tiny import actor_rollout_ref_config, dp_rows, megatron_node, worker_data
 
 
 def actor_log_probs_and_step(model_path: str, batch: dict, tp: int, dtype: str, device: str = "cuda") -> dict:
@@ -43,8 +24,8 @@ def actor_log_probs_and_step(model_path: str, batch: dict, tp: int, dtype: str, 
     cfg = actor_rollout_ref_config(model_path, megatron)
     actor = ActorWorker(cfg, "actor", device=device)
     actor.init_model()
-    rows = _dp_rows(batch)
-    data = _data(batch, rows)
+    rows = dp_rows(batch)
+    data = worker_data(batch, rows)
     out = actor.compute_log_prob(data)
     result = {
         "rows": (rows.start, rows.stop),
@@ -108,10 +89,10 @@ def direct_sync_into_vllm(hf_dir: str, actor_tp: int, rollout_tp: int) -> dict:
     Sync 1 (direct) of the unchanged checkpoint: vLLM's parameters vs the checkpoint fused and
     sharded by hand. Then the actor is perturbed; sync 2 (direct) and sync 3 (vLLM's
     reload_weights, the generic path) of the same weights must leave the same bits."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "weight_sync"))
     from safetensors.torch import load_file
-    from sync_body import perturb_
-    from tiny_hf import actor_rollout_ref_config as sync_config
+
+    from helpers.tiny_hf import actor_rollout_ref_config as sync_config
+    from helpers.tiny_hf import perturb_
 
     from megarl.protocol import DataProto
     from megarl.workers.hybrid import ActorRolloutRefWorker

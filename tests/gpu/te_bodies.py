@@ -3,13 +3,8 @@ dist_utils.run_distributed): actor log-probs and one update per layer spec and l
 
 from __future__ import annotations
 
-import os
-import sys
-
 import torch
 import transformers
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "workers"))
 
 PROMPT_LEN, RESPONSE_LEN, VOCAB, PAD_ID = 40, 24, 300, 7
 TEMPERATURE = 0.7
@@ -17,7 +12,7 @@ TEMPERATURE = 0.7
 
 def make_model(out_dir: str, name: str = "qwen2", seed: int = 0) -> str:
     """Random Qwen2 / Qwen3 (head_dim 64, GQA 4:2, 2 layers) saved as fp32 safetensors."""
-    from tiny import make_tiny_model
+    from helpers.tiny import make_tiny_model
 
     return make_tiny_model(out_dir, name, vocab_size=VOCAB, num_layers=2, hidden_size=256, intermediate_size=512,
                            max_positions=256, head_dim=64 if name == "qwen3" else None, seed=seed)
@@ -60,7 +55,7 @@ def actor_config(model_dir: str, impl: str, packed: bool, rows: int, dtype: str 
     (`override_transformer_config.transformer_impl`) and layout `packed`; `impl`
     "transformer_engine:unfused" turns TE's fused RoPE and weight-gradient accumulation off."""
     from omegaconf import open_dict
-    from tiny import actor_rollout_ref_config, megatron_node
+    from helpers.tiny import actor_rollout_ref_config, megatron_node
 
     cfg = actor_rollout_ref_config(
         model_dir, megatron_node(dtype=dtype, use_distributed_optimizer=False),  # SGD: Megatron shards only Adam

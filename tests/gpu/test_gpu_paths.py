@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dist_utils import run_distributed
+from helpers.dist_utils import run_distributed
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -26,10 +26,7 @@ def _need_two_gpus():
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
-    import sys, os
-
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "workers"))
-    from tiny import make_tiny_qwen2, rollout_batch
+    from helpers.tiny import make_tiny_qwen2, rollout_batch
 
     root = tmp_path_factory.mktemp("gpu_paths")
     return {"path": make_tiny_qwen2(str(root / "model")), "batch": rollout_batch(8)}
@@ -56,8 +53,8 @@ def _gather_rows(results) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def test_log_probs_tp1_tp2_match_hf_on_gpu(tiny_model, actor_runs):
-    from gpu_bodies import TEMPERATURE
-    from tiny import hf_response_log_probs
+    from helpers.tiny import TEMPERATURE
+    from helpers.tiny import hf_response_log_probs
 
     ref_logp, ref_ent = hf_response_log_probs(tiny_model["path"], tiny_model["batch"], TEMPERATURE)
     for tp, results in actor_runs.items():

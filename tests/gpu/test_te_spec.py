@@ -20,7 +20,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dist_utils import run_distributed
+from helpers.dist_utils import run_distributed
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 

@@ -8,13 +8,10 @@ parameters) needs 2 GPUs.
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 import torch
 
-from dist_utils import run_distributed
+from helpers.dist_utils import run_distributed
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
@@ -48,9 +45,8 @@ def test_direct_sync_equals_checkpoint_and_vllm_reload(tmp_path, actor_tp, rollo
     pytest.importorskip("vllm")
     if torch.cuda.device_count() < actor_tp:
         pytest.skip(f"needs {actor_tp} CUDA GPUs")
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "weight_sync"))
     from gpu_bodies import direct_sync_into_vllm
-    from tiny_hf import build_tiny_qwen2
+    from helpers.tiny_hf import build_tiny_qwen2
 
     hf_dir = build_tiny_qwen2(tmp_path / "model", tie=tie, vocab=vocab)
     results = run_distributed(direct_sync_into_vllm, actor_tp, str(hf_dir), actor_tp, rollout_tp, timeout=600)

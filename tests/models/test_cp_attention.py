@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from dist_utils import run_distributed
+from helpers.dist_utils import run_distributed
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 import transformers
-from dist_utils import run_distributed
+from helpers.dist_utils import run_distributed
 from hf_tiny import make_tiny_hf, padded_batch
 from mcore_body import critic_save_and_config
 from safetensors.torch import load_file

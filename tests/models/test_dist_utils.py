@@ -1,9 +1,9 @@
-"""tests/dist_utils.run_distributed: results by rank, errors carry the rank's traceback."""
+"""tests/helpers/dist_utils.run_distributed: results by rank, errors carry the rank's traceback."""
 
 import pytest
 import torch
 import torch.distributed as dist
-from dist_utils import DistributedTestError, run_distributed
+from helpers.dist_utils import DistributedTestError, run_distributed
 
 
 def _all_reduce_rank(scale: int) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dist_utils import run_distributed
+from helpers.dist_utils import run_distributed
 from hf_tiny import make_tiny_hf, padded_batch
 from mcore_body import convert_and_forward
 from test_megatron_vs_hf import _check, _check_grads

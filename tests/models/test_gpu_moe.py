@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dist_utils import run_distributed
+from helpers.dist_utils import run_distributed
 from hf_tiny import MOE_FAMILIES, hf_token_log_probs, make_tiny_hf, padded_batch
 from mcore_body import convert_and_forward
 from safetensors.torch import load_file

@@ -18,7 +18,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from dist_utils import run_distributed
+from helpers.dist_utils import run_distributed
 from hf_tiny import MOE_FAMILIES, checkpoint_named_grads, hf_token_log_probs, make_tiny_hf, padded_batch
 from mcore_body import convert_and_forward
 from safetensors.torch import load_file

@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 import transformers
-from dist_utils import run_distributed
+from helpers.dist_utils import run_distributed
 from hf_tiny import checkpoint_named_grads, make_tiny_hf
 from mcore_body import aux_loss_grads
 

@@ -8,7 +8,7 @@ parallel_state, which must equal what the layout computes for that rank.
 from __future__ import annotations
 
 import pytest
-from dist_utils import run_distributed
+from helpers.dist_utils import run_distributed
 
 from megarl.parallel.layout import ParallelLayout
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tiny_hf import actor_rollout_ref_config, build_tiny_qwen2
+from helpers.tiny_hf import actor_rollout_ref_config, build_tiny_qwen2
 
 from megarl.workers.rollout import RolloutConfigError, RolloutWorker, read_special_token_ids
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tiny_hf import actor_rollout_ref_config, build_tiny_qwen2
+from helpers.tiny_hf import actor_rollout_ref_config, build_tiny_qwen2
 
 pytestmark = pytest.mark.slow
 

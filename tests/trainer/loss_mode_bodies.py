@@ -1,7 +1,7 @@
 """Rank body for test_every_loss_mode: one Megatron ActorWorker, one PPO step per loss mode.
 
 Run through ``dist_utils.run_distributed`` (world size 1, gloo, CPU); the tiny Qwen2 model
-and batch come from ``tests/workers/tiny.py``.
+and batch come from ``tests/helpers/tiny.py``.
 """
 
 from __future__ import annotations
@@ -31,15 +31,13 @@ def one_step_per_loss_mode(model_path: str, batch: dict[str, torch.Tensor],
     empty state without weight decay: the step is ``-lr * clipped gradient``."""
     import dataclasses
 
-    from omegaconf import OmegaConf
-
-    from cpu_config import CPU_SMALL
+    from helpers.cpu_config import CPU_SMALL
     from megarl.algorithms import get_policy_loss
     from megarl.config import load_config
     from megarl.config.read import typed_config
     from megarl.protocol import DataProto
     from megarl.workers.actor import ActorWorker
-    from workers.tiny import actor_rollout_ref_config, megatron_node
+    from helpers.tiny import actor_rollout_ref_config, megatron_node
 
     cfg = actor_rollout_ref_config(
         model_path, megatron_node(), entropy_coeff=0.0, use_kl_loss=False,  # weights move only through the pg loss
@@ -57,7 +55,7 @@ def one_step_per_loss_mode(model_path: str, batch: dict[str, torch.Tensor],
     mask = batch["response_mask"]
     out: dict[str, dict[str, Any]] = {}
     for name, (mode, policy_loss, rollout_correction) in cases.items():
-        actor.config.actor.policy_loss = OmegaConf.merge(yaml_policy_loss, {"loss_mode": mode, **policy_loss})
+        actor.config.actor.policy_loss = dataclasses.replace(yaml_policy_loss, loss_mode=mode, **policy_loss)
         actor.rollout_correction = dataclasses.replace(yaml_rollout_correction, **rollout_correction)
         data = DataProto.from_dict(dict(batch), meta_info={"temperature": TEMPERATURE, "nan_policy": "stop"})
         log_prob = actor.compute_log_prob(data).batch["old_log_probs"]

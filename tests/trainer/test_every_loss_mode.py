@@ -25,8 +25,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from cpu_config import CPU_SMALL
-from dist_utils import run_distributed
+from helpers.cpu_config import CPU_SMALL
+from helpers.dist_utils import run_distributed
 from e2e_utils import demo_config
 from loss_mode_bodies import CLIP_GRAD, LR, one_step_per_loss_mode
 from megarl.algorithms import ADV_ESTIMATORS, POLICY_LOSSES
@@ -124,7 +124,7 @@ def test_cases_cover_every_registered_loss_mode():
 
 @pytest.mark.slow
 def test_actor_worker_steps_with_every_loss_mode(tmp_path):
-    from workers.tiny import make_tiny_qwen2, rollout_batch
+    from helpers.tiny import make_tiny_qwen2, rollout_batch
 
     model = make_tiny_qwen2(str(tmp_path / "model"))
     (results,) = run_distributed(one_step_per_loss_mode, 1, model, rollout_batch(8), WORKER_CASES, timeout=300)

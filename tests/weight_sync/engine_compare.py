@@ -7,9 +7,9 @@ from pathlib import Path
 
 import torch
 
-from dist_utils import run_distributed
+from helpers.dist_utils import run_distributed
 from sync_body import expected_hf_weights, sync_through_transport
-from tiny_hf import actor_rollout_ref_config, left_padded_prompts
+from helpers.tiny_hf import actor_rollout_ref_config, left_padded_prompts
 
 PROMPTS = [[5, 6, 7], [11, 12, 13, 14, 15], [40, 41, 42, 43, 44, 45, 46, 47]]
 P, R = 8, 6

@@ -4,19 +4,7 @@ from __future__ import annotations
 
 import torch
 
-
-def perturb_(chunks, scale: float, shift: float) -> None:
-    """An optimizer-like change of every megatron parameter: ``p <- p * scale + shift``.
-
-    Elementwise, so it commutes with any sharding, fusing or permutation: the expected
-    HF tensors are the HF checkpoint's tensors with the same change applied.
-    """
-    from megarl.models.weights import converted_tensors, unwrap_chunk
-
-    with torch.no_grad():
-        for chunk in chunks:
-            for p in converted_tensors(unwrap_chunk(chunk)).values():  # GLM's router bias buffers too
-                p.mul_(scale).add_(shift)
+from helpers.tiny_hf import perturb_
 
 
 def expected_hf_weights(hf_dir: str, scale: float, shift: float) -> dict[str, torch.Tensor]:
@@ -82,7 +70,7 @@ def hybrid_generate_and_score(hf_dir: str, overrides: dict, prompt_rows: list[li
     with TP = 1 every rank is its own replica). Returns per rank: sampled batch,
     actor log-probs, ref log-probs, greedy responses, sync metrics, the rank's rollout replica.
     """
-    from tiny_hf import actor_rollout_ref_config, left_padded_prompts
+    from helpers.tiny_hf import actor_rollout_ref_config, left_padded_prompts
 
     from megarl.parallel.layout import ParallelLayout
     from megarl.protocol import DataProto

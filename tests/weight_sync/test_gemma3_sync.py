@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from engine_compare import assert_synced_engine_matches_export, run_layout, write_expected
-from tiny_hf import build_tiny_gemma3
+from helpers.tiny_hf import build_tiny_gemma3
 
 pytestmark = [pytest.mark.slow, pytest.mark.extended]
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dist_utils import run_distributed
+from helpers.dist_utils import run_distributed
 from sync_body import expected_hf_weights, hybrid_generate_and_score
-from tiny_hf import build_tiny_qwen2
+from helpers.tiny_hf import build_tiny_qwen2
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from engine_compare import greedy, make_worker, run_layout, write_expected
-from tiny_hf import build_tiny_qwen2
+from helpers.tiny_hf import build_tiny_qwen2
 
 pytestmark = pytest.mark.slow
 

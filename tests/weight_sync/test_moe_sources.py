@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from engine_compare import assert_synced_engine_matches_export, run_layout, write_expected
-from tiny_hf import MOE_BUILDERS
+from helpers.tiny_hf import MOE_BUILDERS
 
 pytestmark = pytest.mark.slow
 

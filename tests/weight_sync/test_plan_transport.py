@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dist_utils import run_distributed
+from helpers.dist_utils import run_distributed
 from transport_body import _tensors, broadcast_stream
 
 from megarl.weight_sync import (

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from dist_utils import run_distributed
+from helpers.dist_utils import run_distributed
 from tp_gather_body import bucketed_equals_per_tensor
 
 pytestmark = pytest.mark.slow

@@ -4,8 +4,8 @@ formats between two steps, and resumes from them."""
 
 from __future__ import annotations
 
-from tiny import actor_rollout_ref_config, megatron_node
-from worker_bodies import _allow_checkpoint_writer_processes, _data, _dp_rows, _export, _rank0
+from helpers.tiny import actor_rollout_ref_config, dp_rows, megatron_node, worker_data
+from worker_bodies import _allow_checkpoint_writer_processes, _export, _rank0
 
 # Adam: its second step depends on the first step's moments and step count, so a wrongly sharded
 # or wrongly restored state changes the weights. lr is large enough to move every weight visibly.
@@ -33,7 +33,7 @@ def _adam_state_numel(actor) -> int:
 
 
 def _two_steps(actor, batch: dict, ckpt_dir: str | None = None) -> dict:
-    data = _data(batch, _dp_rows(batch))
+    data = worker_data(batch, dp_rows(batch))
     out = {"metrics": actor.update_policy(data), "adam_numel": _adam_state_numel(actor),
            "distributed": actor.engine.use_distributed_optimizer,
            "param_numel": sum(p.numel() for chunk in actor.engine.chunks for p in chunk.parameters())}
@@ -60,7 +60,7 @@ def resume(model_path: str, batch: dict, ckpt_dirs: dict[str, str]) -> dict:
     for fmt, ckpt_dir in ckpt_dirs.items():
         actor = _actor(model_path, True, fully_reshardable=FORMATS[fmt])
         actor.load_checkpoint(ckpt_dir)
-        data = _data(batch, _dp_rows(batch))
+        data = worker_data(batch, dp_rows(batch))
         out[fmt] = {"metrics_step2": actor.update_policy(data), "updated_step2": _rank0(_export(actor))}
     return out
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from tiny import actor_rollout_ref_config, megatron_node
-from worker_bodies import _allow_checkpoint_writer_processes, _data, _dp_rows, _export, _rank0
+from helpers.tiny import actor_rollout_ref_config, dp_rows, megatron_node, worker_data
+from worker_bodies import _allow_checkpoint_writer_processes, _export, _rank0
 
 RANK, ALPHA = 4, 8.0  # scale alpha / rank = 2
 # layer 0's adapted linears, for the hand-computed merge (TP = 1)
@@ -69,7 +69,7 @@ def lora_actor_suite(model_path: str, batch: dict, layouts: dict[str, dict], ckp
     for name, megatron in layouts.items():
         actor = ActorWorker(lora_config(model_path, megatron), "actor", device="cpu")
         actor.init_model()
-        data = _data(batch, _dp_rows(batch))
+        data = worker_data(batch, dp_rows(batch))
         before = _params(actor)
         res = {"trainable": sorted(n for c in actor.engine.unwrapped_chunks() for n, p in c.named_parameters()
                                    if p.requires_grad)}
@@ -98,7 +98,7 @@ def lora_actor_suite(model_path: str, batch: dict, layouts: dict[str, dict], ckp
         fresh = ActorWorker(lora_config(model_path, next(iter(layouts.values()))), "actor", device="cpu")
         fresh.init_model()
         fresh.load_checkpoint(load_dir)
-        out["loaded_lp"] = fresh.compute_log_prob(_data(batch, _dp_rows(batch))).batch["old_log_probs"]
+        out["loaded_lp"] = fresh.compute_log_prob(worker_data(batch, dp_rows(batch))).batch["old_log_probs"]
         other = ActorWorker(lora_config(model_path, next(iter(layouts.values())), rank=2 * RANK), "actor", device="cpu")
         other.init_model()
         try:
@@ -114,12 +114,8 @@ def lora_hybrid_sync(hf_dir: str, prompt_rows: list[list[int]], temperature: flo
     generate (syncs merged weights into vLLM), score with the actor (adapters on) and the
     reference (adapters off); the o_proj / down_proj of layer 0 streamed into vLLM and the
     adapters behind them."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "weight_sync"))
-    from tiny_hf import actor_rollout_ref_config as hf_config_node
-    from tiny_hf import left_padded_prompts
+    from helpers.tiny_hf import actor_rollout_ref_config as hf_config_node
+    from helpers.tiny_hf import left_padded_prompts
 
     from megarl.models.lora import adapters
     from megarl.workers.hybrid import ActorRolloutRefWorker

@@ -7,7 +7,7 @@ ACTOR = "actor_rollout_ref.actor"
 
 
 def _engine(model_path: str, overrides: list[str]):
-    from cpu_config import CPU_SMALL
+    from helpers.cpu_config import CPU_SMALL
 
     from megarl.config import ConfigError, collect_issues, load_config, resolve_config
     from megarl.workers.megatron.engine import MegatronEngine

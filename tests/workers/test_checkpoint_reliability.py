@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pytest
 
-from dist_utils import run_distributed
-from tiny import actor_rollout_ref_config, make_tiny_qwen2, megatron_node, rollout_batch
+from helpers.dist_utils import run_distributed
+from helpers.tiny import actor_rollout_ref_config, make_tiny_qwen2, megatron_node, rollout_batch
 
 pytestmark = pytest.mark.slow
 

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from dist_optim_bodies import FORMATS, bf16_steps, resume, train
-from dist_utils import run_distributed
-from tiny import make_tiny_qwen2, rollout_batch
+from helpers.dist_utils import run_distributed
+from helpers.tiny import make_tiny_qwen2, rollout_batch
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from dist_utils import run_distributed
+from helpers.dist_utils import run_distributed
 
 pytestmark = pytest.mark.slow
 

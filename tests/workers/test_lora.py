@@ -25,10 +25,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from dist_utils import run_distributed
+from helpers.dist_utils import run_distributed
 from lora_bodies import ALPHA, RANK, lora_actor_suite, lora_hybrid_sync
-from tiny import hf_response_log_probs, make_tiny_qwen2, megatron_node, rollout_batch
-from worker_bodies import TEMPERATURE
+from helpers.tiny import hf_response_log_probs, make_tiny_qwen2, megatron_node, rollout_batch
+from helpers.tiny import TEMPERATURE
 
 pytestmark = pytest.mark.slow
 
@@ -132,11 +132,7 @@ def test_adapter_checkpoint_tp1_loads_at_tp2(tp1, tp2):
 
 
 def test_lora_vllm_sync_gets_merged_weights(tmp_path):
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "weight_sync"))
-    from tiny_hf import build_tiny_qwen2
+    from helpers.tiny_hf import build_tiny_qwen2
 
     hf_dir = build_tiny_qwen2(tmp_path / "qwen2")
     res = run_distributed(lora_hybrid_sync, 1, str(hf_dir), [[5, 6, 7], [11, 12, 13, 14, 15]], 0.7, timeout=600)[0]

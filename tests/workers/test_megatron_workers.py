@@ -30,9 +30,10 @@ import functools
 import pytest
 import torch
 
-from dist_utils import run_distributed
-from tiny import hf_response_log_probs, hf_response_sum_pi_squared, hf_values, make_tiny_qwen2, megatron_node, rollout_batch
-from worker_bodies import TEMPERATURE, VPP_VARIANTS, actor_and_critic, resume_from_checkpoint, tp1_suite, vpp_variants
+from helpers.dist_utils import run_distributed
+from helpers.tiny import hf_response_log_probs, hf_response_sum_pi_squared, hf_values, make_tiny_qwen2, megatron_node, rollout_batch
+from helpers.tiny import TEMPERATURE
+from worker_bodies import VPP_VARIANTS, actor_and_critic, resume_from_checkpoint, tp1_suite, vpp_variants
 
 pytestmark = pytest.mark.slow
 

@@ -11,8 +11,8 @@ import sys
 import pytest
 import torch
 
-from dist_utils import run_distributed
-from tiny import make_tiny_qwen2, megatron_node, rollout_batch
+from helpers.dist_utils import run_distributed
+from helpers.tiny import make_tiny_qwen2, megatron_node, rollout_batch
 from worker_bodies import trained_tp_checkpoint
 
 pytestmark = pytest.mark.slow

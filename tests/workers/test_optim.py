@@ -16,10 +16,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from cpu_config import CPU_SMALL
-from dist_utils import run_distributed
+from helpers.cpu_config import CPU_SMALL
+from helpers.dist_utils import run_distributed
 from optim_bodies import resume, schedules
-from tiny import make_tiny_qwen2
+from helpers.tiny import make_tiny_qwen2
 
 from megarl.config import collect_issues, load_config
 

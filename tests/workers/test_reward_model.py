@@ -16,8 +16,8 @@ import torch
 import transformers
 from omegaconf import OmegaConf
 
-from dist_utils import run_distributed
-from tiny import unusual_norms_and_biases_
+from helpers.dist_utils import run_distributed
+from helpers.tiny import unusual_norms_and_biases_
 from megarl.config.files import CONFIG_DIR, CONFIG_NAME
 
 pytestmark = pytest.mark.slow

@@ -4,7 +4,7 @@ torch reference."""
 import pytest
 import torch
 
-from dist_utils import run_distributed
+from helpers.dist_utils import run_distributed
 
 
 def _reference(logits, target, temperature):

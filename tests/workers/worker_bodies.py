@@ -4,24 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from tiny import actor_rollout_ref_config, critic_config, megatron_node
-
-TEMPERATURE = 0.7
-
-
-def _data(batch: dict, rows: slice | None = None):
-    from megarl.protocol import DataProto
-
-    tensors = {k: (v[rows] if rows is not None else v) for k, v in batch.items()}
-    return DataProto.from_dict(tensors, meta_info={"temperature": TEMPERATURE, "nan_policy": "stop"})
-
-
-def _dp_rows(batch: dict) -> slice:
-    from megatron.core import parallel_state
-
-    size = next(iter(batch.values())).shape[0] // parallel_state.get_data_parallel_world_size()
-    rank = parallel_state.get_data_parallel_rank()
-    return slice(rank * size, (rank + 1) * size)
+from helpers.tiny import actor_rollout_ref_config, critic_config, dp_rows, megatron_node, worker_data
 
 
 def _export(worker) -> dict[str, torch.Tensor]:
@@ -55,8 +38,8 @@ def actor_and_critic(
     cfg.model.use_remove_padding = remove_padding
     actor = ActorWorker(cfg, "actor", device="cpu")
     actor.init_model()
-    rows = _dp_rows(batch)
-    data = _data(batch, rows)
+    rows = dp_rows(batch)
+    data = worker_data(batch, rows)
     log_probs = actor.compute_log_prob(data)
     ref = ActorWorker(cfg, "ref", device="cpu")
     ref.init_model()
@@ -93,7 +76,7 @@ def resume_from_checkpoint(model_path: str, batch: dict, megatron: dict, ckpt_di
     actor = ActorWorker(actor_rollout_ref_config(model_path, megatron), "actor", device="cpu")
     actor.init_model()
     actor.load_checkpoint(ckpt_dir)
-    data = _data(batch, _dp_rows(batch))
+    data = worker_data(batch, dp_rows(batch))
     out = {"log_probs": actor.compute_log_prob(data).batch["old_log_probs"]}
     out["metrics_step2"] = actor.update_policy(data)
     out["updated_step2"] = _rank0(_export(actor))
@@ -121,7 +104,7 @@ def split_variants(model_path: str, batch: dict) -> dict:
             cfg.model.use_remove_padding = True
         actor = ActorWorker(cfg, "actor", device="cpu")
         actor.init_model()
-        out[name + "_metrics"] = actor.update_policy(_data(batch))
+        out[name + "_metrics"] = actor.update_policy(worker_data(batch))
         out[name] = _export(actor)
     return out
 
@@ -160,7 +143,7 @@ def vpp_variants(model_path: str, batch: dict, megatron: dict) -> dict:
         cfg.model.use_remove_padding = remove_padding
         actor = ActorWorker(cfg, "actor", device="cpu")
         actor.init_model()
-        out[name + "_metrics"] = actor.update_policy(_data(batch))
+        out[name + "_metrics"] = actor.update_policy(worker_data(batch))
         out[name + "_shapes"] = list(seen)
         out[name] = _rank0(_export(actor))
     # The critic with both (its values [b, s, 1] cut back like the actor's logits).
@@ -168,9 +151,9 @@ def vpp_variants(model_path: str, batch: dict, megatron: dict) -> dict:
     critic = CriticWorker(critic_config(model_path, megatron, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=30,
                                         model={"override_config": {}, "use_remove_padding": True}), device="cpu")
     critic.init_model()
-    out["critic_metrics"] = critic.update_critic(_data(batch))
+    out["critic_metrics"] = critic.update_critic(worker_data(batch))
     out["critic_shapes"] = list(seen)
-    out["critic_values_after"] = critic.compute_values(_data(batch)).batch["values"]
+    out["critic_values_after"] = critic.compute_values(worker_data(batch)).batch["values"]
     schedule.uniform_shapes = uniform_shapes
     return out
 
@@ -196,7 +179,7 @@ def offload_roundtrip(model_path: str, batch: dict) -> dict:
         return [v for s in actor.engine.optimizer.optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
 
     freed_at_init = params_freed() and grads_freed()
-    data = _data(batch)
+    data = worker_data(batch)
     actor.update_policy(data)  # creates optimizer state and fills grad buffers, then offloads again
     freed_after_update = params_freed() and grads_freed() and all(v.untyped_storage().nbytes() == 0 for v in optimizer_state())
     actor.onload()
@@ -240,7 +223,7 @@ def trained_tp_checkpoint(model_path: str, batch: dict, megatron: dict, ckpt_dir
 
     actor = ActorWorker(actor_rollout_ref_config(model_path, megatron), "actor", device="cpu")
     actor.init_model()
-    actor.update_policy(_data(batch, _dp_rows(batch)))
+    actor.update_policy(worker_data(batch, dp_rows(batch)))
     _allow_checkpoint_writer_processes()
     actor.save_checkpoint(ckpt_dir)
     return _rank0(_export(actor))

@@ -150,12 +150,9 @@ def actor_rollout_ref_config(hf_dir: str | Path, prompt_length: int = 8, respons
     ``overrides`` are dotted keys relative to ``actor_rollout_ref`` (e.g.
     ``{"rollout.n": 2}``).
     """
-    import sys
-
     from omegaconf import OmegaConf
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: cpu_config
-    from cpu_config import CPU_SMALL
+    from helpers.cpu_config import CPU_SMALL
 
     from megarl.config import load_config, resolve_config
 
@@ -183,3 +180,17 @@ def left_padded_prompts(prompt_rows: list[list[int]], prompt_length: int):
         mask[i, prompt_length - len(row):] = 1
     return DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)},
                                {"uid": [str(i) for i in range(len(prompt_rows))]})
+
+
+def perturb_(chunks, scale: float, shift: float) -> None:
+    """An optimizer-like change of every megatron parameter: ``p <- p * scale + shift``.
+
+    Elementwise, so it commutes with any sharding, fusing or permutation: the expected
+    HF tensors are the HF checkpoint's tensors with the same change applied.
+    """
+    from megarl.models.weights import converted_tensors, unwrap_chunk
+
+    with torch.no_grad():
+        for chunk in chunks:
+            for p in converted_tensors(unwrap_chunk(chunk)).values():  # GLM's router bias buffers too
+                p.mul_(scale).add_(shift)

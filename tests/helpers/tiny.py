@@ -96,7 +96,7 @@ def project_config(model_path: str, settings: dict, megatron: dict, megatron_sec
     """
     from megarl.config import load_config, typed_config
 
-    from cpu_config import CPU_SMALL
+    from helpers.cpu_config import CPU_SMALL
 
     # A real run's config (no demo profile: the model path is given); struct mode: a key the yaml lacks raises.
     cfg = load_config([*CPU_SMALL, f"actor_rollout_ref.model.path={model_path}"])
@@ -196,3 +196,23 @@ def hf_values(model_path: str, batch: dict, head: torch.Tensor) -> torch.Tensor:
                        position_ids=batch["position_ids"]).last_hidden_state.double()
     values = (hidden @ head.double().T)[..., 0][:, PROMPT_LEN - 1 : -1]
     return (values * batch["response_mask"]).float()
+
+
+TEMPERATURE = 0.7  # the worker bodies' sampling temperature (meta_info of their batches)
+
+
+def worker_data(batch: dict, rows: slice | None = None):
+    """``batch`` (or its ``rows``) as the DataProto a worker method gets."""
+    from megarl.protocol import DataProto
+
+    tensors = {k: (v[rows] if rows is not None else v) for k, v in batch.items()}
+    return DataProto.from_dict(tensors, meta_info={"temperature": TEMPERATURE, "nan_policy": "stop"})
+
+
+def dp_rows(batch: dict) -> slice:
+    """This rank's data-parallel share of ``batch``'s rows."""
+    from megatron.core import parallel_state
+
+    size = next(iter(batch.values())).shape[0] // parallel_state.get_data_parallel_world_size()
+    rank = parallel_state.get_data_parallel_rank()
+    return slice(rank * size, (rank + 1) * size)

@@ -1,8 +1,8 @@
 """Run a function on N local processes as a torch.distributed job (tests only).
 
-Usage from any test module (``tests/`` is on ``sys.path`` through its conftest)::
+Usage from any test module (``tests/`` is on ``sys.path`` through pytest.ini)::
 
-    from dist_utils import run_distributed
+    from helpers.dist_utils import run_distributed
 
     def _body(tp):                      # module level: spawn pickles it by name
         ...                             # RANK / WORLD_SIZE / MASTER_* are set

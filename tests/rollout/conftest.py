@@ -1,5 +1,0 @@
-import sys
-from pathlib import Path
-
-# tiny_hf lives with the weight-sync tests; both areas build the same checkpoints.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "weight_sync"))
