@@ -42,7 +42,7 @@ def actor_config(
     step, vanilla PPO loss, no KL, constant lr. ``impl`` is megatron's ``transformer_impl``
     (layer spec); ``overrides`` further TransformerConfig fields; ``optimizer`` "sgd": no
     momentum (no optimizer state: a whole 7B model's weights and grads fit one GPU)."""
-    from megarl.config import load_config, resolve_config
+    from megarl.config import load_config, typed_config
 
     dp = dist.get_world_size() // tp
     a = "actor_rollout_ref.actor"
@@ -59,7 +59,7 @@ def actor_config(
           for k, v in {"transformer_impl": impl, "attention_backend": "auto", **(overrides or {})}.items()],
         *([] if torch.cuda.is_available() else [f"{a}.megatron.dtype=float32"]),
     ])
-    return resolve_config(cfg).actor_rollout_ref
+    return typed_config(cfg).actor_rollout_ref
 
 
 def full_length_batch(batches: list[torch.Tensor], response_len: int, seed: int = 0):

@@ -52,7 +52,7 @@ def build_model(out_dir: str, vocab: int) -> str:
 
 
 def make_worker(model_dir: str, args):
-    from megarl.config import load_config, resolve_config
+    from megarl.config import load_config, typed_config
     from megarl.workers.rollout import RolloutWorker
 
     max_len = args.prompt + args.turns * (args.short + args.obs) + args.long
@@ -67,7 +67,7 @@ def make_worker(model_dir: str, args):
         f"actor_rollout_ref.rollout.max_num_seqs={args.samples}",
         f"actor_rollout_ref.rollout.gpu_memory_utilization={0.3 if gpu else 0.05}",
     ])
-    return RolloutWorker(resolve_config(cfg).actor_rollout_ref, model_dir)
+    return RolloutWorker(typed_config(cfg).actor_rollout_ref, model_dir)
 
 
 def params(max_tokens: int):

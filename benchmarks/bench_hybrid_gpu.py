@@ -75,13 +75,13 @@ def main() -> None:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from megarl.config import load_config, resolve_config
+    from megarl.config import load_config, typed_config
     from megarl.protocol import DataProto
     from megarl.weight_sync.transport import SyncStats
     from megarl.workers.hybrid import ActorRolloutRefWorker
 
     path = model_dir(args.shape, args.root)
-    cfg = resolve_config(load_config([
+    cfg = typed_config(load_config([
         f"actor_rollout_ref.model.path={path}", "trainer.device=cuda",
         f"data.max_prompt_length={args.prompt_len}", f"data.max_response_length={args.response_len}",
         f"actor_rollout_ref.rollout.n={args.n}", "actor_rollout_ref.rollout.gpu_memory_utilization=0.35",

@@ -73,3 +73,11 @@ def value_at(cfg: MegaRLConfig, dotted: str) -> Any:
             return None
         node = getattr(node, part)
     return node
+
+
+def replaced(section: T, **changes: Any) -> T:
+    """A copy of the typed `section` with `changes`, for a value only the run knows (the typed
+    config itself stays as validated); reads of the copy are recorded under the same key."""
+    out = dataclasses.replace(section, **changes)
+    object.__setattr__(out, "_megarl_key", object.__getattribute__(section, "__dict__").get("_megarl_key"))
+    return out

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from megarl.algorithms import apply_kl_penalty, compute_advantage, compute_rollout_correction, get_kl_controller
-from megarl.config.read import to_dict
+from megarl.config.read import replaced, to_dict
 from megarl.config.schema.root import MegaRLConfig
 from megarl.parallel.layout import ParallelLayout
 from megarl.protocol import DataProto
@@ -107,7 +107,6 @@ class RayPPOTrainer:
         from megarl.data.tokenizer import load_data_tokenizer
 
         self.cfg = cfg
-        arr = cfg.actor_rollout_ref
         self.tokenizer = load_data_tokenizer(cfg)  # the preflight loaded the same one (custom chat template included)
         self.train_loader = create_dataloader(cfg.data, self.tokenizer, "train")
         self.val_loader = create_dataloader(cfg.data, self.tokenizer, "val") if cfg.data.val_files else None
@@ -115,8 +114,6 @@ class RayPPOTrainer:
         self.total_steps = int(cfg.trainer.total_epochs) * steps_per_epoch
         if cfg.trainer.total_training_steps:
             self.total_steps = min(self.total_steps, int(cfg.trainer.total_training_steps))
-        arr.actor.optim.total_training_steps = self.total_steps  # the schedule length, known only now
-        cfg.critic.optim.total_training_steps = self.total_steps
         self.use_critic = cfg.trains_critic()
         self.use_reference = cfg.runs_reference()
         self.use_kl_in_reward = bool(cfg.algorithm.use_kl_in_reward)
@@ -173,7 +170,12 @@ class RayPPOTrainer:
         env = _worker_env(self.device)
         role = "actor_rollout_ref" if self.use_reference else "actor_rollout"
         world = self.pool.world_size
-        arr = cfg.actor_rollout_ref  # workers get typed sections
+        # Workers get typed sections; verl's optim.total_training_steps, the lr schedule's length, is
+        # the run's step count, known only now (verl's trainer sets it too).
+        steps = self.total_steps
+        arr = cfg.actor_rollout_ref
+        arr = replaced(arr, actor=replaced(arr.actor, optim=replaced(arr.actor.optim, total_training_steps=steps)))
+        critic = replaced(cfg.critic, optim=replaced(cfg.critic.optim, total_training_steps=steps))
         # algorithm.rollout_correction: read by the actor's bypass_mode policy loss
         self.actor = WorkerGroup("actor_rollout_ref", ACTOR_CLS, (arr,),
                                  {"role": role, "device": self.device,
@@ -184,7 +186,7 @@ class RayPPOTrainer:
                                  layout=ParallelLayout.from_megatron_config(arr.actor.megatron, world),
                                  rollout_layout=ParallelLayout(world_size=world, tp=arr.rollout.tensor_model_parallel_size))
         if self.use_critic:
-            self.critic = WorkerGroup("critic", CRITIC_CLS, (cfg.critic,), {"device": self.device},
+            self.critic = WorkerGroup("critic", CRITIC_CLS, (critic,), {"device": self.device},
                                       self.pool.placements, share_cpu, share_gpu, env,
                                       layout=ParallelLayout.from_megatron_config(cfg.critic.megatron, world))
         if self.rollout.uses_reward_model:

@@ -31,12 +31,13 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from megarl.config.schema.actor import ActorRolloutRefConfig
+from megarl.config.schema.algorithm import RolloutCorrectionConfig
 from megarl.protocol import DataProto
 from megarl.utils.gpu_memory import phase_memory
 from megarl.weight_sync import log_prob_gap
 
 if TYPE_CHECKING:
-    from megarl.config.schema.algorithm import RolloutCorrectionConfig
     from megarl.reward.managers import RewardSpec
     from megarl.weight_sync.colocated import ColocatedSync
 
@@ -47,7 +48,7 @@ class ActorRolloutRefWorker:
     """Actor + optional reference + rollout in one process.
 
     Args:
-        config: the ``actor_rollout_ref`` subtree.
+        config: the typed ``actor_rollout_ref`` section.
         role: ``"actor_rollout_ref"`` builds the reference model (the trainer uses it
             when ``actor.use_kl_loss`` or ``algorithm.use_kl_in_reward``);
             ``"actor_rollout"`` does not.
@@ -60,7 +61,7 @@ class ActorRolloutRefWorker:
 
     def __init__(
         self,
-        config: Any,
+        config: ActorRolloutRefConfig,
         role: str = "actor_rollout_ref",
         device: str | None = None,
         rollout_correction: RolloutCorrectionConfig | None = None,

@@ -43,8 +43,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 
+from megarl.config.schema.actor import ActorRolloutRefConfig
 from megarl.parallel.layout import ParallelLayout
 
 if TYPE_CHECKING:
@@ -114,8 +114,8 @@ class RolloutWorker:
     """One vLLM engine (a rollout replica, or this rank's part of one).
 
     Args:
-        config: the ``actor_rollout_ref`` config subtree (verl keys), read by attribute:
-            ``rollout.*`` and ``model.trust_remote_code``.
+        config: the typed ``actor_rollout_ref`` section (verl keys): ``rollout.*`` and
+            ``model.trust_remote_code``.
         hf_dir: HF model directory (config, tokenizer); its weights are NOT read when
             ``rollout.load_format`` is ``dummy`` -- call :meth:`update_weights`.
         reward: with ``rollout.mode=async``, score each training sample as its agent loop returns
@@ -125,7 +125,8 @@ class RolloutWorker:
             on the host, 2 discards them (the colocated worker, which reloads them every time).
     """
 
-    def __init__(self, config: Any, hf_dir: str, reward: RewardSpec | None = None, sleep_level: int = 1) -> None:
+    def __init__(self, config: ActorRolloutRefConfig, hf_dir: str, reward: RewardSpec | None = None,
+                 sleep_level: int = 1) -> None:
         self.config = config
         self.rollout_cfg = config.rollout
         self.hf_dir = str(hf_dir)
@@ -241,8 +242,7 @@ class RolloutWorker:
         # resume, but vLLM then samples each request with its own generator every decode step,
         # off FlashInfer on GPU; verl uses those only for full determinism.)
         kwargs["seed"] = int(rc.seed) + replica
-        extra = rc.engine_kwargs.vllm
-        extra = OmegaConf.to_container(extra, resolve=True) if isinstance(extra, DictConfig) else dict(extra)
+        extra = dict(rc.engine_kwargs.vllm)
         if "seed" in extra:
             raise RolloutConfigError(
                 "actor_rollout_ref.rollout.engine_kwargs.vllm.seed is not accepted: set "

@@ -9,6 +9,8 @@ is EOS, so model turns are a few tokens long and end on an EOS id.
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import textwrap
 
@@ -98,18 +100,19 @@ def worker(hf_dir, overrides):
 
 @pytest.fixture
 def configure(worker):
-    """Set rollout keys for one test: the worker's agent-loop set-up (what RolloutWorker.__init__
-    runs after the engine start) reads them again; restored afterwards."""
-    saved = OmegaConf.to_container(worker.rollout_cfg)
+    """Set rollout keys (dotted, under `rollout`) for one test: the worker's agent-loop set-up (what
+    RolloutWorker.__init__ runs after the engine start) reads them again; restored afterwards."""
+    saved = {key: copy.deepcopy(getattr(worker.rollout_cfg, key)) for key in ("multi_turn", "agent")}
 
     def apply(**overrides):
         for key, value in overrides.items():
-            OmegaConf.update(worker.rollout_cfg, key, value)
+            *sections, leaf = key.split(".")
+            setattr(functools.reduce(getattr, sections, worker.rollout_cfg), leaf, value)
         worker._start_agent_loops()
 
     yield apply
-    for key in ("multi_turn", "agent"):
-        worker.rollout_cfg[key] = saved[key]
+    for key, section in saved.items():
+        setattr(worker.rollout_cfg, key, section)
     worker._start_agent_loops()
     fx.CallsTool.tool, fx.CallsTool.calls_per_turn = "echo", 1
 

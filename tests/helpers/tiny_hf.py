@@ -145,7 +145,7 @@ CONFIG_YAML = Path(CONFIG_DIR) / f"{CONFIG_NAME}.yaml"
 
 
 def actor_rollout_ref_config(hf_dir: str | Path, prompt_length: int = 8, response_length: int = 6, **overrides):
-    """The ``actor_rollout_ref`` subtree of the project yaml, resolved, sized for tests.
+    """The typed ``actor_rollout_ref`` section of the project yaml, sized for tests.
 
     ``overrides`` are dotted keys relative to ``actor_rollout_ref`` (e.g.
     ``{"rollout.n": 2}``).
@@ -154,7 +154,7 @@ def actor_rollout_ref_config(hf_dir: str | Path, prompt_length: int = 8, respons
 
     from helpers.cpu_config import CPU_SMALL
 
-    from megarl.config import load_config, resolve_config
+    from megarl.config import load_config, typed_config
 
     cfg = load_config([*CPU_SMALL, f"actor_rollout_ref.model.path={hf_dir}", f"data.max_prompt_length={prompt_length}",
                        f"data.max_response_length={response_length}"])
@@ -165,8 +165,7 @@ def actor_rollout_ref_config(hf_dir: str | Path, prompt_length: int = 8, respons
     }
     for key, value in {**small, **overrides}.items():  # free-form engine kwargs may add keys
         OmegaConf.update(cfg.actor_rollout_ref, key, value, force_add=key.startswith("rollout.engine_kwargs."))
-    cfg = resolve_config(cfg)
-    return cfg.actor_rollout_ref
+    return typed_config(cfg).actor_rollout_ref
 
 
 def left_padded_prompts(prompt_rows: list[list[int]], prompt_length: int):
