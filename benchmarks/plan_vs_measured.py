@@ -2,14 +2,13 @@
 
     python benchmarks/plan_vs_measured.py
 
-Reads the measured peaks from benchmarks/results/ (torch's max_memory_allocated per GPU) and
-prints, per run, the estimate of megarl.plan.memory for the same shape, layout and micro-batch,
-and the error. No GPU needed.
+The measured peaks (torch's max_memory_allocated per GPU, from the GPU sessions of
+benchmarks/RESULTS.md) are below; prints, per run, the estimate of megarl.plan.memory for the same
+shape, layout and micro-batch, and the error. No GPU needed.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -25,12 +24,9 @@ sys.path.insert(0, str(HERE))
 from _common import QWEN25_1P5B, QWEN25_7B  # noqa: E402
 
 GIB = 2**30
-RESULTS = HERE / "results"
-
-
-def _measured(path: str, label: str) -> float:
-    runs = json.loads((RESULTS / path).read_text())["runs"]
-    return next(r["max_mem_GiB"] for r in runs if r["label"] == label)
+# GRPO e2e 0.5B (gpu_session.sh e2e_sdpa, H100, session 6): memory/<phase>_peak_gib of steps 2 and 3
+E2E_PEAKS_GIB = ({"step": 2, "rollout": 29.270, "old_log_prob": 29.340, "update_actor": 32.809},
+                 {"step": 3, "rollout": 29.271, "old_log_prob": 29.340, "update_actor": 32.810})
 
 
 def actor_rows() -> list[tuple[str, float, float]]:
@@ -38,21 +34,21 @@ def actor_rows() -> list[tuple[str, float, float]]:
     megatron DDP + distributed optimizer, bf16, fp32 grads, full-length rows, no SP)."""
     q15 = {**QWEN25_1P5B, "model_type": "qwen2"}
     q7_8 = {**QWEN25_7B, "model_type": "qwen2", "num_hidden_layers": 8}
-    cases = [
-        ("1.5B TP=1 seq 4096 micro-bs 2, SDPA, padded (H100)", q15, 1, 2 * 4096, "run5_issue23/actor_1p5b_local.json", "b_megarl_actor"),
-        ("1.5B TP=1 seq 4096 micro-bs 2, TE, padded (H100)", q15, 1, 2 * 4096, "run5_issue23/actor_1p5b_transformer_engine.json", "b_megarl_actor"),
-        ("1.5B TP=1 seq 4096 micro-bs 2, SDPA, packed (H100)", q15, 1, 2 * 4096, "run5_issue23/actor_1p5b_rmpad_local.json", "b_megarl_actor_rmpad"),
-        ("1.5B TP=2 seq 4096 micro-bs 4 (2 x H200)", q15, 2, 4 * 4096, "run4_issue10/actor_throughput.json", "b_megarl_actor"),
-        ("1.5B TP=2 seq 4096 micro-bs 4, packed (2 x H200)", q15, 2, 4 * 4096, "run4_issue10/actor_throughput.json", "b_megarl_actor_rmpad"),
-        ("7B shape, 8 layers, TP=1 seq 4096 micro-bs 1, TE bf16 (H100)", q7_8, 1, 4096, "run6_issue16_23/actor_7b_te.json", "b_megarl_actor"),
-        ("7B shape, 8 layers, TP=1 seq 4096 micro-bs 1, TE FP8 (H100)", q7_8, 1, 4096, "run6_issue16_23/actor_7b_te_fp8.json", "b_megarl_actor"),
+    cases = [  # (run, shape, TP, tokens per micro-batch, measured peak GiB; sessions 4-6 of RESULTS.md)
+        ("1.5B TP=1 seq 4096 micro-bs 2, SDPA, padded (H100)", q15, 1, 2 * 4096, 49.500),
+        ("1.5B TP=1 seq 4096 micro-bs 2, TE, padded (H100)", q15, 1, 2 * 4096, 48.765),
+        ("1.5B TP=1 seq 4096 micro-bs 2, SDPA, packed (H100)", q15, 1, 2 * 4096, 49.962),
+        ("1.5B TP=2 seq 4096 micro-bs 4 (2 x H200)", q15, 2, 4 * 4096, 39.219),
+        ("1.5B TP=2 seq 4096 micro-bs 4, packed (2 x H200)", q15, 2, 4 * 4096, 52.823),
+        ("7B shape, 8 layers, TP=1 seq 4096 micro-bs 1, TE bf16 (H100)", q7_8, 1, 4096, 58.076),
+        ("7B shape, 8 layers, TP=1 seq 4096 micro-bs 1, TE FP8 (H100)", q7_8, 1, 4096, 60.860),
     ]
     rows = []
-    for name, shape, tp, tokens, path, label in cases:
+    for name, shape, tp, tokens, measured in cases:
         params = count_params(ModelShape.from_hf_config(shape))
         m = rank_memory(params, ParallelLayout(world_size=tp, tp=tp),
                         TrainSetup(dtype="bfloat16", trainable=True, tokens=tokens, forward_tokens=tokens))
-        rows.append((name, (m.resident + m.activations_train) / GIB, _measured(path, label)))
+        rows.append((name, (m.resident + m.activations_train) / GIB, measured))
     return rows
 
 
@@ -76,12 +72,12 @@ def e2e_rows() -> list[tuple[str, float, float]]:
             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16", "algorithm.adv_estimator=grpo",
             "actor_rollout_ref.actor.megatron.sequence_parallel=false", "actor_rollout_ref.rollout.gpu_memory_utilization=0.3"]))
         plan = build_plan(cfg, gpu_memory_gib=79.19, host_memory_gib=2048)  # an H100 80GB: 79.19 GiB total
-    steps = [json.loads(line) for line in (RESULTS / "run6_issue16_23/e2e_sdpa.metrics.jsonl").read_text().splitlines()][1:]
+    steps = E2E_PEAKS_GIB
     vllm = plan.vllm.budget
     rows = []
     for phase, key, plus_vllm in (("generate", "rollout", False), ("old_log_prob", "old_log_prob", True),
                                   ("update_actor", "update_actor", True)):
-        measured = [s[f"memory/{key}_peak_gib"] for s in steps]
+        measured = [s[key] for s in steps]
         estimate = (plan.phases[phase].total - GPU_OVERHEAD + (vllm if plus_vllm else 0)) / GIB
         label = f"GRPO e2e 0.5B (SDPA, padded), {phase}" + (" + vLLM's sleeping pool" if plus_vllm else "")
         rows += [(f"{label}, step {s['step']}", estimate, m) for s, m in zip(steps, measured)]
