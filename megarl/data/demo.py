@@ -47,8 +47,9 @@ DATA_SEED = 0
 MODEL_STAMP = "megarl_demo.json"  # in model/: the versions the model was built with
 # Bump when demo_model, demo_tokenizer or demo_warmup would build another model: a cached
 # model dir stamped with another version is rebuilt. 1: warm-up on "small arithmetic"
-# (the unstamped dirs of earlier megarl versions hold a random-init model).
-MODEL_VERSION = 1
+# (the unstamped dirs of earlier megarl versions hold a random-init model); 2: the warm-up
+# stops on its measured target instead of after 150 steps.
+MODEL_VERSION = 2
 TOOL_MODEL_NAME = "tool_model"
 TOOL_TRAIN_NAME = "tool_train.parquet"
 TOOL_VAL_NAME = "tool_val.parquet"
@@ -115,8 +116,9 @@ def _build_model_dir(target: Path) -> None:
 
     tokenizer = build_demo_tokenizer()
     model = build_demo_model(tokenizer)
-    losses = warm_up(model, tokenizer)
-    logger.info("demo model warm-up: %d steps, loss %.3f -> %.3f", len(losses), losses[0], losses[-1])
+    losses, measured = warm_up(model, tokenizer)
+    logger.info("demo model warm-up: %d steps, loss %.3f -> %.3f, greedy answers %.3f right, %.3f well formed",
+                len(losses), losses[0], losses[-1], measured.right, measured.well_formed)
     model.save_pretrained(target, safe_serialization=True)
     tokenizer.save_pretrained(target)
     (target / MODEL_STAMP).write_text(json.dumps(_current_model_stamp()) + "\n")

@@ -3,15 +3,19 @@
 Why: from random weights a policy almost never samples an exact answer (1-2 right tokens,
 then EOS, out of 64 tokens a step), so every GRPO group would score 0 and nothing would be
 learned. ``warm_up`` trains the random-init model with plain torch (next-token
-cross-entropy on the answer tokens and EOS of ``STEPS x BATCH`` rows of the task's
-``warmup`` split) and stops in the middle of the learning curve: the model then writes a
-well-formed answer (digits, then EOS) to every problem but gets about 40% of them right
-(greedy), so GRPO has both reward variance within groups and room to improve.
+cross-entropy on the answer tokens and EOS of ``BATCH`` rows a step of the task's
+``warmup`` split) and stops in the middle of the learning curve, on a measured criterion:
+from ``MIN_STEPS`` on, after every step, the greedy answers to the 200 problems are
+measured (``measure``), and the first step at which every answer is well formed (1-2
+digits, an optional minus, then EOS) and at least ``TARGET_ACCURACY`` of them are right
+ends the warm-up. GRPO then has both reward variance within groups and room to improve.
 
-Measured on the 200 problems (greedy accuracy after N steps of this recipe, seed 0; every
-answer well formed): 50 steps 0.105, 100: 0.305, 150: 0.38, 200: 0.55, 300: 0.85, 400:
-0.865; 150 steps take ~6 s on one core. GRPO from 150 steps: tests/data/test_demo_learnable.py,
-docs/quickstart_run.md.
+Why measured and not a fixed step count: CPU kernels round differently from one instruction
+set to another (torch's AVX-512, AVX2 and default kernels), so a fixed number of steps ends
+at another point of a noisy curve on every machine (150 steps gave 0.38 with AVX2, 0.345 with
+one malformed answer in 200 with AVX-512). Measured on this recipe (seed 0), the rule stops at
+step 132 (0.405) with AVX-512, 136 (0.39) with AVX2 and 149 (0.40) with the default kernels;
+each step takes ~40 ms on one core plus ~15 ms to measure.
 
 Deterministic given the seed on one machine: seeded data and init, one torch thread while
 it runs (a multi-threaded CPU matmul may sum in another order with another thread
@@ -20,14 +24,23 @@ count), the caller's RNG state and thread count restored afterwards.
 
 from __future__ import annotations
 
+import logging
+import re
+from dataclasses import dataclass
+from typing import Callable
+
 import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from megarl.data.demo_data import generate_rows
+from megarl.data.demo_data import PROBLEMS, answer, generate_rows, make_prompt_text
+
+logger = logging.getLogger(__name__)
 
 # Changing any value below changes the demo model: bump megarl.data.demo.MODEL_VERSION.
-STEPS = 150  # optimizer steps; under-trained on purpose (see the module docstring)
+TARGET_ACCURACY = 0.38  # greedy accuracy on the 200 problems at which the warm-up stops (see the module docstring)
+MIN_STEPS = 100  # optimizer steps before the first measurement (0.2-0.3 accuracy by then)
+MAX_STEPS = 300  # a machine where the criterion is never met stops here (0.8-0.9 accuracy), with a warning
 BATCH = 64  # examples per step
 TOOL_STEPS = 200  # the tool task's warm-up (warm_up_tools): sampled call rate 0.29, 0.72 of those calls right (100 val problems)
 LR = 3.0e-3  # AdamW peak lr; at 6e-3 (no lr warm-up) the model did not learn the table in 400 steps
@@ -96,16 +109,70 @@ def tool_warmup_batch(tokenizer: PreTrainedTokenizerBase, rows: list[dict], call
     return segments_batch(sequences, tokenizer.pad_token_id)
 
 
-def warm_up(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, steps: int = STEPS, seed: int = SEED) -> list[float]:
-    """Train ``model`` in place for ``steps`` steps; return the loss of each step (nats per
-    answer token). The model is left in eval mode."""
-    return _train(model, *warmup_batch(tokenizer, generate_rows("warmup", steps * BATCH, seed)), steps, seed)
+@dataclass(frozen=True)
+class Measured:
+    """Greedy answers of the demo model to the 200 problems: ``well_formed`` and ``right`` are
+    fractions of the 200 (a right answer is well formed)."""
+
+    well_formed: float
+    right: float
+
+
+@torch.no_grad()
+def measure(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> Measured:
+    """The greedy answers to every problem (at most 3 tokens: 2 digits or a minus and a digit, then
+    EOS), judged against :func:`megarl.data.demo_data.answer`. Leaves the model's mode as it was."""
+    training = model.training
+    model.eval()
+    prompts = torch.tensor([_prompt_ids(tokenizer, {"prompt": [{"role": "user", "content": make_prompt_text(*p)}]})
+                            for p in PROBLEMS])  # [200, 7]: every demo prompt has 7 tokens
+    sequence = prompts
+    for _ in range(3):
+        sequence = torch.cat([sequence, model(sequence).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    model.train(training)
+    eos, well_formed, right = tokenizer.eos_token_id, 0, 0
+    for problem, tokens in zip(PROBLEMS, sequence[:, prompts.shape[1]:].tolist()):
+        if eos not in tokens:
+            continue
+        text = tokenizer.decode(tokens[: tokens.index(eos)])
+        formed = re.fullmatch(r"-?\d{1,2}", text) is not None
+        well_formed += formed
+        right += formed and text == answer(*problem)
+    return Measured(well_formed / len(PROBLEMS), right / len(PROBLEMS))
+
+
+def reached_target(measured: Measured) -> bool:
+    """The warm-up's stopping rule: every answer well formed and ``TARGET_ACCURACY`` of them right."""
+    return measured.well_formed == 1.0 and measured.right >= TARGET_ACCURACY
+
+
+def warm_up(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, max_steps: int = MAX_STEPS,
+            seed: int = SEED, min_steps: int = MIN_STEPS) -> tuple[list[float], Measured]:
+    """Train ``model`` in place until :func:`reached_target` (measured after every step from
+    ``min_steps`` on) or ``max_steps`` steps; return the loss of each step (nats per answer token)
+    and the last measurement. The model is left in eval mode."""
+    rows = generate_rows("warmup", max_steps * BATCH, seed)
+    measured: Measured | None = None
+
+    def done(step: int) -> bool:
+        nonlocal measured
+        if step + 1 < min_steps:
+            return False
+        measured = measure(model, tokenizer)
+        return reached_target(measured)
+
+    losses = _train(model, *warmup_batch(tokenizer, rows), max_steps, seed, done)
+    if measured is None or not reached_target(measured):
+        measured = measured or measure(model, tokenizer)
+        logger.warning("demo model warm-up: %d steps did not reach its target (all answers well formed, %.2f right): "
+                       "%.3f well formed, %.3f right", len(losses), TARGET_ACCURACY, measured.well_formed, measured.right)
+    return losses, measured
 
 
 def warm_up_tools(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, steps: int = TOOL_STEPS,
                   seed: int = SEED) -> list[float]:
-    """:func:`warm_up` on the tool task (``tool_warmup_batch``): ``TOOL_CALL_FRACTION`` of the rows
-    call the calculator. ``tokenizer``: the tool variant (``build_demo_tokenizer(with_tools=True)``)."""
+    """:func:`warm_up`'s recipe on the tool task (``tool_warmup_batch``) for a fixed ``steps``:
+    ``TOOL_CALL_FRACTION`` of the rows call the calculator. ``tokenizer``: the tool variant (``build_demo_tokenizer(with_tools=True)``)."""
     from megarl.data.demo_tool_data import TOOL_CALL_FRACTION, generate_tool_rows
 
     rows = generate_tool_rows("warmup", steps * BATCH, seed)
@@ -113,7 +180,9 @@ def warm_up_tools(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, st
     return _train(model, *tool_warmup_batch(tokenizer, rows, calls), steps, seed)
 
 
-def _train(model: PreTrainedModel, input_ids: torch.Tensor, labels: torch.Tensor, steps: int, seed: int) -> list[float]:
+def _train(model: PreTrainedModel, input_ids: torch.Tensor, labels: torch.Tensor, steps: int, seed: int,
+           done: Callable[[int], bool] | None = None) -> list[float]:
+    """At most ``steps`` steps of ``BATCH`` rows; ``done(step)`` (0-based, after the step) ends it early."""
     threads = torch.get_num_threads()
     losses: list[float] = []
     with torch.random.fork_rng(devices=[]):
@@ -134,6 +203,8 @@ def _train(model: PreTrainedModel, input_ids: torch.Tensor, labels: torch.Tensor
                 optimizer.step()
                 schedule.step()
                 losses.append(loss.item())
+                if done is not None and done(step):
+                    break
         finally:
             torch.set_num_threads(threads)
             model.eval()

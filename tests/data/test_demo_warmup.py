@@ -1,14 +1,78 @@
-"""The warmed-up demo model writes well-formed answers, is right about 40% of the time, and
-the warm-up is deterministic and leaves the caller's torch state alone."""
+"""The warm-up stops at the same measured point with every set of CPU kernels: each greedy answer
+well formed, at least 38% and less than half of them right (checked here by an independent greedy
+decode); it is deterministic and leaves the caller's torch state alone."""
 
+import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
+import pytest
 import torch
 
 from demo_eval import greedy_accuracy, greedy_answers
 from megarl.data.demo_data import PROBLEMS
 from megarl.data.demo_model import build_demo_model
+from megarl.data.demo_warmup import TARGET_ACCURACY, warm_up
+
+HERE = Path(__file__).resolve().parent
+
+# torch's CPU kernel sets (ATEN_CPU_CAPABILITY), lowest first; each rounds differently.
+KERNEL_SETS = ("default", "avx2", "avx512")
+
+WARM_UP_AND_JUDGE = """
+import json, re, sys
+sys.path.insert(0, sys.argv[1])
+import torch
+from demo_eval import greedy_accuracy, greedy_answers
+from megarl.data.demo_model import build_demo_model
+from megarl.data.demo_tokenizer import build_demo_tokenizer
 from megarl.data.demo_warmup import warm_up
+
+tokenizer = build_demo_tokenizer()
+model = build_demo_model(tokenizer)
+losses, measured = warm_up(model, tokenizer)
+answers = greedy_answers(model, tokenizer)
+formed = [r[-1] == tokenizer.eos_token_id and len(r) <= 3 and re.fullmatch(r"-?\\d{1,2}", tokenizer.decode(r[:-1])) is not None
+          for r in answers]
+print(json.dumps({"capability": torch.backends.cpu.get_cpu_capability(), "steps": len(losses), "losses": losses,
+                  "well_formed": sum(formed) / len(formed), "accuracy": greedy_accuracy(model, tokenizer),
+                  "measured": [measured.well_formed, measured.right]}))
+"""
+
+
+def _kernel_sets() -> list[str]:
+    """The kernel sets this CPU runs (on x86: up to its best; elsewhere only its own)."""
+    best = torch.backends.cpu.get_cpu_capability().lower()
+    if best not in KERNEL_SETS:
+        return [best]
+    return list(KERNEL_SETS[: KERNEL_SETS.index(best) + 1])
+
+
+def _warm_up_with(kernels: str) -> dict:
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": kernels, "OMP_NUM_THREADS": "1"}
+    if kernels not in KERNEL_SETS:
+        env.pop("ATEN_CPU_CAPABILITY")
+    out = subprocess.run([sys.executable, "-c", WARM_UP_AND_JUDGE, str(HERE)], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_every_cpu_kernel_set_stops_at_the_target():
+    runs = {kernels: _warm_up_with(kernels) for kernels in _kernel_sets()}
+    for kernels, run in runs.items():
+        assert run["capability"].lower() == kernels or kernels not in KERNEL_SETS, run["capability"]
+        # every answer well formed, right on [0.38, 0.5): one step's jump past the target is < 0.1 (measured)
+        assert run["well_formed"] == 1.0, (kernels, run)
+        assert TARGET_ACCURACY <= run["accuracy"] < 0.5, (kernels, run)
+        assert run["measured"] == [run["well_formed"], run["accuracy"]], (kernels, run)  # its rule saw what we see
+        assert run["steps"] < 300, (kernels, run)
+    if len(runs) > 1:  # the kernel sets did round differently: the check above covered distinct curves
+        assert len({tuple(run["losses"][:100]) for run in runs.values()}) > 1, runs
 
 
 def test_answers_are_well_formed_and_imperfect(warm_model, tokenizer):
@@ -17,7 +81,7 @@ def test_answers_are_well_formed_and_imperfect(warm_model, tokenizer):
         assert response[-1] == tokenizer.eos_token_id and len(response) <= 3, (problem, response)
         assert re.fullmatch(r"-?\d{1,2}", tokenizer.decode(response[:-1])), (problem, response)
     accuracy = greedy_accuracy(warm_model, tokenizer)
-    assert 0.25 < accuracy < 0.55  # measured 0.38: room for GRPO, far above the best constant (0.055)
+    assert TARGET_ACCURACY <= accuracy < 0.5  # room for GRPO, far above the best constant (0.055)
 
 
 def test_warm_up_is_deterministic_and_restores_torch_state(tokenizer):
@@ -26,10 +90,12 @@ def test_warm_up_is_deterministic_and_restores_torch_state(tokenizer):
     expected_draw = torch.rand(3)
     torch.manual_seed(123)
     models = [build_demo_model(tokenizer) for _ in range(2)]
-    losses = [warm_up(model, tokenizer, steps=3) for model in models]
+    results = [warm_up(model, tokenizer, max_steps=4, min_steps=3) for model in models]
     assert torch.equal(torch.rand(3), expected_draw)  # the caller's RNG stream is untouched
     assert torch.get_num_threads() == threads
-    assert losses[0] == losses[1] and losses[0][-1] < losses[0][0]
+    (losses, measured), (losses_again, measured_again) = results
+    assert losses == losses_again and measured == measured_again and losses[-1] < losses[0]
+    assert len(losses) == 4  # the target is far off after 3-4 steps: it ran to max_steps
     for a, b in zip(models[0].parameters(), models[1].parameters()):
         assert torch.equal(a, b)
     assert not models[0].training
