@@ -10,7 +10,9 @@ was handed out is abandoned: its process is killed (SIGKILL) and replaced, its r
 pickling it; only the arguments and the result cross the pipe. The trainer starts the
 children (``start``) before Ray does, so they are forked from a process without Ray's
 threads; only a replacement for a killed child is forked later. A scorer's changes to
-Python state stay in its child.
+Python state stay in its child. A child dies with the thread that forked it and keeps none of
+its parent's descriptors but stdio and its pipe (megarl.utils.child_process): a ``kill -9`` of
+the driver leaves no scorer running and the run directory unlocked.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable
 
+from megarl.utils.child_process import detach_from_parent
+
 
 @dataclass
 class Outcome:
@@ -38,8 +42,9 @@ class Outcome:
     traceback: str = ""
 
 
-def _serve(fn: Callable[..., Any], conn: Connection) -> None:
+def _serve(fn: Callable[..., Any], conn: Connection, parent_pid: int) -> None:
     """Child loop: (index, args) in, (index, kind, payload) out, until the pipe closes."""
+    detach_from_parent(parent_pid, keep_fds=[conn.fileno()])
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     while True:
         try:
@@ -63,7 +68,7 @@ class _Child:
     def __init__(self, fn: Callable[..., Any]) -> None:
         ctx = multiprocessing.get_context("fork")
         self.conn, child_conn = ctx.Pipe()
-        self.process = ctx.Process(target=_serve, args=(fn, child_conn), daemon=True, name="megarl-reward")
+        self.process = ctx.Process(target=_serve, args=(fn, child_conn, os.getpid()), daemon=True, name="megarl-reward")
         self.process.start()
         child_conn.close()
 
