@@ -101,24 +101,21 @@ class Driver:
     # ------------------------------------------------------------------ processes
     def ray_pids(self) -> list[int]:
         """Processes of this run's Ray: command line naming its temp dir, and their descendants."""
-        procs = {}
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                stat = (entry / "stat").read_text()
-                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            procs[int(entry.name)] = (ppid, cmd)
-        ours = {pid for pid, (_, cmd) in procs.items() if self.ray_tmp in cmd}
-        grew = True
-        while grew:
-            children = {pid for pid, (ppid, _) in procs.items() if ppid in ours} - ours
-            grew = bool(children)
-            ours |= children
-        return sorted(ours)
+        procs = _processes()
+        return _with_descendants({pid for pid, (_, cmd) in procs.items() if self.ray_tmp in cmd}, procs)
+
+    def run_pids(self) -> list[int]:
+        """Every process of this run: the driver, what it started (scoring children, Ray) and their descendants."""
+        procs = _processes()
+        return _with_descendants({self.proc.pid} | {pid for pid, (_, cmd) in procs.items() if self.ray_tmp in cmd}, procs)
+
+    def kill_driver_only(self) -> list[int]:
+        """``kill -9`` of the driver's pid alone (what a user or the OOM killer does; no process group);
+        returns the pids of the run that were alive before, for ``alive`` to check."""
+        before = self.run_pids()
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=60)
+        return [pid for pid in before if pid != self.proc.pid]
 
     def kill(self) -> list[int]:
         """``kill -9`` the driver's process group, then any remaining process of its Ray.
@@ -137,6 +134,36 @@ class Driver:
                 pass
         shutil.rmtree(self.ray_tmp, ignore_errors=True)
         return before
+
+
+def _processes() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, command line) of every process."""
+    procs = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        procs[int(entry.name)] = (int(stat.rsplit(")", 1)[1].split()[1]), cmd)
+    return procs
+
+
+def _with_descendants(roots: set[int], procs: dict[int, tuple[int, str]]) -> list[int]:
+    ours, grew = set(roots), True
+    while grew:
+        children = {pid for pid, (ppid, _) in procs.items() if ppid in ours} - ours
+        grew = bool(children)
+        ours |= children
+    return sorted(ours)
+
+
+def describe(pids: list[int]) -> list[str]:
+    """``pid: command line`` of each of ``pids`` still there."""
+    procs = _processes()
+    return [f"{pid}: {procs[pid][1][:300]}" for pid in pids if pid in procs]
 
 
 def alive(pids: list[int], grace_s: float = 30) -> list[int]:

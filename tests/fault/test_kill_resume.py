@@ -11,10 +11,11 @@ No Ray process of a killed run may survive it.
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 
-from fault_driver import COMPARED, Driver, alive, read_metrics
+from fault_driver import COMPARED, Driver, alive, describe, read_metrics
 from megarl.utils.checkpoint import read_tracker
 
 pytestmark = pytest.mark.slow
@@ -89,3 +90,54 @@ def _resumed_from_log(run, step: int) -> str:
     match = re.search(r"\[megarl\] resumed from (\S+) \(step (\d+)\)", logs[-1].read_text())
     assert match and int(match.group(2)) == step, logs[-1].read_text()[-3000:]
     return match.group(1)
+
+
+# The fault driver's text-hash reward; the call numbered `hang_at` (counted over every run, in files
+# created atomically in `calls_dir`: scoring may run in several processes) never returns.
+HANGING_REWARD = """
+import os, time
+
+def score(data_source, solution_str, ground_truth, extra_info, calls_dir, hang_at, scale=1.0):
+    n = 1
+    while True:
+        try:
+            os.close(os.open(os.path.join(calls_dir, str(n)), os.O_CREAT | os.O_EXCL))
+            break
+        except FileExistsError:
+            n += 1
+    if n == hang_at:
+        time.sleep(10**6)
+    return ((sum(map(ord, solution_str)) + int(ground_truth)) % 10) / 10.0
+"""
+
+
+def test_kill_of_the_driver_alone_mid_reward_leaves_nothing_and_resume_needs_no_manual_step(demo_dir, tmp_path):
+    """Issue 37 item 1: `kill -9 <driver pid>` (not its process group) while a scorer is busy: no process of
+    the run survives, and the same command resumes from the last checkpoint (the run lock is free)."""
+    (tmp_path / "calls").mkdir()
+    (tmp_path / "hang_reward.py").write_text(HANGING_REWARD)
+    reward = [f"custom_reward_function.path={tmp_path / 'hang_reward.py'}", "custom_reward_function.name=score",
+              f"+custom_reward_function.reward_kwargs.calls_dir={tmp_path / 'calls'}",
+              "+custom_reward_function.reward_kwargs.hang_at=5", "reward.timeout=600"]  # step 2's first call (4 rows a step)
+    run = tmp_path / "run"
+    driver = Driver(demo_dir, run, [*STEPS, *reward])
+    try:
+        driver.wait_for(r"\[megarl\] step 1/3")
+        deadline = time.monotonic() + 300
+        while not (tmp_path / "calls" / "5").exists():
+            assert driver.proc.poll() is None and time.monotonic() < deadline, driver.text()[-4000:]
+            time.sleep(0.2)
+        time.sleep(1.0)  # the scorer is inside the hanging call
+        pids = driver.kill_driver_only()
+        assert len(pids) > 3, pids  # scoring children and Ray's processes were running
+        # Ray's agents notice their raylet's death at once, then spend Ray 2.60's fixed 60 s trying to
+        # report it to the (dead) GCS before they exit; they hold no descriptor of the run.
+        left = alive(pids, grace_s=90)
+        assert not left, f"processes of the killed run survived: {describe(left)}"
+    finally:
+        driver.kill()
+    assert read_tracker(run / "ckpt") == 1
+    again = Driver(demo_dir, run, [*STEPS, *reward])
+    assert again.wait() == 0, again.text()[-4000:]
+    assert _resumed_from(again).endswith("global_step_1")
+    assert [r["step"] for r in read_metrics(run)] == [1, 2, 3]
