@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import inspect
 import os
 import sys
 from typing import Any, Callable
@@ -45,3 +46,16 @@ def load_reward_fn(custom_cfg: Any) -> ScoreFn:
         )
     kwargs = dict(custom_cfg.get("reward_kwargs") or {})
     return functools.partial(fn, **kwargs) if kwargs else fn
+
+
+def describe_scorer(fn: ScoreFn) -> str:
+    """How messages name a scorer: megarl's built-in one, or the custom function's name and file."""
+    base = fn.func if isinstance(fn, functools.partial) else fn
+    if base is default_compute_score:
+        return "megarl's built-in scorer for that data_source (megarl.reward.default_compute_score)"
+    name = getattr(base, "__qualname__", None) or repr(base)
+    try:
+        where = inspect.getsourcefile(base)
+    except TypeError:  # a builtin or a callable object
+        where = None
+    return f"{name} in {where}" if where else name

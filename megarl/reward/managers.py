@@ -17,9 +17,10 @@ trainer logs the count as ``reward/timeouts``), and the first one is printed wit
 For ``batch`` the one call covers the whole batch: a timeout scores every row 0.0.
 
 A score must be a real number (int, float, numpy number; not bool, str or tensor) or a dict
-with such a ``score``. A scorer that raises, returns anything else, or NaN/Inf raises
-``RewardError`` naming training / validation, the step, the row and its data_source, prompt,
-ground truth and response; the scorer's traceback is kept in ``scorer_traceback``.
+with such a ``score``, finite once converted to float32 (``SCORE_DTYPE``: 1e300 is not). A
+scorer that raises, returns anything else, or a non-finite score raises ``RewardError`` naming
+training / validation, the step, the row and its data_source, the scorer, prompt, ground truth
+and response; the scorer's traceback is kept in ``scorer_traceback``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import torch
 from megarl.config.read import to_dict
 from megarl.config.schema.reward import overlong_buffer
 from megarl.protocol import DataProto
+from megarl.reward.custom import describe_scorer
 from megarl.reward.scoring_pool import Outcome, ScoringPool
 
 if TYPE_CHECKING:
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
 REWARD_MANAGERS = ("naive", "batch", "prime", "dapo")
 PRIME_WORKERS = 4
 TIMEOUT_SCORE = 0.0
+SCORE_DTYPE = torch.float32  # of token_level_scores (place_scores)
 _SHOWN_CHARS = 200  # of a prompt / response in messages
 
 
@@ -80,8 +83,8 @@ def place_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Ten
     """
     positions = torch.arange(1, response_mask.shape[1] + 1, device=response_mask.device)
     last = ((response_mask > 0).long() * positions).argmax(-1)
-    out = torch.zeros(response_mask.shape, dtype=torch.float32)
-    out[torch.arange(len(last)), last] = scores.to(torch.float32)
+    out = torch.zeros(response_mask.shape, dtype=SCORE_DTYPE)
+    out[torch.arange(len(last)), last] = scores.to(SCORE_DTYPE)
     return out
 
 
@@ -137,6 +140,7 @@ class RewardManager:
         self.timeout_s = float(timeout_s)
         self.reward_fn_key = reward_fn_key
         self.overlong = overlong
+        self.scorer = describe_scorer(compute_score)
         self.pool = ScoringPool(compute_score, PRIME_WORKERS if name == "prime" else 1, self.timeout_s)
         self._timeout_reported = False
 
@@ -176,7 +180,7 @@ class RewardManager:
         at = phase if step is None else f"{phase} at step {step}"
         prompt = self._prompt(data, i)
         shown = "" if prompt is None else f"prompt={_shown(prompt)}, "
-        return f"row {i} (data_source={row[0]!r}) in {at}; sample: {shown}ground_truth={_shown(row[2])}, response={_shown(row[1])}"
+        return f"row {i} (data_source={row[0]!r}, scorer {self.scorer}) in {at}; sample: {shown}ground_truth={_shown(row[2])}, response={_shown(row[1])}"
 
     def _fail(self, data: DataProto, i: int, row: tuple, problem: str, scorer_traceback: str = "") -> RewardError:
         return RewardError(f"reward function failed on {self._sample(data, i, row)}: {problem}", scorer_traceback)
@@ -248,7 +252,11 @@ class RewardManager:
             timeouts.append(0.0)
             for k, v in more.items():
                 extra.setdefault(k, [None] * len(rows))[i] = v
-        score_t = torch.tensor(scores, dtype=torch.float32)
+        score_t = torch.tensor(scores, dtype=SCORE_DTYPE)
+        for i in (~torch.isfinite(score_t)).nonzero().flatten().tolist():  # e.g. 1e300: finite as a float, inf as float32
+            raise self._fail(data, i, rows[i], f"score {scores[i]!r} is {score_t[i].item()} as {SCORE_DTYPE} (the dtype "
+                                               f"of token_level_scores); a reward must be a finite number within "
+                                               f"+-{torch.finfo(SCORE_DTYPE).max:.4g} (fix the reward function for this row)")
         mask = data.batch["response_mask"]
         token_level_scores = place_scores(score_t, mask)
         extra["score"] = scores

@@ -10,9 +10,11 @@ was handed out is abandoned: its process is killed (SIGKILL) and replaced, its r
 pickling it; only the arguments and the result cross the pipe. The trainer starts the
 children (``start``) before Ray does, so they are forked from a process without Ray's
 threads; only a replacement for a killed child is forked later. A scorer's changes to
-Python state stay in its child. A child dies with the thread that forked it and keeps none of
-its parent's descriptors but stdio and its pipe (megarl.utils.child_process): a ``kill -9`` of
-the driver leaves no scorer running and the run directory unlocked.
+Python state stay in its child. A child dies with its parent and keeps none of its parent's
+descriptors but stdio and its pipe (megarl.utils.child_process): a ``kill -9`` of the driver
+leaves no scorer running and the run directory unlocked. The kernel ties a child's life to the
+thread that forked it, so every child is forked by the pool's own thread, which lives as long as
+the pool (a caller's short-lived thread may run a batch).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import signal
 import threading
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable
@@ -91,13 +94,14 @@ class ScoringPool:
     def __init__(self, fn: Callable[..., Any], processes: int, timeout_s: float) -> None:
         self.fn, self.processes, self.timeout_s = fn, max(1, int(processes)), float(timeout_s)
         self._children: list[_Child] = []
+        self._forker: ThreadPoolExecutor | None = None  # the thread that forks the children (started on first use)
         self._lock = threading.Lock()  # the async reward thread and the loop never overlap; be sure
 
     def start(self) -> None:
         """Fork all ``processes`` children now (they are otherwise forked on first use)."""
         with self._lock:
             while len(self._children) < self.processes:
-                self._children.append(_Child(self.fn))
+                self._children.append(self._fork())
 
     def run(self, calls: list[tuple]) -> list[Outcome]:
         with self._lock:
@@ -140,9 +144,14 @@ class ScoringPool:
         for child in self._children:
             if id(child) not in working:
                 return child
-        child = _Child(self.fn)
+        child = self._fork()
         self._children.append(child)
         return child
+
+    def _fork(self) -> _Child:
+        if self._forker is None:
+            self._forker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="megarl-scoring-fork")
+        return self._forker.submit(_Child, self.fn).result()
 
     def _drop(self, child: _Child) -> None:
         child.kill()
@@ -153,6 +162,9 @@ class ScoringPool:
         for child in self._children:
             child.kill()
         self._children = []
+        if self._forker is not None:
+            self._forker.shutdown(wait=False)
+            self._forker = None
 
     def __del__(self) -> None:
         try:

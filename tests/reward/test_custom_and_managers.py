@@ -96,9 +96,9 @@ def _raises_on_e(ds, text, gt, extra):
 
 def test_failing_scorer_names_row_and_source():
     data = _batch([[1, 2], [4, 0]], [2, 1], ["ok/src", "broken/src"], ["x", "y"])
-    with pytest.raises(RewardError, match=r"row 1 \(data_source='broken/src'\).*ZeroDivisionError"):
+    with pytest.raises(RewardError, match=r"row 1 \(data_source='broken/src', scorer _raises_on_e in \S+test_custom_and_managers.py\).*ZeroDivisionError"):
         RewardManager(CharTokenizer(), _raises_on_e, "naive", timeout_s=30.0)(data)
-    with pytest.raises(RewardError, match=r"row 1 \(data_source='broken/src'\)"):
+    with pytest.raises(RewardError, match=r"row 1 \(data_source='broken/src', scorer _raises_on_e"):
         RewardManager(CharTokenizer(), _raises_on_e, "prime", timeout_s=30.0)(data)
 
 

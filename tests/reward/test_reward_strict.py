@@ -85,3 +85,29 @@ def test_scorer_exception_names_phase_step_row_prompt_truth_and_response(validat
         assert word in text, (word, text)
     assert "Traceback" not in text
     assert "Traceback" in error.scorer_traceback and "in fn" in error.scorer_traceback
+
+
+@pytest.mark.parametrize("manager", ["naive", "batch"])
+@pytest.mark.parametrize("value", [1e300, -1e39, {"score": 3.5e38}])
+def test_a_score_that_overflows_float32_names_row_source_and_scorer(manager, value):
+    """Issue 37 item 3: finite as a Python float, inf in the float32 score tensor."""
+    def bad_scorer(ds, text, gt, extra):
+        return value if text == "b" else 1.0
+
+    def bad_batch_scorer(sources, texts, truths, extras):
+        return [bad_scorer(*row) for row in zip(sources, texts, truths, extras)]
+
+    with pytest.raises(RewardError) as info:
+        _score(manager, bad_scorer if manager == "naive" else bad_batch_scorer, _batch(["a", "b"], ["x", "y"]))
+    text = str(info.value)
+    shown = value["score"] if isinstance(value, dict) else value
+    for word in ("row 1", "data_source='src'", "bad_scorer" if manager == "naive" else "bad_batch_scorer", __file__,
+                 repr(shown), "float32", "finite"):
+        assert word in text, (word, text)
+
+
+def test_largest_float32_score_is_accepted_and_builtin_scorer_is_named():
+    scores, _ = _score("naive", lambda *a: 3.4e38, _batch(["a"], ["x"]))
+    assert torch.isfinite(scores).all() and scores.sum().item() == pytest.approx(3.4e38, rel=1e-6)
+    with pytest.raises(RewardError, match=r"row 0 \(data_source='src', scorer megarl's built-in scorer"):
+        _score("naive", default_compute_score, _batch(["a"], ["x"]))  # 'src' has no built-in scorer

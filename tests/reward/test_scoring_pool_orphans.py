@@ -80,3 +80,29 @@ def test_killed_driver_leaves_no_scorer_and_no_lock(tmp_path):
             os.killpg(driver.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def _square(x: int) -> int:
+    return x * x
+
+
+def test_children_outlive_the_short_lived_threads_that_run_batches():
+    """The kernel kills a child when the thread that forked it ends: a batch run from a thread that has
+    finished must not take the pool's children with it."""
+    import threading
+
+    from megarl.reward.scoring_pool import ScoringPool
+
+    pool = ScoringPool(_square, processes=2, timeout_s=30)
+    try:
+        for want in ([1, 4], [9, 16], [25, 36]):
+            out = []
+            thread = threading.Thread(target=lambda: out.extend(pool.run([(int(w ** 0.5),) for w in want])))
+            thread.start()
+            thread.join(timeout=60)
+            assert [o.kind for o in out] == ["ok", "ok"], [(o.kind, o.error_type, o.error_text) for o in out]
+            assert [o.value for o in out] == want
+        pool.close()
+        assert [o.value for o in pool.run([(7,)])] == [49]  # usable again after close
+    finally:
+        pool.close()
