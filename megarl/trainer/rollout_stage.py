@@ -33,6 +33,7 @@ import torch
 from megarl.algorithms import filter_groups, filter_metric_values, needs_greedy_baselines
 from megarl.config.schema.root import MegaRLConfig
 from megarl.protocol import DataProto
+from megarl.reward.extra_metrics import extra_metrics
 from megarl.reward.managers import make_reward_manager, place_scores, reward_spec
 from megarl.reward.rm_inputs import rm_inputs
 from megarl.trainer.balance import balance_order
@@ -82,6 +83,7 @@ class RolloutStage:
         self.reward_model: WorkerGroup | None = None
         self._pending: Future[Scores] | None = None
         self._timeouts = 0  # scoring calls cut by reward.timeout since the step began
+        self._named_extras: set[str] = set()  # non-numeric reward dict keys, printed once (extra_metrics)
 
     @property
     def uses_reward_model(self) -> bool:
@@ -129,18 +131,15 @@ class RolloutStage:
 
     def finish(self, batch: DataProto, timings: dict[str, float]) -> dict[str, float]:
         """Sets the scores computed in the background (phase ``reward_wait``); the step's reward
-        metrics: scoring calls cut by reward.timeout, and the mean of each reward extra."""
+        metrics: scoring calls cut by reward.timeout, and the mean of each numeric reward extra over the rows
+        that have it (megarl.reward.extra_metrics)."""
         if self._pending is not None:
             with self.phase("reward_wait", timings):
                 _set_scores(batch, *self._pending.result())
             self._pending = None
         metrics = {"reward/timeouts": float(self._timeouts)}  # scored 0.0
-        for key, values in batch.non_tensor_batch.items():
-            if key.startswith(_EXTRA) and key not in (f"{_EXTRA}score", f"{_EXTRA}timeout"):
-                try:
-                    metrics[f"reward/{key[len(_EXTRA):]}/mean"] = float(np.mean(values.astype(float)))
-                except (TypeError, ValueError):
-                    pass
+        metrics.update(extra_metrics({k[len(_EXTRA):]: v for k, v in batch.non_tensor_batch.items() if k.startswith(_EXTRA)},
+                                     self._named_extras))
         return metrics
 
     def _generate(self, prompts: DataProto, step: int, timings: dict[str, float], metrics: dict[str, float]) -> DataProto:
