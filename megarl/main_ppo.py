@@ -42,6 +42,7 @@ from megarl.config.read import to_dict
 from megarl.config.verl_compat.check import compat_notices
 from megarl.plan.gate import memory_gate
 from megarl.preflight import RUNTIME_RULES, preflight
+from megarl.utils.signals import EXIT_SIGTERM, exit_code_of, exit_on_sigterm
 from megarl.utils.te_apex_warnings import fallback_note
 
 EXIT_BAD_CONFIG = 2
@@ -105,13 +106,20 @@ def main(cfg: DictConfig) -> None:
     if note:
         print(note, flush=True)
     from megarl.trainer import run_ppo
-    from megarl.trainer.failures import FailureContext, explain
+    from megarl.trainer.failures import EXIT_INTERRUPTED, FailureContext, explain, interrupted
 
     try:
         run_ppo(typed)
-    except Exception as error:  # KeyboardInterrupt passes: Ctrl-C ends the run as usual
+    except Exception as error:
         context = getattr(error, "megarl_context", None) or FailureContext(run_dir=typed.trainer.default_local_dir)
         exit_with(explain(error, context))
+    except (KeyboardInterrupt, SystemExit) as stop:  # Ctrl-C or SIGTERM, after the cleanup: one line, no traceback
+        code = EXIT_INTERRUPTED if isinstance(stop, KeyboardInterrupt) else exit_code_of(stop.code)
+        if code not in (EXIT_INTERRUPTED, EXIT_SIGTERM):
+            raise
+        context = getattr(stop, "megarl_context", None) or FailureContext(run_dir=typed.trainer.default_local_dir)
+        print(interrupted(code, context), file=sys.stderr, flush=True)
+        sys.exit(code)
 
 
 def verl_config_path(argv: list[str]) -> list[str]:
@@ -131,16 +139,8 @@ def verl_config_path(argv: list[str]) -> list[str]:
     return out
 
 
-def _exit_on_sigterm(signum: int, frame) -> None:
-    """SIGTERM (scancel, a time limit, torchrun) unwinds like Ctrl-C: the trainer's cleanup runs
-    (workers stopped, an unfinished checkpoint removed, Ray shut down) and the exit code is 143."""
-    raise SystemExit(128 + signum)
-
-
 def cli() -> None:
-    import signal
-
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    exit_on_sigterm()  # SIGTERM (scancel, a time limit, torchrun) unwinds like Ctrl-C, then exit code 143
     if "--dry-run" in sys.argv[1:]:  # the launch plan only (megarl.plan), nothing starts
         from megarl.plan.__main__ import main as plan_main
 

@@ -14,8 +14,10 @@ Why measured and not a fixed step count: CPU kernels round differently from one 
 set to another (torch's AVX-512, AVX2 and default kernels), so a fixed number of steps ends
 at another point of a noisy curve on every machine (150 steps gave 0.38 with AVX2, 0.345 with
 one malformed answer in 200 with AVX-512). Measured on this recipe (seed 0), the rule stops at
-step 132 (0.405) with AVX-512, 136 (0.39) with AVX2 and 149 (0.40) with the default kernels;
-each step takes ~40 ms on one core plus ~15 ms to measure.
+step 147 (0.405 right) with AVX-512, 140 (0.395) with AVX2 and 149 (0.40) with the default
+kernels; a step takes ~40 ms on one core, a measurement ~15 ms. Starting the measurements
+earlier stops sooner at a similar accuracy (step 132 with AVX-512) but from a model that GRPO
+improved less in the quickstart (0.735 instead of 0.79 at step 120 on one AVX-512 machine).
 
 Deterministic given the seed on one machine: seeded data and init, one torch thread while
 it runs (a multi-threaded CPU matmul may sum in another order with another thread
@@ -39,7 +41,7 @@ logger = logging.getLogger(__name__)
 
 # Changing any value below changes the demo model: bump megarl.data.demo.MODEL_VERSION.
 TARGET_ACCURACY = 0.38  # greedy accuracy on the 200 problems at which the warm-up stops (see the module docstring)
-MIN_STEPS = 100  # optimizer steps before the first measurement (0.2-0.3 accuracy by then)
+MIN_STEPS = 140  # optimizer steps before the first measurement (0.33-0.4 accuracy by then; the middle of the curve)
 MAX_STEPS = 300  # a machine where the criterion is never met stops here (0.8-0.9 accuracy), with a warning
 BATCH = 64  # examples per step
 TOOL_STEPS = 200  # the tool task's warm-up (warm_up_tools): sampled call rate 0.29, 0.72 of those calls right (100 val problems)

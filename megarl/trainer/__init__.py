@@ -22,6 +22,7 @@ def run_ppo(cfg: MegaRLConfig) -> dict[str, Any]:
     from megarl.trainer.failures import FailureContext
     from megarl.trainer.ppo_trainer import RayPPOTrainer
     from megarl.trainer.run_lock import hold_run_dir
+    from megarl.utils.signals import exit_on_sigterm
 
     root = os.path.expanduser(cfg.trainer.default_local_dir)
     trainer = None
@@ -39,6 +40,7 @@ def run_ppo(cfg: MegaRLConfig) -> dict[str, Any]:
                 num_cpus = None if _cluster_running() else ray_init.num_cpus
                 ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True, runtime_env=runtime_env)
                 started = True
+                exit_on_sigterm()  # ray.init replaced megarl's SIGTERM handler (twice: in Python and in its core worker)
             failed = True
             try:
                 trainer.init_workers()
@@ -54,7 +56,7 @@ def run_ppo(cfg: MegaRLConfig) -> dict[str, Any]:
                     ray.timeline(filename=timeline)
                 if started:
                     ray.shutdown()
-    except Exception as error:
+    except BaseException as error:  # Ctrl-C and SIGTERM too: main_ppo names the phase they stopped
         context = trainer.failure_context() if trainer is not None else FailureContext(phase="start", run_dir=root)
         try:
             error.megarl_context = context

@@ -14,6 +14,10 @@ a log file holding every traceback (the controller's, the worker's, the reward f
     5  the reward function failed (raised, returned a non-number / NaN)
     6  no space left (or another write failure) saving a checkpoint, metrics or logs
     7  a worker failed: raised (e.g. NaN/Inf with trainer.nan_policy=stop), died or hung
+  130  interrupted by Ctrl-C (SIGINT), after the cleanup
+  143  stopped by SIGTERM (scancel, a time limit, kill), after the cleanup
+
+``interrupted(code, context)`` is the one line printed for the last two.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import traceback
 from dataclasses import dataclass
 
 EXIT_INTERNAL, EXIT_CONFIG, EXIT_LOCKED, EXIT_CHECKPOINT, EXIT_REWARD, EXIT_STORAGE, EXIT_WORKER = 1, 2, 3, 4, 5, 6, 7
+EXIT_INTERRUPTED = 130  # 128 + SIGINT; SIGTERM's 143 is megarl.utils.signals.EXIT_SIGTERM
 _MAX_PROBLEM_LINES = 6
 
 
@@ -160,6 +165,16 @@ def write_log(failure: RunFailure, error: BaseException, run_dir: str | None) ->
             if write_error.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS, errno.ENOENT, errno.EPERM):
                 raise
     return None
+
+
+def interrupted(code: int, context: FailureContext) -> str:
+    """The line printed when Ctrl-C (``code`` 130) or SIGTERM (143) stopped the run, after its cleanup."""
+    how = "interrupted (Ctrl-C)" if code == EXIT_INTERRUPTED else "stopped by SIGTERM"
+    at = "" if context.phase is None else f" in phase {context.phase}"
+    at += "" if context.step is None else f" at global step {context.step}"
+    latest = context.latest or "none yet"
+    return (f"megarl: {how}{at} (exit code {code}); last complete checkpoint: {latest}; the same command continues "
+            "from it (trainer.resume_mode=auto)")
 
 
 def explain(error: BaseException, context: FailureContext | None) -> RunFailure:

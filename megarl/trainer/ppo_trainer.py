@@ -295,8 +295,8 @@ class RayPPOTrainer:
             with self._phase("update_critic", timings):
                 metrics.update(mean_metrics(self.critic.call_dp("update_critic", batch, pad=False)))
         if self.global_step > int(t.critic_warmup):
-            pause_point("update_actor", self.global_step)
             with self._phase("update_actor", timings):
+                pause_point("update_actor", self.global_step)
                 metrics.update(mean_metrics(self.actor.call_dp("update_actor", batch, pad=False)))
         return metrics
 

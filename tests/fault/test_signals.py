@@ -1,0 +1,67 @@
+"""SIGTERM and Ctrl-C end the real driver after its cleanup with one line naming the phase, the step and
+the last checkpoint: exit 143 (SIGTERM, whatever handler Ray installed) and 130 (Ctrl-C), no traceback,
+no unfinished checkpoint and no process of the run left (issue 37 items 6 and 9)."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from fault_driver import Driver, alive, describe
+
+pytestmark = pytest.mark.slow
+
+STEPS = ["trainer.total_training_steps=3", "trainer.save_freq=1"]
+
+
+@pytest.fixture(scope="module")
+def demo_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("demo")
+
+
+def _stop_at(demo_dir, run_dir, point: str, send) -> tuple[int, str, list[int]]:
+    driver = Driver(demo_dir, run_dir, STEPS, env={"MEGARL_PAUSE_AT": point})
+    try:
+        phase, step = point.split("@")
+        driver.wait_for(rf"\[megarl\] paused at {phase} of step {step}")
+        pids = driver.run_pids()
+        send(driver.proc.pid)
+        code = driver.wait(timeout=180)  # hang guard
+        return code, driver.text(), [pid for pid in pids if pid != driver.proc.pid]
+    finally:
+        if driver.proc.poll() is None:
+            driver.kill()
+
+
+def _driver_lines(text: str) -> str:
+    """The driver's own output (Ray prefixes forwarded worker lines with "(WorkerHost pid=...)")."""
+    return "\n".join(line for line in text.splitlines() if "pid=" not in line)
+
+
+@pytest.mark.parametrize("point", ["save_checkpoint@2", "update_actor@2"])
+def test_sigterm_exits_143_after_cleanup(demo_dir, tmp_path, point):
+    code, text, pids = _stop_at(demo_dir, tmp_path, point, lambda pid: os.kill(pid, signal.SIGTERM))
+    phase = point.split("@")[0]
+    assert code == 143, text[-4000:]
+    lines = _driver_lines(text)
+    summary = [line for line in lines.splitlines() if line.startswith("megarl: stopped by SIGTERM")]
+    assert len(summary) == 1 and f"in phase {phase} at global step 2" in summary[0], lines[-3000:]
+    assert str(tmp_path / "ckpt" / "global_step_1") in summary[0], summary
+    assert "Traceback" not in lines and "SIGTERM received" not in lines, lines[-3000:]  # Ray's native stack dump
+    assert not (tmp_path / "ckpt" / "global_step_2.saving").exists()  # the unfinished save was removed
+    left = alive(pids, grace_s=30)
+    assert not left, describe(left)
+
+
+def test_ctrl_c_prints_one_line_instead_of_a_traceback(demo_dir, tmp_path):
+    code, text, pids = _stop_at(demo_dir, tmp_path, "update_actor@2", lambda pid: os.killpg(pid, signal.SIGINT))
+    assert code == 130, text[-4000:]
+    lines = _driver_lines(text)
+    summary = [line for line in lines.splitlines() if line.startswith("megarl: interrupted (Ctrl-C)")]
+    assert len(summary) == 1 and "in phase update_actor at global step 2" in summary[0], lines[-3000:]
+    assert str(tmp_path / "ckpt" / "global_step_1") in summary[0], summary
+    assert "Traceback" not in lines and "KeyboardInterrupt" not in lines, lines[-3000:]
+    left = alive(pids, grace_s=30)
+    assert not left, describe(left)
