@@ -35,6 +35,7 @@ from megarl.config.errors import ConfigError, Issue
 from megarl.utils.checkpoint import (TRACKER, discard_replaced, prune, publish, read_tracker, recover, saved_steps,
                                      staging_dir, step_dir, step_of, write_tracker)
 from megarl.utils.checksums import ChecksumError, digest_files, has_manifest, read_manifest, verify_manifest, write_manifest
+from megarl.utils.dist_ckpt_extents import check_extents
 from megarl.utils.safe_checkpoint import UnsafeCheckpointError, safe_torch_load, verify_dist_checkpoint
 from megarl.utils.storage import raise_if_storage_error
 
@@ -163,14 +164,19 @@ def verify_checkpoint(path: Path, components: Sequence[str]) -> None:
 
     ``components``: the worker directories this run loads (``actor``, ``critic``); one that is
     missing is damage. Raises ChecksumError naming the first bad file. A checkpoint written
-    before checksums existed (no manifest anywhere) is accepted with a warning.
+    before checksums existed (no manifest anywhere) is checked for structure (megarl.utils.
+    dist_ckpt_extents, its small items and ``trainer.pt`` read safely), with a warning.
     """
     if not has_manifest(path) and not any(has_manifest(path / c) for c in COMPONENTS):
-        print(f"[megarl] WARNING: {path} has no checksums (written by an older megarl): its files are not verified",
-              flush=True)
+        print(f"[megarl] WARNING: {path} has no checksums (written by an older megarl): only its structure is "
+              "verified (files present and as long as their index says, small items readable)", flush=True)
         for name in (TRAINER_STATE, *components):
             if not (path / name).exists():
                 raise ChecksumError(path / name, "missing")
+        for component in components:
+            check_extents(str(path / component / "dist_ckpt"))
+            verify_dist_checkpoint(str(path / component / "dist_ckpt"))
+        read_trainer_state(path)
         return
     needed = set(components)
     listed = read_manifest(path)
@@ -196,12 +202,14 @@ def _damaged(error: ChecksumError, fix: str) -> CheckpointError:
     return CheckpointError(error.file, error.problem, fix)
 
 
-def resume_dir(mode: str, root: str, resume_from_path: str | None, components: Sequence[str] = ("actor",)) -> Path | None:
+def resume_dir(mode: str, root: str, resume_from_path: str | None, components: Sequence[str] = ("actor",),
+               below: int | None = None) -> Path | None:
     """The verified checkpoint to resume (trainer.resume_mode: auto | disable | resume_path).
 
     auto: the tracker's step, else the newest older complete step whose files verify (each
-    skipped one is named in a warning); None when nothing was saved. resume_path: that
-    directory, verified. ``components``: worker directories the run loads.
+    skipped one is named in a warning); None when nothing was saved. ``below``: only steps before
+    it (the one that failed to load). resume_path: that directory, verified. ``components``:
+    worker directories the run loads.
     Raises CheckpointError (no intact checkpoint / a damaged resume_path) or ConfigError.
     """
     if mode == "disable":
@@ -216,7 +224,9 @@ def resume_dir(mode: str, root: str, resume_from_path: str | None, components: S
         skipped: list[CheckpointError] = []
         fix = ("restore the named files, or start over with trainer.resume_mode=disable (it overwrites this directory's "
                "checkpoints) or another trainer.default_local_dir")
-        if not step_dir(root, latest).is_dir():
+        if below is not None:
+            latest = min(latest, below - 1)
+        elif not step_dir(root, latest).is_dir():
             skipped.append(CheckpointError(step_dir(root, latest), f"missing (named by {TRACKER})", fix))
         for step in sorted((s for s in saved_steps(root) if s <= latest), reverse=True):
             path = step_dir(root, step)
@@ -229,6 +239,8 @@ def resume_dir(mode: str, root: str, resume_from_path: str | None, components: S
                 print(f"[megarl] WARNING: checkpoint {bad.file} is damaged ({bad.problem}); "
                       f"falling back to the previous complete checkpoint {path}", flush=True)
             return path
+        if below is not None and not skipped:
+            return None
         raise CheckpointError(root, "no intact checkpoint to resume: " + "; ".join(f"{e.file}: {e.problem}" for e in skipped), fix)
     if mode == "resume_path":
         key = "trainer.resume_from_path"

@@ -96,6 +96,7 @@ def _classify(error: BaseException, context: FailureContext) -> RunFailure:
     from megarl.trainer.checkpointing import CheckpointError, UnsafeCheckpointError
     from megarl.trainer.run_lock import RunDirLockedError
     from megarl.trainer.worker_group import WorkerError
+    from megarl.utils.checksums import ChecksumError
     from megarl.utils.storage import StorageError, storage_error
 
     at = {"phase": context.phase, "step": context.step}
@@ -105,6 +106,9 @@ def _classify(error: BaseException, context: FailureContext) -> RunFailure:
         return RunFailure(EXIT_LOCKED, str(error), error.fix, where=error.path, **at)
     if isinstance(error, CheckpointError):
         return RunFailure(EXIT_CHECKPOINT, error.problem, error.fix, where=error.file, **at)
+    if isinstance(error, ChecksumError):  # a damaged file outside a resume's fallback (e.g. initial dist weights)
+        return RunFailure(EXIT_CHECKPOINT, error.problem, "restore the file, or point the key that names it at an intact "
+                          "checkpoint", where=error.file, **at)
     if isinstance(error, UnsafeCheckpointError):
         return RunFailure(EXIT_CHECKPOINT, str(error), "resume only checkpoints megarl wrote; delete or move this one",
                           **at)

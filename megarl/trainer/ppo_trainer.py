@@ -39,6 +39,7 @@ from megarl.trainer.fault_points import pause_point
 from megarl.trainer.metrics import compute_data_metrics, mean_metrics, num_tokens
 from megarl.trainer.resources import ResourcePool, create_resource_pool
 from megarl.trainer.resume_config import check_resume_config, run_record
+from megarl.trainer.resume_fallback import load_with_fallback
 from megarl.trainer.rollout_stage import RolloutStage
 from megarl.trainer.worker_group import WorkerGroup
 from megarl.utils.timer import timed
@@ -380,14 +381,14 @@ class RayPPOTrainer:
         ckpt.finish_save(root, step, {"actor": t.max_actor_ckpt_to_keep, "critic": t.max_critic_ckpt_to_keep})
         self.saving_step = None
 
-    def _plan_resume(self) -> tuple[Path | None, dict[str, Any] | None]:
+    def _plan_resume(self, below: int | None = None) -> tuple[Path | None, dict[str, Any] | None]:
         """The checkpoint to resume and its trainer state, checked before any worker starts: files
         against their checksums (auto falls back past a damaged one), nothing that could run code
         when unpickled, and the stored config against this run's (changes that cannot apply are
-        refused, the others listed)."""
+        refused, the others listed). ``below``: a step before this one (the one that failed to load)."""
         t = self.cfg.trainer
         components = ("actor", "critic") if self.use_critic else ("actor",)
-        path = ckpt.resume_dir(t.resume_mode, self.ckpt_root, t.resume_from_path, components)
+        path = ckpt.resume_dir(t.resume_mode, self.ckpt_root, t.resume_from_path, components, below=below)
         if path is None:
             return None, None
         ckpt.verify_components(path, components)  # nothing a worker loads may run code when unpickled
@@ -407,10 +408,11 @@ class RayPPOTrainer:
         path, state = self.resume_path, self.resume_state
         if path is None:
             return
-        with self._phase("load_checkpoint"):
-            self.actor.call_all("load_checkpoint", str(path / "actor"))
-            if self.critic is not None:
-                self.critic.call_all("load_checkpoint", str(path / "critic"))
+        with self._phase("load_checkpoint"):  # a step the workers fail to load falls back to an older one (auto)
+            groups = {"actor": self.actor, **({"critic": self.critic} if self.critic is not None else {})}
+            path, older_state = load_with_fallback(path, self.cfg.trainer.resume_mode == "auto", groups, self._plan_resume)
+            state = older_state or state
+            self.resume_path = path
         self.train_loader.load_state_dict(state["dataloader"])
         # The adaptive controller continues from its stored value; a fixed one takes the config's
         # kl_coef (a change is listed by check_resume_config).

@@ -219,6 +219,14 @@ class WorkerGroup:
         pids = getattr(self, "pids", None) or []
         return pids[rank] if rank < len(pids) else "?"
 
+    def answers_within(self, timeout_s: float) -> bool:
+        """Whether every rank answers within ``timeout_s`` (none is still busy with an earlier call)."""
+        try:
+            self._get([h.pid.remote() for h in self.hosts], "pid", timeout=timeout_s)
+        except WorkerError:
+            return False
+        return True
+
     def call_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """``method(*args)`` on every rank with the same arguments; per-rank results."""
         return self._get([h.call.remote(method, *args, **kwargs) for h in self.hosts], method)

@@ -14,12 +14,15 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import zipfile
 from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["UnsafeCheckpointError", "verify_dist_checkpoint", "safe_torch_load"]
+from megarl.utils.checksums import ChecksumError
+
+__all__ = ["UnsafeCheckpointError", "read_index", "verify_dist_checkpoint", "safe_torch_load"]
 
 
 class UnsafeCheckpointError(RuntimeError):
@@ -36,6 +39,10 @@ _METADATA_CLASSES = {
                                          "_MEM_FORMAT_ENCODING")),
     *((f"{_DCP}.planner", n) for n in ("SavePlan", "WriteItem", "WriteItemType", "TensorWriteData")),
 }
+
+
+# torch's weights-only unpickler names what it refused; any other unpickling error is damage (garbled bytes)
+_REFUSED = ("Unsupported global", "GLOBAL", "unrecognized function", "Unsupported class")
 
 
 def _numpy_globals() -> list[Any]:
@@ -65,12 +72,36 @@ def _refuse(file: str, what: str, error: BaseException) -> UnsafeCheckpointError
 
 
 def safe_torch_load(source: str | io.BytesIO, what: str, file: str) -> Any:
-    """``torch.load(weights_only=True)`` (numpy arrays allowed); UnsafeCheckpointError otherwise."""
+    """``torch.load(weights_only=True)`` (numpy arrays allowed); UnsafeCheckpointError for anything else,
+    ChecksumError naming ``file`` when it cannot be read at all (truncated, garbled)."""
     try:
         with torch.serialization.safe_globals(_numpy_globals()):
             return torch.load(source, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
-        raise _refuse(file, what, error) from None
+        if any(word in str(error) for word in _REFUSED):
+            raise _refuse(file, what, error) from None
+        raise _damaged(file, what, error) from None
+    except (RuntimeError, EOFError, ValueError, zipfile.BadZipFile) as error:  # torch's zip reader / unpickler on damage
+        raise _damaged(file, what, error) from None
+
+
+def _damaged(file: str, what: str, error: BaseException) -> ChecksumError:
+    first = str(error).splitlines()[0] if str(error) else ""
+    return ChecksumError(file, f"unreadable ({what}): {type(error).__name__}{': ' + first if first else ''}")
+
+
+def read_index(index_file: str) -> Any:
+    """The ``.metadata`` index of a torch_dist checkpoint, unpickled with only its own classes allowed."""
+    try:
+        with open(index_file, "rb") as handle:
+            metadata = _IndexUnpickler(handle).load()
+    except (pickle.UnpicklingError, AttributeError, TypeError, EOFError) as error:
+        raise _refuse(index_file, "the checkpoint index", error) from None
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    if not isinstance(metadata, Metadata):
+        raise UnsafeCheckpointError(f"{index_file}: not a checkpoint index (found {type(metadata).__name__})")
+    return metadata
 
 
 def verify_dist_checkpoint(ckpt_dir: str) -> None:
@@ -83,15 +114,9 @@ def verify_dist_checkpoint(ckpt_dir: str) -> None:
     index_file = os.path.join(ckpt_dir, ".metadata")
     if not os.path.isfile(index_file):
         raise FileNotFoundError(f"{ckpt_dir}: not a Megatron dist checkpoint (no .metadata)")
-    try:
-        with open(index_file, "rb") as handle:
-            metadata = _IndexUnpickler(handle).load()
-    except (pickle.UnpicklingError, AttributeError, TypeError, EOFError) as error:
-        raise _refuse(index_file, "the checkpoint index", error) from None
-    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, MetadataIndex
+    metadata = read_index(index_file)
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex
 
-    if not isinstance(metadata, Metadata):
-        raise UnsafeCheckpointError(f"{index_file}: not a checkpoint index (found {type(metadata).__name__})")
     for fqn, item in metadata.state_dict_metadata.items():
         if not isinstance(item, BytesStorageMetadata):
             continue

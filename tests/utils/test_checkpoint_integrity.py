@@ -9,6 +9,7 @@ tests/fault/test_reliability_e2e.py.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -199,15 +200,64 @@ def test_missing_critic_is_damage_when_the_run_trains_one(tmp_path):
     assert ckpt.resume_dir("auto", str(tmp_path), None, ("actor", "critic")) == step_dir(tmp_path, 2)
 
 
+def _legacy_step(root: Path, step: int) -> Path:
+    """A step as megarl wrote it before checksums: a real (tiny) torch dist checkpoint, no manifest."""
+    import torch.distributed.checkpoint as dcp
+
+    path = root / f"global_step_{step}"
+    dcp.save({"weight": torch.arange(4096.0) * step, "bias": torch.ones(8)},
+             checkpoint_id=str(path / "actor" / "dist_ckpt"), no_dist=True)
+    torch.save({"global_step": step}, path / "trainer.pt")
+    write_tracker(root, step)
+    return path
+
+
 def test_legacy_checkpoint_without_checksums_loads_with_a_warning(tmp_path, capsys):
     """Checkpoints written before checksums existed: complete ones still resume."""
-    step = tmp_path / "global_step_3"
-    (step / "actor").mkdir(parents=True)
-    (step / "actor" / "w.bin").write_bytes(b"x")
-    torch.save({"global_step": 3}, step / "trainer.pt")
-    write_tracker(tmp_path, 3)
+    step = _legacy_step(tmp_path, 3)
     assert ckpt.resume_dir("auto", str(tmp_path), None) == step
     assert "no checksums" in capsys.readouterr().out
+
+
+def _item(step: Path, name: str):
+    from megarl.utils.safe_checkpoint import read_index
+
+    index = read_index(str(step / "actor" / "dist_ckpt" / ".metadata"))
+    return next(info for where, info in index.storage_data.items() if where.fqn == name)
+
+
+def _truncate(step: Path) -> Path:
+    shard = step / "actor" / "dist_ckpt" / _item(step, "weight").relative_path
+    shard.write_bytes(shard.read_bytes()[:-100])
+    return shard
+
+
+def _zero_item_start(step: Path) -> Path:
+    info = _item(step, "weight")
+    shard = step / "actor" / "dist_ckpt" / info.relative_path
+    data = bytearray(shard.read_bytes())
+    data[info.offset:info.offset + 8] = bytes(8)
+    shard.write_bytes(bytes(data))
+    return shard
+
+
+def _garble_trainer_state(step: Path) -> Path:
+    (step / "trainer.pt").write_bytes(b"\x00" * 64)
+    return step / "trainer.pt"
+
+
+@pytest.mark.parametrize("damage, problem", [(_truncate, "truncated"), (_zero_item_start, "item 'weight' at byte"),
+                                             (_garble_trainer_state, "unreadable")])
+def test_damaged_legacy_step_is_named_and_auto_falls_back(tmp_path, capsys, damage, problem):
+    """Issue 37 item 5: a step without checksums is checked for structure before anything loads it."""
+    older = _legacy_step(tmp_path, 2)
+    newest = _legacy_step(tmp_path, 4)
+    bad = damage(newest)
+    assert ckpt.resume_dir("auto", str(tmp_path), None) == older
+    warning = [line for line in capsys.readouterr().out.splitlines() if "falling back" in line]
+    assert len(warning) == 1 and str(bad) in warning[0] and problem in warning[0] and str(older) in warning[0], warning
+    with pytest.raises(ckpt.CheckpointError, match=re.escape(str(bad))):
+        ckpt.resume_dir("resume_path", str(tmp_path), str(newest))
 
 
 def test_garbled_tracker_names_the_file(tmp_path):
