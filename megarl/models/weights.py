@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -268,7 +269,10 @@ def save_hf_checkpoint(
 
     Writes ``model.safetensors`` (or ``model-0000i-of-0000n.safetensors`` plus
     ``model.safetensors.index.json`` beyond ``max_shard_bytes``), ``config.json`` and, when
-    ``tokenizer_dir`` is given, its tokenizer files.
+    ``tokenizer_dir`` is given, its tokenizer files. ``config.json``'s ``dtype`` is the dtype
+    most of the written weights have (a bf16 run of a model whose config says float32 writes
+    bf16: transformers loads ``dtype="auto"`` by it). Files get the mode the umask gives a new
+    file (safetensors writes 0600).
     """
     from safetensors.torch import save_file
 
@@ -299,9 +303,25 @@ def save_hf_checkpoint(
             (out / "model.safetensors.index.json").write_text(
                 json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
             )
+        counts: dict[torch.dtype, int] = {}
+        for tensor in (t for shard in shards for t in shard.values()):
+            counts[tensor.dtype] = counts.get(tensor.dtype, 0) + tensor.numel()
+        if counts:
+            hf_config = copy.deepcopy(hf_config)
+            hf_config.dtype = max(counts, key=counts.get)
         save_hf_config(hf_config, out, tokenizer_dir=tokenizer_dir)
+        for path in out.glob("*.safetensors"):
+            path.chmod(0o666 & ~_umask())
     if dist.is_initialized():
         dist.barrier()
+
+
+def _umask() -> int:
+    """This process's umask, read without changing it (os.umask sets it, racing other threads)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("Umask:"):
+            return int(line.split()[1], 8)
+    raise OSError("no Umask line in /proc/self/status")
 
 
 def save_hf_config(hf_config, out_dir: str | os.PathLike, *, tokenizer_dir: str | os.PathLike | None = None) -> None:

@@ -246,3 +246,19 @@ def aux_loss_grads(megatron_cfg: dict, hf_dirs: list[str], input_ids: torch.Tens
             "grads": {name: t.clone() for name, t in export_hf_weights(chunks, hf_config)},
         })
     return out
+
+
+def export_in_dtype(model_dir: str, out_dir: str, dtype: str) -> dict:
+    """save_hf_checkpoint of a model built in ``dtype`` (its config.json may say another); the umask 022."""
+    import os
+
+    from megarl.models import build_model, load_hf_weights, save_hf_checkpoint
+    from megarl.parallel import init_distributed
+
+    os.umask(0o022)
+    init_distributed({}, "cpu", seed=42)
+    hf_config = transformers.AutoConfig.from_pretrained(model_dir)
+    chunks = build_model(hf_config, {}, device="cpu", dtype=getattr(torch, dtype))
+    load_hf_weights(chunks, model_dir)
+    save_hf_checkpoint(chunks, hf_config, out_dir, tokenizer_dir=model_dir)
+    return {"config_dtype_after": str(hf_config.dtype)}
