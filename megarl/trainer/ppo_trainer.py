@@ -428,11 +428,11 @@ class RayPPOTrainer:
         t = self.cfg.trainer
         self.load_checkpoint()
         last: dict[str, float] = {}
-        if self.val_loader is not None and t.val_before_train and self.global_step == 0:
+        if self.val_loader is not None and t.val_before_train:  # verl: a resumed run validates too, at its step
             with self._phase("validate"):
                 val = self.validate()
             with self._phase("log_metrics"):
-                self.tracking.log(val, step=0)
+                self.tracking.log(val, step=self.global_step)
             last.update(val)
         if t.val_only:  # verl: the validation before training (val_before_train) is the whole run
             return last
@@ -442,6 +442,7 @@ class RayPPOTrainer:
             prompts_iter = iter(self.train_loader)
             for prompts in prompts_iter:
                 self.global_step += 1
+                step_start = time.perf_counter()
                 metrics = self.train_step(prompts, prompts_iter)
                 is_last = self.global_step >= self.total_steps
                 if self.val_loader is not None and test_freq > 0 and (is_last or self.global_step % test_freq == 0):
@@ -452,6 +453,7 @@ class RayPPOTrainer:
                     with self._phase("save_checkpoint", metrics_t := {}):
                         self.save_checkpoint()
                     metrics["timing_s/save_checkpoint"] = metrics_t["save_checkpoint"]
+                metrics["timing_s/step"] = time.perf_counter() - step_start  # verl's: validation and checkpoint included
                 metrics["training/global_step"] = float(self.global_step)
                 metrics["training/epoch"] = float(self.train_loader.sampler.epoch)
                 with self._phase("log_metrics"):

@@ -1,4 +1,6 @@
-"""trainer.val_only (verl): the validation before training is the whole run; no step trains."""
+"""fit()'s control flow: trainer.val_only (verl: the validation before training is the whole run; no
+step trains), val_before_train after a resume (verl validates then too), and the step time that the
+progress line shows covering validation and checkpoint (issue 37 item 9)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,15 @@ class _Tracking:
 
     def log(self, metrics, step):
         self.logged.append((step, metrics))
+
+
+class _Loader:
+    def __init__(self, steps: int):
+        self.steps, self.sampler = steps, SimpleNamespace(epoch=0)
+
+    def __iter__(self):
+        yield from range(self.steps)
+        self.sampler.epoch += 1
 
 
 def _trainer(val_only: bool) -> RayPPOTrainer:
@@ -41,3 +52,25 @@ def test_val_only_validates_and_trains_nothing():
     trainer = _trainer(val_only=True)
     assert trainer.fit() == {"val/reward/mean": 0.5}
     assert trainer.tracking.logged == [(0, {"val/reward/mean": 0.5})] and trainer.steps == [] and trainer.global_step == 0
+
+
+def test_a_resumed_run_validates_before_training_at_its_step():
+    trainer = _trainer(val_only=True)
+    trainer.load_checkpoint = lambda: setattr(trainer, "global_step", 2)  # resumed at step 2
+    trainer.fit()
+    assert trainer.tracking.logged == [(2, {"val/reward/mean": 0.5})]
+
+
+def test_step_time_includes_validation_and_checkpoint():
+    import time
+
+    trainer = _trainer(val_only=False)
+    trainer.cfg.trainer = SimpleNamespace(val_only=False, val_before_train=False, test_freq=1, save_freq=1, total_epochs=1)
+    trainer.train_loader = _Loader(3)
+    trainer.train_step = lambda prompts, it: {"timing_s/update_actor": 0.0}
+    trainer.validate = lambda: time.sleep(0.05) or {"val/reward/mean": 0.5}
+    trainer.save_checkpoint = lambda: time.sleep(0.05)
+    trainer.fit()
+    for step, metrics in trainer.tracking.logged:
+        assert metrics["timing_s/testing"] >= 0.05 and metrics["timing_s/save_checkpoint"] >= 0.05, metrics
+        assert metrics["timing_s/step"] >= metrics["timing_s/testing"] + metrics["timing_s/save_checkpoint"], metrics
