@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -205,15 +206,26 @@ def check_tree(node: DictConfig, cls: type, prefix: str = "", root: type | None 
             issues.append(Issue(key, no_value(), f"cannot resolve: {str(exc).splitlines()[0]}", f"fix the interpolation in {key}"))
             bad.add(key)
             continue
+        shown = _followed_key(node, name) or key  # a value interpolated from another key is that key's problem
         if not _matches(value, tp):
-            issues.append(_type_issue(key, value, tp, meta))
+            issues.append(_type_issue(shown, value, tp, meta))
             bad.add(key)
             continue
-        found = _check_constraints(key, value, tp, meta)
+        found = _check_constraints(shown, value, tp, meta)
         if found:
             issues += found
             bad.add(key)
+    if not prefix:  # the same problem reported by a key and the keys that follow it: once
+        issues = list({(issue.key, issue.problem): issue for issue in issues}.values())
     return issues, bad
+
+
+def _followed_key(node: DictConfig, name: str) -> str | None:
+    """The dotted key ``node[name]`` is interpolated from (``${a.b}``, ``${oc.select:a.b,default}``), if any."""
+    if not OmegaConf.is_interpolation(node, name):
+        return None
+    match = re.fullmatch(r"\$\{(?:oc\.select:)?([\w.]+)(?:,[^}]*)?\}", str(node._get_node(name)._value()))
+    return match.group(1) if match else None
 
 
 def _article(noun: str) -> str:

@@ -98,3 +98,17 @@ def test_top_level_configs_are_the_package_configs():
     repo = Path(__file__).resolve().parents[2]
     top = repo / "configs" / "megatron" / "ppo_megatron_trainer.yaml"
     assert top.is_file() and top.resolve() == (repo / "megarl" / "configs" / "megatron" / "ppo_megatron_trainer.yaml").resolve()
+
+
+@pytest.mark.parametrize("override, key", [("actor_rollout_ref.rollout.n=0", "actor_rollout_ref.rollout.n"),
+                                           ("actor_rollout_ref.rollout.n=two", "actor_rollout_ref.rollout.n")])
+def test_a_bad_value_is_reported_at_the_key_given_not_at_the_keys_that_follow_it(override, key):
+    """actor.rollout_n and critic.rollout_n interpolate rollout.n: the problem and its fix name rollout.n, once
+    (issue 37 item 9)."""
+    from megarl.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError) as info:
+        prepare(load_config(["actor_rollout_ref.model.path=/placeholder", override]))
+    text = str(info.value)
+    assert "rollout_n" not in text, text
+    assert [issue.key for issue in info.value.issues] == [key], text
