@@ -6,8 +6,12 @@ this gives the same did-you-mean as `validate_config` instead.
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Sequence
 from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
 
 from megarl.config.errors import Issue, no_value
 from megarl.config.schema.root import MegaRLConfig
@@ -57,6 +61,27 @@ def check_override_keys(args: Sequence[str]) -> list[Issue]:
         key = arg.split("=", 1)[0].strip()
         if key.startswith("hydra.") or key == "hydra" or "/" in key or "@" in key:
             continue
-        if schema_type_at(MegaRLConfig, key) is None:
+        tp = schema_type_at(MegaRLConfig, key)
+        if tp is None:
             issues.append(unknown_key_issue(MegaRLConfig, key))
+        elif tp is Any and not _in_yaml(key):  # inside a free-form mapping: Hydra adds a key only with '+'
+            issues.append(Issue(key, no_value(), f"not in the config yet: Hydra adds a key only with '+' ({arg!r})",
+                                f"write +{arg}"))
     return issues
+
+
+@functools.cache
+def _yaml() -> DictConfig:
+    from megarl.config.load import CONFIG_DIR, CONFIG_NAME
+
+    return OmegaConf.load(os.path.join(CONFIG_DIR, f"{CONFIG_NAME}.yaml"))
+
+
+def _in_yaml(key: str) -> bool:
+    """Whether the project yaml has ``key`` (nothing resolved)."""
+    node: Any = _yaml()
+    for part in key.split("."):
+        if not isinstance(node, DictConfig) or part not in node.keys():
+            return False
+        node = node._get_node(part)
+    return True

@@ -86,7 +86,9 @@ def test_which_models_the_run_builds(make):
 
 
 def test_override_key_check_allows_keys_inside_free_form_mappings():
-    assert check_override_keys(["actor_rollout_ref.model.override_config.num_hidden_layers=2"]) == []
+    assert check_override_keys(["+actor_rollout_ref.model.override_config.num_hidden_layers=2"]) == []
+    assert check_override_keys(["actor_rollout_ref.rollout.engine_kwargs.vllm.seed=2"]) != []  # new: needs '+'
+    assert check_override_keys(["reward.custom_reward_function.reward_kwargs={}"]) == []  # in the yaml
     assert check_override_keys(["actor_rollout_ref.model.path.x=2"]) != []
 
 
@@ -112,3 +114,19 @@ def test_a_bad_value_is_reported_at_the_key_given_not_at_the_keys_that_follow_it
     text = str(info.value)
     assert "rollout_n" not in text, text
     assert [issue.key for issue in info.value.issues] == [key], text
+
+
+NEEDS_PLUS = "actor_rollout_ref.actor.megatron.override_transformer_config.transformer_impl=local"
+
+
+def test_a_new_key_without_plus_is_one_message_with_exit_2(tmp_path, capsys):
+    """Hydra's own report (several lines, HYDRA_FULL_ERROR, exit code 1) never reaches the user: main_ppo and
+    the plan CLI name the key and the '+' form (issue 37 item 9)."""
+    from megarl.plan.__main__ import main as plan_main
+
+    proc = _run_main(NEEDS_PLUS, tmp_path=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"write +{NEEDS_PLUS}" in proc.stderr and "HYDRA_FULL_ERROR" not in proc.stderr + proc.stdout, proc.stderr
+    assert plan_main([NEEDS_PLUS]) == 2
+    err = capsys.readouterr().err
+    assert f"+{NEEDS_PLUS}" in err and "Traceback" not in err and len(err.strip().splitlines()) <= 3, err
