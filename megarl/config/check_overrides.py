@@ -7,15 +7,15 @@ this gives the same did-you-mean as `validate_config` instead.
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Sequence
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from megarl.config.errors import Issue, no_value
-from megarl.config.schema.root import MegaRLConfig
 from megarl.config.check_keys import schema_type_at, unknown_key_issue
+from megarl.config.errors import Issue, no_value
+from megarl.config.files import CONFIG_YAML
+from megarl.config.schema.root import MegaRLConfig
 
 
 def _syntax_issue(arg: str) -> Issue | None:
@@ -72,9 +72,7 @@ def check_override_keys(args: Sequence[str]) -> list[Issue]:
 
 @functools.cache
 def _yaml() -> DictConfig:
-    from megarl.config.load import CONFIG_DIR, CONFIG_NAME
-
-    return OmegaConf.load(os.path.join(CONFIG_DIR, f"{CONFIG_NAME}.yaml"))
+    return OmegaConf.load(CONFIG_YAML)
 
 
 def _in_yaml(key: str) -> bool:

@@ -23,8 +23,7 @@ HERE = Path(__file__).resolve().parent
 KERNEL_SETS = ("default", "avx2", "avx512")
 
 WARM_UP_AND_JUDGE = """
-import json, re, sys
-sys.path.insert(0, sys.argv[1])
+import json, re
 import torch
 from demo_eval import greedy_accuracy, greedy_answers
 from megarl.data.demo_model import build_demo_model
@@ -52,10 +51,11 @@ def _kernel_sets() -> list[str]:
 
 
 def _warm_up_with(kernels: str) -> dict:
-    env = {**os.environ, "ATEN_CPU_CAPABILITY": kernels, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": kernels, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}  # demo_eval
     if kernels not in KERNEL_SETS:
         env.pop("ATEN_CPU_CAPABILITY")
-    out = subprocess.run([sys.executable, "-c", WARM_UP_AND_JUDGE, str(HERE)], env=env, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", WARM_UP_AND_JUDGE], env=env, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])

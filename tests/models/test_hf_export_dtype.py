@@ -8,7 +8,7 @@ import stat
 
 import pytest
 import torch
-from dist_utils import run_distributed
+from helpers.dist_utils import run_distributed
 from hf_tiny import make_tiny_hf
 from mcore_body import export_in_dtype
 from safetensors.torch import load_file

@@ -12,22 +12,21 @@ from pathlib import Path
 
 import pytest
 
-from tiny_hf import build_tiny_qwen2
+from helpers.tiny_hf import build_tiny_qwen2
 
 pytestmark = pytest.mark.slow
 
-HERE = Path(__file__).resolve().parents[1] / "weight_sync"  # tiny_hf
+TESTS = Path(__file__).resolve().parents[1]  # the helpers package's parent, for the child process
 
 START_AND_DECODE = """
 import json, sys
-sys.path.insert(0, sys.argv[1])
 import torch
 from safetensors.torch import load_file
-from tiny_hf import actor_rollout_ref_config
+from helpers.tiny_hf import actor_rollout_ref_config
 from megarl.protocol import DataProto
 from megarl.workers.rollout import RolloutWorker
 
-hf_dir, eager = sys.argv[2], sys.argv[3] == "eager"
+hf_dir, eager = sys.argv[1], sys.argv[2] == "eager"
 cfg = actor_rollout_ref_config(hf_dir, 4, 4, **{"rollout.enforce_eager": eager})
 worker = RolloutWorker(cfg, hf_dir)
 worker.update_weights(load_file(hf_dir + "/model.safetensors").items())
@@ -41,8 +40,9 @@ worker.shutdown()
 
 
 def _start(hf_dir: Path, cache: Path, mode: str) -> tuple[list, str]:
-    env = {**os.environ, "VLLM_CACHE_ROOT": str(cache), "OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    done = subprocess.run([sys.executable, "-c", START_AND_DECODE, str(HERE), str(hf_dir), mode], env=env,
+    env = {**os.environ, "VLLM_CACHE_ROOT": str(cache), "OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
+           "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", START_AND_DECODE, str(hf_dir), mode], env=env,
                           capture_output=True, text=True, timeout=600)
     text = done.stdout + done.stderr
     assert done.returncode == 0, text[-4000:]
