@@ -4,17 +4,20 @@ Every manager puts a response's score on its last valid token (0 elsewhere) and 
 ``(token_level_scores, reward_extra_info)``, where ``reward_extra_info`` maps a name to a
 list of length B (``score`` and ``timeout`` always; any extra keys a scorer returns in a dict).
 
-* ``naive``: one ``fn(data_source, solution_str, ground_truth, extra_info)`` call per row.
+* ``naive`` and ``prime``: one ``fn(data_source, solution_str, ground_truth, extra_info)`` call per row.
 * ``batch``: one ``fn(data_sources, solution_strs, ground_truths, extra_infos)`` call with
   lists, returning a list of scores.
-* ``prime``: the per-row calls on ``PRIME_WORKERS`` processes at once.
 * ``dapo``: per-row scores plus DAPO's overlong penalty (``reward.reward_kwargs.overlong_buffer_cfg``).
 
-Every call runs in a child process (megarl.reward.scoring_pool) and is bounded by
-``reward.timeout`` seconds: a call past it is killed and its sample scores
-``TIMEOUT_SCORE`` = 0.0 (verl's rule), ``reward_extra_info["timeout"]`` is 1.0 for it (the
-trainer logs the count as ``reward/timeouts``), and the first one is printed with the sample.
-For ``batch`` the one call covers the whole batch: a timeout scores every row 0.0.
+Every call runs in a child process (megarl.reward.scoring_pool), the per-row calls
+``reward.num_workers`` at once, each bounded by ``reward.timeout`` seconds: a call past it is
+killed and its sample scores ``TIMEOUT_SCORE`` = 0.0 (verl's rule), ``reward_extra_info["timeout"]``
+is 1.0 for it (the trainer logs the count as ``reward/timeouts``), and the first one is printed
+with the sample. For ``batch`` the one call covers the whole batch: a timeout scores every row 0.0.
+A batch's scoring as a whole is bounded by ``reward.phase_timeout`` (each row counted from when
+its response was ready): rows not scored by then stop the run with a ``RewardError`` naming them,
+or with ``trainer.nan_policy=skip`` score ``TIMEOUT_SCORE`` (counted as timeouts) with a warning
+naming them.
 
 A score must be a real number (int, float, numpy number; not bool, str or tensor) or a dict
 with such a ``score``, finite once converted to float32 (``SCORE_DTYPE``: 1e300 is not). A
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -43,7 +47,6 @@ if TYPE_CHECKING:
     from megarl.config.schema.root import MegaRLConfig
 
 REWARD_MANAGERS = ("naive", "batch", "prime", "dapo")
-PRIME_WORKERS = 4
 TIMEOUT_SCORE = 0.0
 SCORE_DTYPE = torch.float32  # of token_level_scores (place_scores)
 _SHOWN_CHARS = 200  # of a prompt / response in messages
@@ -120,7 +123,10 @@ class RewardManager:
     (the scorer; see ``megarl.reward.custom.load_reward_fn``), name (one of REWARD_MANAGERS),
     timeout_s (``reward.timeout``: seconds per scoring call), reward_fn_key (non-tensor column
     with the data source, ``data.reward_fn_key``), overlong (``(buffer_len, penalty_factor,
-    max_response_length)`` for dapo, else None). ``close()`` stops the scoring processes."""
+    max_response_length)`` for dapo, else None), processes (``reward.num_workers``: calls at once),
+    phase_timeout_s (``reward.phase_timeout``: seconds a batch's scoring may take; None: 2 x
+    timeout_s), skip_unscored (``trainer.nan_policy=skip``: rows not scored by then score 0.0 instead
+    of stopping the run). ``close()`` stops the scoring processes."""
 
     def __init__(
         self,
@@ -131,6 +137,9 @@ class RewardManager:
         timeout_s: float,
         reward_fn_key: str = "data_source",
         overlong: tuple[int, float, int] | None = None,
+        processes: int = 1,
+        phase_timeout_s: float | None = None,
+        skip_unscored: bool = False,
     ) -> None:
         if name not in REWARD_MANAGERS:
             raise ValueError(f"reward.reward_manager.name={name!r} is not one of {list(REWARD_MANAGERS)}")
@@ -141,7 +150,9 @@ class RewardManager:
         self.reward_fn_key = reward_fn_key
         self.overlong = overlong
         self.scorer = describe_scorer(compute_score)
-        self.pool = ScoringPool(compute_score, PRIME_WORKERS if name == "prime" else 1, self.timeout_s)
+        self.phase_timeout_s = 2 * self.timeout_s if phase_timeout_s is None else float(phase_timeout_s)
+        self.skip_unscored = skip_unscored
+        self.pool = ScoringPool(compute_score, 1 if name == "batch" else processes, self.timeout_s)
         self._timeout_reported = False
 
     def start(self) -> None:
@@ -195,11 +206,12 @@ class RewardManager:
 
     def _outcomes(self, data: DataProto, rows: list[tuple]) -> list[Outcome]:
         """One Outcome per row; for ``batch`` the one call's result split per row."""
+        deadline = time.monotonic() + self.phase_timeout_s
         if self.name != "batch":
-            return self.pool.run(rows)
+            return self.pool.run(rows, deadline)
         columns = tuple(list(c) for c in zip(*rows)) if rows else ([], [], [], [])
-        (outcome,) = self.pool.run([columns])
-        if outcome.kind == "timeout":
+        (outcome,) = self.pool.run([columns], deadline)
+        if outcome.kind in ("timeout", "pending"):
             return [outcome] * len(rows)
         if outcome.kind == "error":
             raise RewardError(f"batch reward function failed on the batch of {len(rows)} rows (first: "
@@ -222,20 +234,40 @@ class RewardManager:
         """One sample's scoring call arguments (as ``__call__`` builds them from a batch)."""
         return (data_source, response_text, _ground_truth(reward_model), extra_info)
 
-    def score_row(self, row: tuple) -> Outcome:
-        """One per-row scoring call (not for ``batch``: its one call covers the whole batch)."""
+    def score_row(self, row: tuple, ready_at: float) -> Outcome:
+        """One per-row scoring call, bounded by ``phase_timeout_s`` from ``ready_at`` (the
+        ``time.monotonic()`` its response was complete); not for ``batch``, whose one call covers the
+        whole batch."""
         if self.name == "batch":
             raise ValueError("reward_manager 'batch' scores a whole batch in one call, not row by row")
-        (outcome,) = self.pool.run([row])
+        (outcome,) = self.pool.run([row], ready_at + self.phase_timeout_s)
         return outcome
+
+    def _unscored(self, data: DataProto, rows: list[tuple], pending: list[int]) -> None:
+        """Rows ``reward.phase_timeout`` ran out on: a RewardError naming them, or (``skip_unscored``) a
+        warning naming them (they score TIMEOUT_SCORE, counted as timeouts)."""
+        if not pending:
+            return
+        shown = ", ".join(f"{i} ({rows[i][0]})" for i in pending[:10]) + (f", ... ({len(pending) - 10} more)" if len(pending) > 10 else "")
+        what = (f"reward.phase_timeout={self.phase_timeout_s:g} s (reward.timeout={self.timeout_s:g} s a call, "
+                f"{self.pool.processes} at once: reward.num_workers): {len(pending)} of {len(rows)} rows were not "
+                f"scored in time: rows {shown}; first: {self._sample(data, pending[0], rows[pending[0]])}")
+        if not self.skip_unscored:
+            raise RewardError(f"{what}. Make the reward function faster or raise reward.phase_timeout / "
+                              "reward.num_workers; trainer.nan_policy=skip scores such rows 0.0 and goes on")
+        print(f"[megarl] WARNING: {what}; they score {TIMEOUT_SCORE} (trainer.nan_policy=skip; counted in "
+              "reward/timeouts)", flush=True)
 
     def collect(self, data: DataProto, rows: list[tuple], outcomes: list[Outcome]) -> tuple[torch.Tensor, dict[str, list[Any]]]:
         """token_level_scores ``[B, R]`` and reward_extra_info from each row's Outcome (errors raise
-        RewardError naming the row; timeouts score TIMEOUT_SCORE; dapo's overlong penalty)."""
+        RewardError naming the row; timeouts score TIMEOUT_SCORE; rows still pending at the phase's
+        end: see :meth:`_unscored`; dapo's overlong penalty)."""
+        self._unscored(data, rows, [i for i, outcome in enumerate(outcomes) if outcome.kind == "pending"])
         scores, timeouts, extra = [], [], {}
         for i, outcome in enumerate(outcomes):
-            if outcome.kind == "timeout":
-                self._report_timeout(data, i, rows[i])
+            if outcome.kind in ("timeout", "pending"):
+                if outcome.kind == "timeout":
+                    self._report_timeout(data, i, rows[i])
                 scores.append(TIMEOUT_SCORE)
                 timeouts.append(1.0)
                 continue
@@ -282,6 +314,9 @@ class RewardSpec:
     reward_fn_key: str
     custom_fn: dict[str, Any]
     overlong: tuple[int, float, int] | None
+    processes: int  # reward.num_workers
+    phase_timeout_s: float  # reward.phase_timeout (resolved)
+    skip_unscored: bool  # trainer.nan_policy == "skip"
 
 
 def reward_spec(cfg: MegaRLConfig) -> RewardSpec:
@@ -292,14 +327,16 @@ def reward_spec(cfg: MegaRLConfig) -> RewardSpec:
     if name == "dapo" and buffer is not None and buffer.enable:
         overlong = (buffer.len, float(buffer.penalty_factor), int(cfg.data.max_response_length))
     custom = to_dict(cfg.reward.custom_reward_function)
-    return RewardSpec(name, float(cfg.reward.timeout), cfg.data.reward_fn_key, custom, overlong)
+    return RewardSpec(name, float(cfg.reward.timeout), cfg.data.reward_fn_key, custom, overlong,
+                      cfg.reward.num_workers, cfg.reward.phase_timeout_s(), cfg.trainer.nan_policy == "skip")
 
 
 def make_reward_manager(spec: RewardSpec, tokenizer: Any) -> RewardManager:
     from megarl.reward.custom import load_reward_fn
 
     return RewardManager(tokenizer, load_reward_fn(spec.custom_fn), name=spec.name, timeout_s=spec.timeout_s,
-                         reward_fn_key=spec.reward_fn_key, overlong=spec.overlong)
+                         reward_fn_key=spec.reward_fn_key, overlong=spec.overlong, processes=spec.processes,
+                         phase_timeout_s=spec.phase_timeout_s, skip_unscored=spec.skip_unscored)
 
 
 def build_reward_manager(cfg: MegaRLConfig, tokenizer: Any) -> RewardManager:

@@ -1,11 +1,14 @@
-"""Scoring calls in child processes, each bounded by a timeout (``reward.timeout``).
+"""Scoring calls in child processes, in parallel, each bounded by a timeout (``reward.timeout``)
+and all of a batch by a deadline (``reward.phase_timeout``).
 
 A reward function can hang (a regex that backtracks for hours, a sandbox that never
 answers) or spin in C code that holds the GIL; a thread cannot be stopped, a process can.
 ``ScoringPool`` keeps ``processes`` forked children (started on first use, reused across
-batches) that call the scorer; a call that has not returned ``timeout_s`` seconds after it
-was handed out is abandoned: its process is killed (SIGKILL) and replaced, its result is
-``Outcome("timeout")``. A child that dies (segfault, ``os._exit``) gives
+batches) that call the scorer, up to ``processes`` calls at once; a call that has not returned
+``timeout_s`` seconds after it was handed out is abandoned: its process is killed (SIGKILL) and
+replaced, its result is ``Outcome("timeout")``. When the batch's deadline passes, the calls still
+running are killed the same way and those and the ones not started are ``Outcome("pending")``:
+the caller decides (megarl.reward.managers). A child that dies (segfault, ``os._exit``) gives
 ``Outcome("error")``. Fork keeps the scorer (and any module it was loaded from) without
 pickling it; only the arguments and the result cross the pipe. The trainer starts the
 children (``start``) before Ray does, so they are forked from a process without Ray's
@@ -33,10 +36,14 @@ from typing import Any, Callable
 from megarl.utils.child_process import detach_from_parent
 
 
+_POLL_S = 0.05  # how often a run with calls waiting looks for a child another run gave back
+
+
 @dataclass
 class Outcome:
     """One call's result. kind: "ok" (``value``), "error" (``error_type``, ``error_text``,
-    ``traceback``: the scorer's, from the child) or "timeout"."""
+    ``traceback``: the scorer's, from the child), "timeout" (cut at the pool's ``timeout_s``) or
+    "pending" (not done by the run's deadline)."""
 
     kind: str
     value: Any = None
@@ -83,42 +90,53 @@ class _Child:
 
 
 class ScoringPool:
-    """``run(calls)`` -> one Outcome per call (same order), each call bounded by ``timeout_s``.
+    """``run(calls, deadline)`` -> one Outcome per call (same order): at most ``processes`` calls at
+    once, each bounded by ``timeout_s`` after it was handed out, all of them by ``deadline``.
+
+    Several threads may ``run`` at once (streamed scoring: one call each); together they use at most
+    ``processes`` children.
 
     Args:
         fn: the scorer, called as ``fn(*args)`` in a child process.
-        processes: children running calls at once (1 keeps calls sequential).
-        timeout_s: seconds a call may run after it was handed to a child.
+        processes: children running calls at once (``reward.num_workers``; 1 keeps calls sequential).
+        timeout_s: seconds a call may run after it was handed to a child (``reward.timeout``).
     """
 
     def __init__(self, fn: Callable[..., Any], processes: int, timeout_s: float) -> None:
         self.fn, self.processes, self.timeout_s = fn, max(1, int(processes)), float(timeout_s)
-        self._children: list[_Child] = []
+        self._idle: list[_Child] = []  # children no call runs on
+        self._children: set[_Child] = set()  # all of them (idle or running a call)
+        self._changed = threading.Condition()  # a child became idle, or one was dropped
         self._forker: ThreadPoolExecutor | None = None  # the thread that forks the children (started on first use)
-        self._lock = threading.Lock()  # the async reward thread and the loop never overlap; be sure
 
     def start(self) -> None:
         """Fork all ``processes`` children now (they are otherwise forked on first use)."""
-        with self._lock:
+        with self._changed:
             while len(self._children) < self.processes:
-                self._children.append(self._fork())
+                child = self._fork()
+                self._children.add(child)
+                self._idle.append(child)
 
-    def run(self, calls: list[tuple]) -> list[Outcome]:
-        with self._lock:
-            return self._run(calls)
-
-    def _run(self, calls: list[tuple]) -> list[Outcome]:
+    def run(self, calls: list[tuple], deadline: float | None = None) -> list[Outcome]:
+        """One Outcome per call: "ok" / "error", "timeout" (cut at ``timeout_s``), or "pending" (not done
+        by ``deadline``, a ``time.monotonic()`` time: its child killed, or never started)."""
         results: list[Outcome | None] = [None] * len(calls)
-        pending = list(range(len(calls)))[::-1]  # popped from the end: in order
-        busy: dict[int, tuple[_Child, int, float]] = {}  # fileno -> (child, call index, deadline)
-        while pending or busy:
-            while pending and len(busy) < self.processes:
-                child = self._idle_child(busy)
-                index = pending.pop()
+        waiting = list(range(len(calls)))[::-1]  # popped from the end: in order
+        busy: dict[int, tuple[_Child, int, float]] = {}  # fileno -> (child, call index, its own deadline)
+        end = float("inf") if deadline is None else deadline
+        while waiting or busy:
+            while waiting and time.monotonic() < end:
+                child = self._take(until=end if not busy else None)  # wait for a child only with nothing to collect
+                if child is None:
+                    break
+                index = waiting.pop()
                 child.conn.send((index, calls[index]))
-                busy[child.conn.fileno()] = (child, index, time.monotonic() + self.timeout_s)
-            next_deadline = min(deadline for _, _, deadline in busy.values())
-            ready = wait([child.conn for child, _, _ in busy.values()], timeout=max(0.0, next_deadline - time.monotonic()))
+                busy[child.conn.fileno()] = (child, index, min(time.monotonic() + self.timeout_s, end))
+            if not busy:
+                break  # the deadline passed before a child was free
+            next_deadline = min(d for _, _, d in busy.values())
+            poll = _POLL_S if waiting else float("inf")  # a child another thread frees is not on our pipes
+            ready = wait([c.conn for c, _, _ in busy.values()], timeout=max(0.0, min(next_deadline - time.monotonic(), poll)))
             for conn in ready:
                 child, index, _ = busy.pop(conn.fileno())
                 try:
@@ -129,39 +147,57 @@ class ScoringPool:
                                              error_text=f"the scoring process exited (exit code {code}) during this call")
                     self._drop(child)
                     continue
+                self._give(child)
                 results[got] = (Outcome("ok", value=payload) if kind == "ok"
                                 else Outcome("error", error_type=payload[0], error_text=payload[1], traceback=payload[2]))
             now = time.monotonic()
-            for fileno, (child, index, deadline) in list(busy.items()):
-                if deadline <= now:
+            for fileno, (child, index, call_deadline) in list(busy.items()):
+                if call_deadline <= now:
                     busy.pop(fileno)
-                    results[index] = Outcome("timeout")
+                    results[index] = Outcome("pending" if call_deadline >= end else "timeout")
                     self._drop(child)
+        for index in waiting:
+            results[index] = Outcome("pending")
         return results  # type: ignore[return-value]
 
-    def _idle_child(self, busy: dict[int, tuple[_Child, int, float]]) -> _Child:
-        working = {id(child) for child, _, _ in busy.values()}
-        for child in self._children:
-            if id(child) not in working:
-                return child
-        child = self._fork()
-        self._children.append(child)
-        return child
+    def _take(self, until: float | None) -> _Child | None:
+        """An idle child (forked if fewer than ``processes`` exist); None when there is none now and
+        ``until`` is None, or none became idle before ``until``."""
+        with self._changed:
+            while True:
+                if self._idle:
+                    return self._idle.pop()
+                if len(self._children) < self.processes:
+                    child = self._fork()
+                    self._children.add(child)
+                    return child
+                left = None if until is None else until - time.monotonic()
+                if left is None or left <= 0:
+                    return None
+                self._changed.wait(timeout=min(left, 1.0))
+
+    def _give(self, child: _Child) -> None:
+        with self._changed:
+            self._idle.append(child)
+            self._changed.notify()
+
+    def _drop(self, child: _Child) -> None:
+        child.kill()
+        with self._changed:
+            self._children.discard(child)
+            self._changed.notify()
 
     def _fork(self) -> _Child:
         if self._forker is None:
             self._forker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="megarl-scoring-fork")
         return self._forker.submit(_Child, self.fn).result()
 
-    def _drop(self, child: _Child) -> None:
-        child.kill()
-        self._children.remove(child)
-
     def close(self) -> None:
         """Stop every child (killed: a child may be stuck in a scorer)."""
-        for child in self._children:
+        with self._changed:
+            children, self._children, self._idle = list(self._children), set(), []
+        for child in children:
             child.kill()
-        self._children = []
         if self._forker is not None:
             self._forker.shutdown(wait=False)
             self._forker = None

@@ -4,11 +4,12 @@ hands each finished trajectory to a reward-loop worker the same way).
 
 The rollout worker wraps each agent-loop coroutine in :meth:`StreamingReward.scored`: when the loop
 returns, the sample's scoring call (the row the driver's manager would build from the batch:
-data_source, the decoded trajectory cut to the response length, ground truth, extra_info) runs on a
-scoring thread that hands it to the manager's scoring process (bounded by ``reward.timeout``); the event
-loop does not wait for it, so the engine steps on. After the batch, :meth:`collect` turns the outcomes
-into ``token_level_scores`` ``[B, R]`` and reward_extra_info exactly as the driver's manager does
-(``RewardManager.collect``: same errors, timeouts, dapo penalty). Not for ``reward_manager.name=batch``
+data_source, the decoded trajectory cut to the response length, ground truth, extra_info) runs on one
+of ``reward.num_workers`` scoring threads, each handing it to one of the manager's scoring processes
+(bounded by ``reward.timeout``, and by ``reward.phase_timeout`` from the moment the loop returned); the
+event loop does not wait for it, so the engine steps on. After the batch, :meth:`collect` turns the
+outcomes into ``token_level_scores`` ``[B, R]`` and reward_extra_info exactly as the driver's manager
+does (``RewardManager.collect``: same errors, timeouts, rows left unscored, dapo penalty). Not for ``reward_manager.name=batch``
 (one call for the whole batch: the trainer scores it after the rollout, in the background).
 """
 
@@ -34,7 +35,8 @@ class StreamingReward:
     def __init__(self, spec: RewardSpec, tokenizer: Any, response_length: int) -> None:
         self.manager = make_reward_manager(spec, tokenizer)
         self.response_length = response_length
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="megarl-stream-reward")
+        # one thread per scoring process: rows that finish together are scored at once (reward.num_workers)
+        self.executor = ThreadPoolExecutor(max_workers=self.manager.pool.processes, thread_name_prefix="megarl-stream-reward")
         self.finished_at: list[float] = []  # per batch: monotonic time each agent loop returned
         self.scored_at: list[float] = []  # per batch: monotonic time each score came back
 
@@ -44,13 +46,14 @@ class StreamingReward:
     async def scored(self, run: Awaitable[AgentLoopOutput], sample: dict[str, Any]) -> tuple[AgentLoopOutput, tuple, Outcome]:
         """Await the agent loop ``run``, then score its trajectory; returns (output, row, outcome)."""
         out = await run
-        self.finished_at.append(time.monotonic())
+        ready_at = time.monotonic()
+        self.finished_at.append(ready_at)
         key = self.manager.reward_fn_key
         if key not in sample:
             raise KeyError(f"data.reward_fn_key={key!r}: the batch has no such column (columns: {sorted(sample)})")
         text = self.manager.tokenizer.decode(out.response_ids[: self.response_length], skip_special_tokens=True)
         row = self.manager.row(sample[key], text, sample.get("reward_model"), sample.get("extra_info"))
-        outcome = await asyncio.get_running_loop().run_in_executor(self.executor, self.manager.score_row, row)
+        outcome = await asyncio.get_running_loop().run_in_executor(self.executor, self.manager.score_row, row, ready_at)
         self.scored_at.append(time.monotonic())
         return out, row, outcome
 

@@ -26,13 +26,13 @@ def _batch():
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), {"score": -math.inf, "acc": 1.0}])
 def test_nonfinite_score_names_the_row(manager, bad):
     fn = lambda ds, text, gt, extra: bad if text == "d" else 1.0  # noqa: E731  row 1 decodes to "d"
-    with pytest.raises(RewardError, match=r"row 1 \(data_source='s1'\).*score is -?(nan|inf).*finite number"):
+    with pytest.raises(RewardError, match=r"row 1 \(data_source='s1', scorer .*score is -?(nan|inf).*finite number"):
         RewardManager(_CharTokenizer(), fn, manager, timeout_s=30.0)(_batch())
 
 
 def test_batch_manager_nonfinite_score_names_the_row():
     fn = lambda ds, texts, gts, extras: [1.0, 0.5, float("nan")]  # noqa: E731
-    with pytest.raises(RewardError, match=r"row 2 \(data_source='s2'\).*score is nan"):
+    with pytest.raises(RewardError, match=r"row 2 \(data_source='s2', scorer .*score is nan"):
         RewardManager(_CharTokenizer(), fn, "batch", timeout_s=30.0)(_batch())
 
 

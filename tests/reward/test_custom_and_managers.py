@@ -111,7 +111,7 @@ def _slow_on_b(ds, text, gt, extra):
 def test_prime_manager_parallel_with_timeout():
     data = _batch([[1], [2], [3]], [1, 1, 1], ["s"] * 3, ["x"] * 3)
     start = time.monotonic()
-    scores, extra = RewardManager(CharTokenizer(), _slow_on_b, "prime", timeout_s=1.0)(data)
+    scores, extra = RewardManager(CharTokenizer(), _slow_on_b, "prime", timeout_s=1.0, processes=3)(data)
     assert scores[:, 0].tolist() == [0.0, 1.0, 1.0]  # the timed-out row scores 0
     assert extra["timeout"] == [1.0, 0.0, 0.0]
     assert time.monotonic() - start < 15  # the hung scorer (30 s) was not waited for

@@ -56,16 +56,16 @@ def _batch(texts: list[str]) -> DataProto:
     )
 
 
-def _manager(tmp_path, manager: str, timeout: float, name: str = "compute_score"):
+def _manager(tmp_path, manager: str, timeout: float, name: str = "compute_score", more: tuple[str, ...] = ()):
     from megarl.reward import build_reward_manager
 
     scorer = tmp_path / "scorer.py"
     scorer.write_text(SCORER)
-    from megarl.config import load_config
+    from megarl.config import load_config, typed_config
 
     cfg = load_config([f"reward.reward_manager.name={manager}", f"reward.custom_reward_function.path={scorer}",
-                       f"reward.custom_reward_function.name={name}", f"reward.timeout={timeout}"])
-    return build_reward_manager(cfg, CharTokenizer())
+                       f"reward.custom_reward_function.name={name}", f"reward.timeout={timeout}", *more])
+    return build_reward_manager(typed_config(cfg), CharTokenizer())
 
 
 def _guarded(fn, limit_s: float = 60.0):
@@ -128,12 +128,12 @@ def test_scores_and_errors_are_unchanged_by_the_process_boundary(tmp_path):
     finally:
         reward.close()
     (tmp_path / "boom.py").write_text("def compute_score(*a, **k):\n    raise KeyError('no such field')\n")
-    from megarl.config import load_config
+    from megarl.config import load_config, typed_config
     from megarl.reward import build_reward_manager
 
     cfg = load_config([f"reward.custom_reward_function.path={tmp_path / 'boom.py'}"])
 
-    reward = build_reward_manager(cfg, CharTokenizer())
+    reward = build_reward_manager(typed_config(cfg), CharTokenizer())
     try:
         with pytest.raises(RewardError, match=r"row 0.*KeyError.*no such field"):
             _guarded(lambda: reward(_batch(["a"])))

@@ -51,12 +51,18 @@ class RewardModelConfig(Section):
 
 @dataclass
 class RewardConfig(Section):
-    timeout: float = spec(gt=0)
+    timeout: float = spec(gt=0)  # seconds one scoring call may take
+    num_workers: int = spec(ge=1)  # scoring processes: calls of the per-row managers run this many at once
+    phase_timeout: float | None = spec(gt=0)  # megarl: seconds a batch's scoring may take (null: 2 x timeout)
     reward_model: RewardModelConfig = spec()
     custom_reward_function: CustomRewardFunctionConfig = spec()
     reward_manager: RewardManagerConfig = spec()
     reward_kwargs: dict[str, Any] = spec()
     launch_reward_fn_async: bool = spec()
+
+    def phase_timeout_s(self) -> float:
+        """Seconds a batch's scoring may take: ``phase_timeout``, or twice a call's ``timeout``."""
+        return self.phase_timeout if self.phase_timeout is not None else 2 * self.timeout
 
 
 @dataclass

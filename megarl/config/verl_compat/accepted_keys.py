@@ -85,7 +85,7 @@ RULES: tuple[CompatRule, ...] = tuple(
              "actor_rollout_ref.ref.megatron.forward_only", "actor_rollout_ref.ref.rollout_n")
     + _rules("ignore", _ONE_IMPL,
              "trainer.use_v1", "trainer.esi_redundant_time", "trainer.ray_wait_register_center_timeout",
-             "reward.num_workers", "sandbox_fusion.max_concurrent", "sandbox_fusion.memory_limit_mb",
+             "sandbox_fusion.max_concurrent", "sandbox_fusion.memory_limit_mb",
              "reward.sandbox_fusion.max_concurrent", "reward.sandbox_fusion.memory_limit_mb")
     # ---- accepted at verl's default only
     + _rules("refuse", _DEPRECATED_MB,
@@ -155,7 +155,7 @@ RULES: tuple[CompatRule, ...] = tuple(
     + _rules("refuse", "legacy location of a reward.reward_model key: moved there at load (megarl.config.verl_compat.legacy, verl's migration)",
              "reward_model.enable_resource_pool", "reward_model.n_gpus_per_node", "reward_model.nnodes",
              "reward_model.model.path", "reward_model.rollout.*")
-    + _rules("refuse", "legacy location of reward.num_workers: moved there at load (no effect in megarl)", "reward_model.num_workers")
+    + _rules("refuse", "legacy location of reward.num_workers: moved there at load", "reward_model.num_workers")
     + _rules("refuse", _RM_LEGACY,
              "reward_model.model.*")  # external_lib, trust_remote_code (model.path is moved, above)
     + _rules("refuse", "verl's legacy reward-model prompt ids; megarl renders the reward model's input from raw_prompt "
