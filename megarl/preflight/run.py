@@ -1,5 +1,5 @@
 """Preflight: load what the trainer will load — tokenizer, train/val datasets
-(`megarl.preflight.data`), reward function — and check the local machine can hold the requested
+(`megarl.preflight.data`), reward function, the agent loops' classes (`megarl.preflight.agent`) — and check the local machine can hold the requested
 slots (`megarl.preflight.cluster`), in the driver before Ray starts, so a bad file fails as a
 `ConfigError` naming the key, file and row (and the fix) instead of a traceback from a
 worker or a placement timeout.
@@ -12,6 +12,7 @@ from typing import Any
 from megarl.config.errors import ConfigError, Issue
 from megarl.config.read import to_dict, value_at
 from megarl.config.schema.root import MegaRLConfig
+from megarl.preflight.agent import agent_issues
 from megarl.preflight.cluster import local_cluster_issues
 from megarl.preflight.data import data_issues
 
@@ -29,6 +30,7 @@ def preflight(cfg: MegaRLConfig) -> Any:
         for split in ("train", "val"):
             issues += data_issues(cfg, tokenizer, split, tokenizer_key(cfg))
     issues += reward_issues(cfg)
+    issues += agent_issues(cfg)
     if issues:
         raise ConfigError(issues)
     return tokenizer

@@ -8,7 +8,11 @@ which older checkpoints also stored, has no effect to report):
 * refused (``ConfigError`` naming key, old and new value): another ``model.path`` or other
   model shapes (``config.json`` / ``model.override_config``): the checkpoint's weights would
   silently win over the new model, or fail deep in Megatron with "Global shape mismatch";
-  another ``optim.optimizer`` (its state cannot load); a critic the checkpoint lacks;
+  another ``optim.optimizer`` (its state cannot load); a critic the checkpoint lacks; while
+  ``checkpoint.load_contents`` has ``optimizer``: another ``megatron.use_distributed_optimizer``,
+  or another layout (TP/PP/VPP/CP/EP) for a distributed-optimizer state saved ``dp_reshardable``
+  (the workers refuse both when loading, megarl.workers.megatron.checkpoint; decided here, before
+  they start, so the verdict printed is the one enforced);
 * the lr schedule (``optim.lr``, warmup, decay, ``weight_decay``, ...): applied when
   ``optim.use_checkpoint_opt_param_scheduler=false`` (verl's default), kept from the
   checkpoint when true — said either way;
@@ -106,12 +110,42 @@ def _refusals(old: dict, new: dict, new_tree: dict, record: dict, use_critic: bo
             issues.append(Issue(key, new.get(key), f"differs from the checkpoint {ckpt} (it was {old.get(key)!r}): the "
                                                    "checkpointed optimizer state is that optimizer's",
                                 f"set {key}={old.get(key)} to continue that run, {_start_over(ckpt)}"))
+    for role in ROLES if use_critic and record["critic"] else ROLES[:1]:
+        issues += _optimizer_state_refusals(old, new, role, ckpt)
     if use_critic and not record["critic"]:
         issues.append(Issue("critic.enable", new.get("critic.enable"), (
             f"this run trains a critic (algorithm.adv_estimator={new.get('algorithm.adv_estimator')}), but the checkpoint "
             f"{ckpt} has none (it was written with algorithm.adv_estimator={old.get('algorithm.adv_estimator')})"),
             f"resume with the checkpoint's algorithm.adv_estimator / critic.enable, {_start_over(ckpt)}"))
     return issues
+
+
+LAYOUT = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
+          "context_parallel_size", "expert_model_parallel_size")
+
+
+def _optimizer_state_refusals(old: dict, new: dict, role: str, ckpt: str) -> list[Issue]:
+    """The optimizer state of ``role`` that the workers could not load (mirrors their check)."""
+    contents = f"{role}.checkpoint.load_contents"
+    if "optimizer" not in (new.get(contents) or []):
+        return []
+    skip = f"or leave optimizer out of {contents}"
+    key = f"{role}.megatron.use_distributed_optimizer"
+    if bool(old.get(key)) != bool(new.get(key)):
+        return [Issue(key, new.get(key), f"differs from the checkpoint {ckpt} (it was {old.get(key)!r}): its optimizer "
+                                         f"state was written {'with' if old.get(key) else 'without'} the distributed "
+                                         "optimizer and cannot load into the other", f"set {key}={old.get(key)} to "
+                                         f"continue that run, {skip}")]
+    resharded = f"{role}.megatron.dist_ckpt_optim_fully_reshardable"
+    if not old.get(key) or old.get(resharded):
+        return []
+    changed = [f"{role}.megatron.{k}" for k in LAYOUT if (old.get(f"{role}.megatron.{k}") or 1) != (new.get(f"{role}.megatron.{k}") or 1)]
+    if not changed:
+        return []
+    return [Issue(changed[0], new.get(changed[0]), (
+        f"differs from the checkpoint {ckpt} (it was {old.get(changed[0])!r}; changed: {', '.join(changed)}): its "
+        f"distributed-optimizer state was saved dp_reshardable ({resharded}=false), which loads only at the layout it "
+        "was saved in"), f"resume at that layout, {skip} (save with {resharded}=true to change layouts)")]
 
 
 def _at(tree: dict, dotted: str) -> Any:

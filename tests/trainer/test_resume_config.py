@@ -115,3 +115,34 @@ def test_critic_needed_but_not_in_the_checkpoint_is_refused(tmp_path):
     record = json.loads(json.dumps(run_record(_cfg(model), False)))
     with pytest.raises(ConfigError, match="critic"):
         check_resume_config(record, _cfg(model, "algorithm.adv_estimator=gae"), True, "/ckpt/global_step_4")
+
+
+DIST = "actor_rollout_ref.actor.megatron.use_distributed_optimizer"
+TP = "actor_rollout_ref.actor.megatron.tensor_model_parallel_size"
+LOAD = "actor_rollout_ref.actor.checkpoint.load_contents"
+
+
+@pytest.mark.parametrize("saved, now", [("false", "true"), ("true", "false")])
+def test_another_distributed_optimizer_setting_is_refused_before_start(tmp_path, saved, now):
+    """Issue 37 item 4: listed as applied, then refused by the workers after they started; decided here now."""
+    model = _model(tmp_path / "m")
+    with pytest.raises(ConfigError) as info:
+        _check(_cfg(model, f"{DIST}={saved}"), _cfg(model, f"{DIST}={now}"))
+    (issue,) = info.value.issues
+    assert issue.key == DIST and f"it was {saved.capitalize()}" in issue.problem and "distributed optimizer" in issue.problem
+    assert f"{DIST}={saved.capitalize()}" in issue.fix and LOAD in issue.fix
+    lines = _check(_cfg(model, f"{DIST}={saved}"), _cfg(model, f"{DIST}={now}", f"{LOAD}=[model,extra]"))
+    assert any(line.startswith(f"{DIST}:") and line.endswith(": applied") for line in lines), lines  # state not loaded
+
+
+def test_a_dp_reshardable_state_at_another_layout_is_refused_a_fully_reshardable_one_applied(tmp_path):
+    model = _model(tmp_path / "m")
+    with pytest.raises(ConfigError) as info:
+        _check(_cfg(model, f"{DIST}=true"), _cfg(model, f"{DIST}=true", f"{TP}=2"))
+    (issue,) = info.value.issues
+    assert issue.key == TP and "dp_reshardable" in issue.problem and "dist_ckpt_optim_fully_reshardable=true" in issue.fix
+    full = "actor_rollout_ref.actor.megatron.dist_ckpt_optim_fully_reshardable=true"
+    lines = _check(_cfg(model, f"{DIST}=true", full), _cfg(model, f"{DIST}=true", full, f"{TP}=2"))
+    assert any(line.startswith(f"{TP}: 1 -> 2: applied") for line in lines), lines
+    lines = _check(_cfg(model, f"{DIST}=false"), _cfg(model, f"{DIST}=false", f"{TP}=2"))  # torch's state: any layout
+    assert any(line.startswith(f"{TP}: 1 -> 2: applied") for line in lines), lines
