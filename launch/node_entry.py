@@ -32,6 +32,8 @@ def _cluster(*args: str) -> None:
 def main() -> int:
     import torch.distributed as dist
 
+    from megarl.parallel.net_iface import use_route_to_master
+
     node_rank, nnodes = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     head = os.environ["MEGARL_RAY_HEAD"]
     port = os.environ.setdefault("RAY_PORT", "6379")
@@ -50,10 +52,12 @@ def main() -> int:
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_sigterm)
+    chosen = use_route_to_master()  # gloo on the interface that reaches MASTER_ADDR, not the host name's loopback
     dist.init_process_group("gloo", timeout=TRAINER_TIMEOUT)
     # torchrun's variables must not reach Ray's processes: under TORCHELASTIC_USE_AGENT_STORE
     # the trainer's worker ranks would wait for a rendezvous store that nobody serves.
-    for key in [k for k in os.environ if k.startswith("TORCHELASTIC_") or k in TORCHRUN_VARS]:
+    # Nor the interface chosen for torchrun's master: the trainer's ranks choose for their own.
+    for key in [k for k in os.environ if k.startswith("TORCHELASTIC_") or k in TORCHRUN_VARS or k in chosen]:
         del os.environ[key]
     start_wait = datetime.timedelta(seconds=wait_s)  # monitored: the error names the rank (node) that is missing
     code = 0

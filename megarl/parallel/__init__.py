@@ -33,7 +33,9 @@ def init_distributed(megatron_cfg: Any, device: str | torch.device, *, seed: int
     """Initialise torch.distributed and megatron's model-parallel groups (idempotent).
 
     Reads ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` (and ``LOCAL_RANK`` on
-    CUDA) from the environment; gloo on CPU, nccl on CUDA. On CPU the compatibility layer
+    CUDA) from the environment; gloo on CPU, nccl on CUDA, bound to the interface that reaches
+    ``MASTER_ADDR`` unless GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME say otherwise
+    (:mod:`megarl.parallel.net_iface`). On CPU the compatibility layer
     :mod:`megarl.parallel.cpu_compat` is installed first. The layout is
     :meth:`ParallelLayout.from_megatron_config` of ``megatron_cfg`` over the world (verl's
     ``*.megatron`` parallel-size keys; the data-parallel size is what remains). Also seeds
@@ -51,6 +53,7 @@ def init_distributed(megatron_cfg: Any, device: str | torch.device, *, seed: int
     from megatron.core import parallel_state
 
     from megarl.parallel.cpu_compat import apply_cpu_compat, apply_missing_te_compat
+    from megarl.parallel.net_iface import use_route_to_master
 
     device_type = _device_type(device)
     if device_type == "cpu":
@@ -61,6 +64,7 @@ def init_distributed(megatron_cfg: Any, device: str | torch.device, *, seed: int
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
 
     if not dist.is_initialized():
+        use_route_to_master()  # across machines: gloo / NCCL on the interface that reaches MASTER_ADDR
         dist.init_process_group(backend="gloo" if device_type == "cpu" else "nccl")
     layout = ParallelLayout.from_megatron_config(megatron_cfg or {}, dist.get_world_size())
     layout.validate()
