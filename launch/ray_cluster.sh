@@ -21,7 +21,15 @@
 # replaces 127.0.0.1 by the host's address, other loopback addresses are kept),
 # RAY_TEMP_DIR (/tmp/ray), GPUS_PER_NODE / CPUS_PER_NODE (default: what Ray detects, so CPU
 # nodes work), WAIT_TIMEOUT_S (300: how long head/worker/submit wait for nodes),
-# RAY_NODE_ARGS (more `ray start` flags, e.g. ports when several nodes share one host).
+# EXPECT_NODES (wait / submit: "[name=]ip ..." of the nodes that must join; a missing one is
+# named), RAY_NODE_ARGS (more `ray start` flags, e.g. ports when several nodes share one host).
+#
+# The cluster's token (Ray's token authentication, on here): `head` uses RAY_AUTH_TOKEN if set,
+# else ~/.ray/auth_token (made if missing, mode 600) and prints where it is. Every worker node and the
+# submitting shell need the same token: either
+#   1. copy the head's ~/.ray/auth_token to ~/.ray/auth_token on each node (a shared home has it), or
+#   2. export RAY_AUTH_TOKEN=<its contents> before `worker` / `submit` on each node.
+# `worker` refuses to start without one.
 #
 # Each node runs `ray start --block` in its own process group (pid in
 # $RAY_TEMP_DIR/megarl-launch/); `stop` ends exactly those processes (never `ray stop`,
@@ -76,6 +84,17 @@ start_node() {
   echo "megarl launch: ${name} node up (${NODE_IP:-this host}), cluster ${address}, pid ${pid}, log ${log}"
 }
 
+token_file() { echo "${RAY_AUTH_TOKEN_PATH:-${HOME}/.ray/auth_token}"; }
+
+require_token() {  # the node needs the cluster's token before it can join
+  [ "${RAY_AUTH_MODE}" = "token" ] || return 0
+  [ -n "${RAY_AUTH_TOKEN:-}" ] && return 0
+  [ -s "$(token_file)" ] && return 0
+  echo "megarl launch: no Ray token on this node (RAY_AUTH_TOKEN unset, $(token_file) missing): copy the head's" \
+       "~/.ray/auth_token to $(token_file), or export RAY_AUTH_TOKEN=<its contents>, then run this again" >&2
+  exit 2
+}
+
 stop_nodes() {
   shopt -s nullglob
   for f in "${PID_DIR}"/*.pid; do
@@ -98,25 +117,39 @@ nnodes_of() {  # trainer.nnodes=N among the overrides (default 1)
 
 case "${1:-}" in
   head)
+    if [ "${RAY_AUTH_MODE}" = "token" ] && [ -z "${RAY_AUTH_TOKEN:-}" ] && [ ! -s "$(token_file)" ]; then
+      mkdir -p "$(dirname "$(token_file)")"
+      (umask 077; "${PYTHON}" -c 'import secrets; print(secrets.token_hex(32))' > "$(token_file)")
+      echo "megarl launch: made this cluster's Ray token: $(token_file)"
+    fi
     # shellcheck disable=SC2046
     start_node head "${NODE_IP:-127.0.0.1}:${RAY_PORT}" --head --port="${RAY_PORT}" --include-dashboard=false $(node_args)
+    if [ "${RAY_AUTH_MODE}" = "token" ] && [ -z "${RAY_AUTH_TOKEN:-}" ]; then
+      echo "megarl launch: worker nodes need this cluster's token: copy $(token_file) to each node's" \
+           "~/.ray/auth_token, or export RAY_AUTH_TOKEN=\$(cat $(token_file)) there"
+    fi
     ;;
   worker)
     head_ip="${2:?usage: $0 worker <head_ip>}"
+    require_token
     # shellcheck disable=SC2046
     start_node "worker-${NODE_IP:-$(hostname)}" "${head_ip}:${RAY_PORT}" --address="${head_ip}:${RAY_PORT}" $(node_args)
     ;;
   wait)
     shift
     n="${1:?usage: $0 wait <nnodes> [node_ip ...]}"; shift
+    # shellcheck disable=SC2086
     exec "${PYTHON}" "${HERE}/wait_nodes.py" --address "${RAY_ADDRESS:-${NODE_IP:-127.0.0.1}:${RAY_PORT}}" \
-      --nodes "$n" --expect "$@" --timeout "${WAIT_TIMEOUT_S}"
+      --nodes "$n" --expect "$@" ${EXPECT_NODES:-} --timeout "${WAIT_TIMEOUT_S}"
     ;;
   submit)
     shift
     # RAY_ADDRESS makes megarl.trainer.run_ppo join this cluster instead of starting a local one.
     export RAY_ADDRESS="${RAY_ADDRESS:-${NODE_IP:-127.0.0.1}:${RAY_PORT}}"
-    "${PYTHON}" "${HERE}/wait_nodes.py" --address "${RAY_ADDRESS}" --nodes "$(nnodes_of "$@")" --timeout "${WAIT_TIMEOUT_S}"
+    require_token
+    # shellcheck disable=SC2086
+    "${PYTHON}" "${HERE}/wait_nodes.py" --address "${RAY_ADDRESS}" --nodes "$(nnodes_of "$@")" \
+      --expect ${EXPECT_NODES:-} --timeout "${WAIT_TIMEOUT_S}"
     exec "${PYTHON}" -m megarl.main_ppo --config-name=ppo_megatron_trainer "$@"
     ;;
   stop)

@@ -18,6 +18,7 @@ megarl.trainer.failures (3-7, 1 for the unforeseen) and the tracebacks in a log 
 
 from __future__ import annotations
 
+import os
 import sys
 
 import hydra
@@ -119,7 +120,8 @@ def main(cfg: DictConfig) -> None:
             raise
         context = getattr(stop, "megarl_context", None) or FailureContext(run_dir=typed.trainer.default_local_dir)
         print(interrupted(code, context), file=sys.stderr, flush=True)
-        sys.exit(code)
+        sys.stdout.flush()
+        os._exit(code)  # the cleanup ran; Ray's exit hooks would wait on a cluster that may be gone
 
 
 def verl_config_path(argv: list[str]) -> list[str]:

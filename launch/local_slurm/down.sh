@@ -5,7 +5,11 @@ set -uo pipefail
 
 D="${LOCAL_SLURM_DIR:-/tmp/megarl-slurm}"
 export SLURM_CONF="$D/slurm.conf"
-[ -f "$SLURM_CONF" ] && scancel --full --quiet --partition=local 2>/dev/null
+read -r NS1 _ <<< "${NODE_NETNS:-}"
+if [ -f "$SLURM_CONF" ]; then
+  if [ -n "${NS1}" ]; then nsenter --net="/run/netns/${NS1}" scancel --full --quiet --partition=local 2>/dev/null
+  else scancel --full --quiet --partition=local 2>/dev/null; fi
+fi
 stop() {  # stop <pidfile>: SIGTERM, wait up to 30 s, then SIGKILL
   local f=$1 pid
   [ -f "$f" ] || return 0

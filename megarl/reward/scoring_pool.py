@@ -55,7 +55,8 @@ class Outcome:
 def _serve(fn: Callable[..., Any], conn: Connection, parent_pid: int) -> None:
     """Child loop: (index, args) in, (index, kind, payload) out, until the pipe closes."""
     detach_from_parent(parent_pid, keep_fds=[conn.fileno()])
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    for sig in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C, scancel: the parent's to handle (it kills its children)
+        signal.signal(sig, signal.SIG_IGN)
     while True:
         try:
             message = conn.recv()

@@ -22,6 +22,7 @@ def run_ppo(cfg: MegaRLConfig) -> dict[str, Any]:
     from megarl.trainer.failures import FailureContext
     from megarl.trainer.ppo_trainer import RayPPOTrainer
     from megarl.trainer.run_lock import hold_run_dir
+    from megarl.utils.bounded import CLEANUP_TIMEOUT_S, within
     from megarl.utils.signals import exit_on_sigterm
 
     root = os.path.expanduser(cfg.trainer.default_local_dir)
@@ -55,7 +56,7 @@ def run_ppo(cfg: MegaRLConfig) -> dict[str, Any]:
                 if timeline:
                     ray.timeline(filename=timeline)
                 if started:
-                    ray.shutdown()
+                    within(CLEANUP_TIMEOUT_S, "ray.shutdown", ray.shutdown)
     except BaseException as error:  # Ctrl-C and SIGTERM too: main_ppo names the phase they stopped
         context = trainer.failure_context() if trainer is not None else FailureContext(phase="start", run_dir=root)
         try:

@@ -42,6 +42,7 @@ from megarl.trainer.resume_config import check_resume_config, run_record
 from megarl.trainer.resume_fallback import load_with_fallback
 from megarl.trainer.rollout_stage import RolloutStage
 from megarl.trainer.worker_group import WorkerGroup
+from megarl.utils.bounded import CLEANUP_TIMEOUT_S, within
 from megarl.utils.timer import timed
 from megarl.utils.tracking import Tracking, dump_generations
 
@@ -208,7 +209,16 @@ class RayPPOTrainer:
     def close(self, graceful: bool = True) -> None:
         """Release workers, placement groups, loggers. ``graceful``: ask the actor group to shut
         its engines down first (bounded by SHUTDOWN_TIMEOUT_S); after a failure the worker
-        processes are killed at once (ranks may be stuck in a collective with a dead peer)."""
+        processes are killed at once (ranks may be stuck in a collective with a dead peer). The
+        calls to the cluster are bounded (megarl.utils.bounded: it may be going down too)."""
+        within(CLEANUP_TIMEOUT_S + (SHUTDOWN_TIMEOUT_S if graceful else 0), "stopping the workers",
+               self._release_workers, graceful)
+        if self.saving_step is not None:  # a failed save: its workers are gone now, remove what they wrote
+            ckpt.abort_save(self.ckpt_root, self.saving_step)
+        self.rollout.close()
+        self.tracking.close()
+
+    def _release_workers(self, graceful: bool) -> None:
         for group in (self.actor, self.critic, self.reward_model):
             if group is not None:
                 if graceful and group is self.actor:
@@ -217,12 +227,8 @@ class RayPPOTrainer:
                     except Exception as error:
                         print(f"[megarl] {group.name}.shutdown: {error}", flush=True)
                 group.shutdown()
-        if self.saving_step is not None:  # a failed save: its workers are gone now, remove what they wrote
-            ckpt.abort_save(self.ckpt_root, self.saving_step)
         if self.pool is not None:
             self.pool.release()
-        self.rollout.close()
-        self.tracking.close()
 
     # ------------------------------------------------------------------ one step
     def train_step(self, prompts: DataProto, prompts_iter: Iterator[DataProto]) -> dict[str, float]:

@@ -69,8 +69,10 @@ class WorkerHost:
         return os.getpid()
 
     def node(self) -> tuple[str, str]:
-        """(Ray node id, node IP) of this rank."""
-        return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
+        """(Ray node id, node IP) of this rank; the IP followed by the Slurm node name when Slurm
+        started the Ray node (its raylet's SLURMD_NODENAME, which the worker inherits)."""
+        ip, slurm = ray.util.get_node_ip_address(), os.environ.get("SLURMD_NODENAME")
+        return ray.get_runtime_context().get_node_id(), f"{ip}, Slurm node {slurm}" if slurm else ip
 
     def address(self) -> tuple[str, int]:
         """(this node's IP, a free port on it): the rendezvous of the group's rank 0."""

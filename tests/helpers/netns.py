@@ -23,16 +23,17 @@ class NodePair:
     ips: tuple[str, str]  # each node's address on the pair
 
     def prefix(self, node: int) -> list[str]:
-        """The command prefix that runs a command in node ``node``'s namespace."""
-        return ["ip", "netns", "exec", self.names[node]]
+        """The command prefix that runs a command in node ``node``'s network namespace (only: `ip netns
+        exec` would also remount /sys, hiding the cgroup mounts slurmd needs)."""
+        return ["nsenter", f"--net=/run/netns/{self.names[node]}"]
 
 
 def netns_available() -> str | None:
     """None when network namespaces can be made here, else why not."""
     if os.geteuid() != 0:
         return "needs root (ip netns)"
-    if shutil.which("ip") is None:
-        return "needs iproute2's ip"
+    if shutil.which("ip") is None or shutil.which("nsenter") is None:
+        return "needs iproute2's ip and util-linux's nsenter"
     return None
 
 

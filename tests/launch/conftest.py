@@ -1,5 +1,7 @@
 """Two-node launch tests: heavy (several minutes on 2 cores), so they run only with
-MEGARL_LAUNCH_TESTS=1 (and are marked slow). Shared helpers: ports, env, process cleanup."""
+MEGARL_LAUNCH_TESTS=1 (and are marked slow). Each test's two nodes are two network namespaces
+joined by a veth pair (helpers.netns: like two machines, loopback does not reach the other node).
+Shared helpers: the nodes, env, process cleanup."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers.netns import netns_available, two_nodes
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -22,6 +26,16 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "tests/launch/" in str(item.fspath).replace(os.sep, "/"):
             item.add_marker(skip)
+
+
+@pytest.fixture
+def nodes():
+    """Two nodes: network namespaces on a veth pair (``nodes.prefix(i)`` runs a command on node i)."""
+    why = netns_available()
+    if why:
+        pytest.skip(why)
+    with two_nodes("ln") as pair:
+        yield pair
 
 
 def free_port() -> int:
