@@ -220,7 +220,7 @@ NOT_EXERCISED_HERE = {
     **_keys("read by the reward manager from the DictConfig (custom reward functions get verl's config; tests/reward)",
             "reward.custom_reward_function.name", "reward.custom_reward_function.path",
             "reward.custom_reward_function.reward_kwargs", "reward.reward_kwargs", "reward.reward_manager.name",
-            "reward.timeout"),
+            "reward.timeout", "reward.num_workers", "reward.phase_timeout"),
     **_keys("only by the loss mode that uses it (tests/trainer/test_every_loss_mode.py)",
             *(f"{A}.policy_loss.{k}" for k in ("clip_cov_lb", "clip_cov_ratio", "clip_cov_ub", "dro_beta", "kl_cov_ratio",
                                                "ppo_kl_coef")), f"{A}.tau_neg", f"{A}.tau_pos", f"{C}.loss_type"),
