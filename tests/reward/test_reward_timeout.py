@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 
 from megarl.config.files import CONFIG_DIR, CONFIG_NAME
 from megarl.protocol import DataProto
+from megarl.reward import RewardError, RewardManager
 
 CONFIG = Path(CONFIG_DIR) / f"{CONFIG_NAME}.yaml"
 # A scorer that never returns on the response "b", and spins the CPU (no GIL release) on "c".
@@ -149,3 +150,48 @@ def test_timeout_key_is_in_the_yaml_and_validated():
     assert cfg.reward.timeout == 300  # verl's reward.timeout default (RateLimitedRewardManager)
     assert not check_schema(load_config(["reward.timeout=0.5"]))
     assert [i.key for i in check_schema(load_config(["reward.timeout=0"]))] == ["reward.timeout"]
+
+
+# reward.phase_timeout: the whole batch's bound (issue 37 item 2)
+def _hang_on_b(data_source, text, truth, extra):
+    if text == "b":
+        time.sleep(10**6)
+    return 1.0
+
+
+@pytest.mark.parametrize("manager", ["naive", "batch"])
+def test_rows_left_when_the_phase_ends_stop_the_run_naming_them(manager):
+    fn = _hang_on_b if manager == "naive" else (lambda s, texts, g, e: [_hang_on_b(None, t, None, None) for t in texts])
+    reward = RewardManager(CharTokenizer(), fn, manager, timeout_s=10**6, processes=2, phase_timeout_s=1.0)
+    try:
+        with pytest.raises(RewardError) as info:
+            reward(_batch(["a", "b", "b", "a", "a"]))
+    finally:
+        reward.close()
+    text = str(info.value)
+    left = "rows 1 (s), 2 (s), 3 (s), 4 (s)" if manager == "naive" else "rows 0 (s), 1 (s), 2 (s), 3 (s), 4 (s)"
+    for word in ("reward.phase_timeout=1 s", left, "step 7", "reward.num_workers", "trainer.nan_policy=skip"):
+        assert word in text, (word, text)
+
+
+def test_under_nan_policy_skip_they_score_zero_and_are_named(capsys):
+    reward = RewardManager(CharTokenizer(), _hang_on_b, "naive", timeout_s=10**6, processes=3, phase_timeout_s=1.0,
+                           skip_unscored=True)
+    try:
+        scores, extra = reward(_batch(["a", "b", "a", "b"]))
+    finally:
+        reward.close()
+    assert scores.sum(-1).tolist() == [1.0, 0.0, 1.0, 0.0] and extra["timeout"] == [0.0, 1.0, 0.0, 1.0]
+    out = capsys.readouterr().out
+    assert "2 of 4 rows were not scored in time: rows 1 (s), 3 (s)" in out and "nan_policy=skip" in out, out
+
+
+def test_num_workers_and_phase_timeout_keys_reach_the_manager():
+    from megarl.config import load_config, typed_config
+    from megarl.reward.managers import reward_spec
+
+    default = reward_spec(typed_config(load_config(["reward.timeout=7"])))
+    assert (default.processes, default.phase_timeout_s, default.skip_unscored) == (8, 14.0, False)  # verl's 8; 2 x timeout
+    spec = reward_spec(typed_config(load_config(["reward.num_workers=3", "reward.phase_timeout=40",
+                                                 "trainer.nan_policy=skip"])))
+    assert (spec.processes, spec.phase_timeout_s, spec.skip_unscored) == (3, 40.0, True)
