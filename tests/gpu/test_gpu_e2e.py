@@ -1,10 +1,10 @@
 """The whole product on one GPU: ``python -m megarl.main_ppo`` (Ray controller, colocated
 Megatron actor + vLLM engine on CUDA, direct weight sync, sleep/wake) on the embedded demo.
 
-* GRPO learns: the demo's warmed-up model starts at 0.38 greedy validation reward on CPU
-  (0.45 when its warm-up ran on the GPU machine); after 60 steps the CPU run (fp32) is at
-  0.61-0.71 over five seeds (docs/quickstart_run.md), so this bf16 run must gain 0.1 and
-  reach 0.5 -- a broken update, sync or rollout stays where it started or falls.
+* GRPO learns: the demo's warmed-up model starts at about 0.40 greedy validation reward (its
+  warm-up stops at a measured target: every answer well formed, >= 0.38 right); after 60 steps
+  the CPU run (fp32) is at 0.695-0.77 over three seeds (docs/quickstart_run.md), so this bf16 run
+  must gain 0.1 and reach 0.5 -- a broken update, sync or rollout stays where it started or falls.
 * PPO with a critic (GAE) and resume: 2 steps saved, then a second command resumes to step 4
   (the controller starts at step 3 from the saved actor, critic and data-loader state).
 
