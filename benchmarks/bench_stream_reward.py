@@ -65,7 +65,8 @@ def main() -> None:
         worker = make_worker(build_model(tmp + "/model", 512), args)
         scorer = Path(tmp) / "scorer.py"
         scorer.write_text(SCORER.format(seconds=args.score_s))
-        spec = RewardSpec("naive", 60.0, "data_source", {"path": str(scorer), "name": "compute_score"}, None)
+        spec = RewardSpec("naive", 60.0, "data_source", {"path": str(scorer), "name": "compute_score"}, None,
+                          processes=1, phase_timeout_s=120.0, skip_unscored=False)
         manager = make_reward_manager(spec, IdsText())
         stream = StreamingReward(spec, IdsText(), args.long)
         manager.start()

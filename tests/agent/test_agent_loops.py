@@ -371,7 +371,8 @@ def test_streamed_reward_equals_the_batch_scores_and_starts_before_the_last_samp
     scorer = tmp_path / "score.py"
     scorer.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
                       "    return float(len(solution_str)) + (0.5 if ground_truth == 'b' else 0.0)\n")
-    spec = RewardSpec("naive", 10.0, "data_source", {"path": str(scorer), "name": "compute_score"}, None)
+    spec = RewardSpec("naive", 10.0, "data_source", {"path": str(scorer), "name": "compute_score"}, None,
+                      processes=2, phase_timeout_s=20.0, skip_unscored=False)
     configure(**{"multi_turn.max_assistant_turns": 2, "multi_turn.tool_timeout_s": 0.5})
     fx.CallsTool.tool = "sleepy"
     batch = _batch(PROMPTS[:2], ["single_turn_agent", "tool_agent"])
