@@ -142,11 +142,11 @@ def profile_step(step, device, label: str, top: int = 30) -> str:
 def install_cpu_compat() -> None:
     """CPU dry runs only: megarl's CPU compatibility layer (points megatron's CUDA calls
     at the CPU)."""
-    from megarl.parallel.cpu_compat import apply_cpu_compat
-    from megarl.workers.megatron.optim import apply_cpu_optimizer_compat
+    from megarl.compat.megatron_core.cpu import apply_cpu
+    from megarl.compat.megatron_core.optimizer import apply_cpu_optimizer
 
-    apply_cpu_compat()
-    apply_cpu_optimizer_compat()
+    apply_cpu()
+    apply_cpu_optimizer()
 
 
 def report(label: str, times: list[float], tokens_per_step: int, flops_per_token: float, world: int):

@@ -43,8 +43,8 @@ from megarl.config.read import to_dict
 from megarl.config.verl_compat.check import compat_notices
 from megarl.plan.gate import memory_gate
 from megarl.preflight import RUNTIME_RULES, preflight
+from megarl.compat.megatron_core.fallback_warnings import fallback_note
 from megarl.utils.signals import EXIT_SIGTERM, exit_code_of, exit_on_sigterm
-from megarl.utils.te_apex_warnings import fallback_note
 
 EXIT_BAD_CONFIG = 2
 

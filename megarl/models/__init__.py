@@ -39,7 +39,7 @@ from megarl.models.spec import (
     te_block,
 )
 from megarl.models.value_head import ValueHead
-from megarl.models.wgrad_fusion import apex_wgrad_kernel_available
+from megarl.compat.transformer_engine import apex_wgrad_kernel_available
 from megarl.models.weights import export_hf_weights, load_hf_weights, save_hf_checkpoint, save_hf_config, unwrap_chunk
 
 __all__ = [

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from megatron.core import parallel_state
 from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
+from megarl.compat.megatron_core.cpu import cpu_transformer_settings
 from megarl.models.gemma3 import (
     GEMMA3_MODEL_TYPES,
     check_gemma3_supported,
@@ -170,7 +171,7 @@ def hf_to_transformer_config(
     # TE's fused kernels where its spec runs (Gemma 3 builds the local spec whatever is asked):
     # RoPE in one kernel, packed sequences included (megatron's unfused THD RoPE syncs the host
     # and slices per sequence, twice per layer), and weight gradients accumulated by the wgrad
-    # GEMM into DDP's fp32 main_grad (no bf16 wgrad + add_ per micro-batch; see wgrad_fusion.py).
+    # GEMM into DDP's fp32 main_grad (no bf16 wgrad + add_ per micro-batch; see megarl.compat.transformer_engine).
     te_kernels = resolved_impl == "transformer_engine" and model_type not in GEMMA3_MODEL_TYPES
     if model_type in MLA_MODEL_TYPES:
         check_mla_supported(hf_config, resolved_impl)
@@ -202,16 +203,13 @@ def hf_to_transformer_config(
         params_dtype=dtype,
         pipeline_dtype=dtype,
         **_DTYPE_FLAGS[dtype],
-        # Unfused paths on CPU: the fused kernels need CUDA/apex/TE. On CUDA the SwiGLU
-        # is megatron's fused (torch.compile) bias_swiglu, as in plain Megatron-LM (the eager
-        # silu * mul and its backward are slower).
-        bias_activation_fusion=not on_cpu,
+        # bias_activation_fusion, use_cpu_initialization: by device (megarl.compat.megatron_core.cpu)
+        **cpu_transformer_settings(on_cpu),
         bias_dropout_fusion=False,
         masked_softmax_fusion=False,
         apply_rope_fusion=te_kernels and model_type not in MLA_MODEL_TYPES,
         gradient_accumulation_fusion=te_kernels,
         persist_layer_norm=False,
-        use_cpu_initialization=on_cpu,
         **ParallelLayout.from_parallel_state().megatron_sizes(),
         sequence_parallel=bool(megatron_cfg.get("sequence_parallel", False)),
     )

@@ -42,6 +42,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from megarl.compat.megatron_core.cpu import MOE_DISPATCHER_ON_CPU
+
 __all__ = ["MOE_MODEL_TYPES", "check_moe_supported", "moe_layer_pattern", "moe_transformer_kwargs", "num_experts"]
 
 MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "glm4_moe", "deepseek_v3")
@@ -111,8 +113,7 @@ def moe_transformer_kwargs(hf_config, *, grouped_gemm: bool, on_cpu: bool) -> di
         moe_grouped_gemm=grouped_gemm,
         # TE's fused token permute/unpermute stays off unless override_transformer_config.moe_permute_fusion
         # asks: it was slower on the small MoE models measured (benchmarks/RESULTS.md)
-        # The alltoall dispatcher creates a CUDA stream.
-        moe_token_dispatcher_type="allgather" if on_cpu else "alltoall",
+        moe_token_dispatcher_type=MOE_DISPATCHER_ON_CPU if on_cpu else "alltoall",
     )
     if model_type == "qwen2_moe":
         kwargs.update(moe_shared_expert_intermediate_size=hf_config.shared_expert_intermediate_size,

@@ -35,8 +35,8 @@ def init_distributed(megatron_cfg: Any, device: str | torch.device, *, seed: int
     Reads ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` (and ``LOCAL_RANK`` on
     CUDA) from the environment; gloo on CPU, nccl on CUDA, bound to the interface that reaches
     ``MASTER_ADDR`` unless GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME say otherwise
-    (:mod:`megarl.parallel.net_iface`). On CPU the compatibility layer
-    :mod:`megarl.parallel.cpu_compat` is installed first. The layout is
+    (:mod:`megarl.parallel.net_iface`). On CPU megatron-core's CPU shims
+    (:mod:`megarl.compat.megatron_core.cpu`) are installed first. The layout is
     :meth:`ParallelLayout.from_megatron_config` of ``megatron_cfg`` over the world (verl's
     ``*.megatron`` parallel-size keys; the data-parallel size is what remains). Also seeds
     torch/python RNGs from ``seed`` (the role's ``megatron.seed``), see :func:`set_seed`.
@@ -52,14 +52,15 @@ def init_distributed(megatron_cfg: Any, device: str | torch.device, *, seed: int
     import torch.distributed as dist
     from megatron.core import parallel_state
 
-    from megarl.parallel.cpu_compat import apply_cpu_compat, apply_missing_te_compat
+    from megarl.compat.megatron_core.cpu import apply_cpu
+    from megarl.compat.megatron_core.no_te import apply_no_te
     from megarl.parallel.net_iface import use_route_to_master
 
     device_type = _device_type(device)
     if device_type == "cpu":
-        apply_cpu_compat()
+        apply_cpu()
     else:
-        apply_missing_te_compat()
+        apply_no_te()
         if "LOCAL_RANK" in os.environ:
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
 

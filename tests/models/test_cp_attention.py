@@ -47,9 +47,9 @@ def _case(seq_lens: list[int], batch: int, packed: bool) -> dict:
 
     from megarl.models.core_attention import SDPACoreAttention
     from megarl.parallel.context_parallel import cp_token_index
-    from megarl.parallel.cpu_compat import apply_cpu_compat
+    from megarl.compat.megatron_core.cpu import apply_cpu
 
-    apply_cpu_compat()
+    apply_cpu()
     if not dist.is_initialized():
         dist.init_process_group("gloo")
     cp, rank = dist.get_world_size(), dist.get_rank()

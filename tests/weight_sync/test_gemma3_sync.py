@@ -3,8 +3,8 @@
 The tensors handed to vLLM equal the HF export of the perturbed weights bitwise, and a synced
 vLLM engine (started with dummy weights) generates exactly what an engine started from that export
 generates; prompt + response are longer than the sliding window. Gemma 3 ties its LM head as a
-separate vLLM module: the synced engine's logits come from it (megarl.workers.rollout
-``_reprepack_cpu_tied_lm_head``). Two vLLM engines: ``-m extended``.
+separate vLLM module: the synced engine's logits come from it
+(``megarl.compat.vllm.cpu_repack.reprepack_cpu_tied_lm_head``). Two vLLM engines: ``-m extended``.
 """
 
 from __future__ import annotations

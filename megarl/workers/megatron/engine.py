@@ -29,7 +29,7 @@ from megarl.config.schema.critic import CriticConfig
 from megarl.config.schema.megatron import MegatronInferConfig, OptimConfig
 from megarl.models import build_model, export_hf_weights, load_hf_weights, unwrap_chunk
 from megarl.models.lora import LoraSpec, apply_lora, merged_weights
-from megarl.models.wgrad_fusion import fuse_te_wgrad_accumulation
+from megarl.compat.transformer_engine import fuse_te_wgrad_accumulation
 from megarl.parallel import init_distributed
 from megarl.parallel.dynamic_batch import fixed_size_partitions, partition_by_token_budget, restore_order
 from megarl.workers.megatron.inputs import build_inputs, valid_length
@@ -200,7 +200,7 @@ class MegatronEngine:
                 for i, chunk in enumerate(chunks)
             ]
             if meta["wgrad_fusion"] and not config.gradient_accumulation_fusion:
-                for chunk in chunks:  # TE accumulates into DDP's main_grad (megarl.models.wgrad_fusion)
+                for chunk in chunks:  # TE accumulates into DDP's main_grad (megarl.compat.transformer_engine)
                     fuse_te_wgrad_accumulation(chunk)
             self.optimizer = build_optimizer(
                 chunks, self.optim_cfg, use_distributed_optimizer=self.use_distributed_optimizer, dtype=self.dtype,

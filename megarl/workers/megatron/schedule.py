@@ -17,6 +17,7 @@ from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.utils import get_model_config
 
+from megarl.compat.megatron_core.schedule import needs_uniform_shapes, unbatched_p2p_at_pp2
 from megarl.workers.megatron.inputs import MicroBatchInputs, pad_inputs
 
 __all__ = ["MicroBatch", "run_schedule", "broadcast_from_last_stage", "uniform_shapes"]
@@ -63,11 +64,7 @@ def run_schedule(
         return []
     config = get_model_config(chunks[0])
     model_inputs = [mb.inputs for mb in micro_batches]
-    if len(chunks) > 1 and not forward_only:
-        # megatron-core 0.16.1's interleaved schedule hangs on variable shapes in forward-backward
-        # (seen at pp = 2, where its shape exchange, always batched, pairs the two sends to one
-        # rank as wrongly as batched p2p does below; forward-only works): the model gets every
-        # micro-batch padded to the pass's largest shape.
+    if needs_uniform_shapes(len(chunks), forward_only):  # megarl.compat.megatron_core.schedule
         model_inputs = uniform_shapes(model_inputs)
     # Shapes differ between micro-batches with packing, dynamic batch size or a last
     # partial micro-batch; pipeline stages then exchange shapes before each activation.
@@ -79,13 +76,7 @@ def run_schedule(
         # megatron needs M % N == 0 (N in [pp, M]); N = M covers counts not divisible by pp.
         pp_size = parallel_state.get_pipeline_model_parallel_world_size()
         config.microbatch_group_size_per_vp_stage = pp_size if num_micro_batches % pp_size == 0 else num_micro_batches
-        # At pp = 2 the previous and next stage are one rank: megatron's batched p2p then posts
-        # two sends to it (activation, gradient) whose order the receiver's two receives do not
-        # follow, so activations and gradients swap silently (same shape) in the steady state of
-        # a training pass with more micro-batches than stages. Its unbatched p2p keeps the two
-        # directions apart (two process groups at size 2).
-        if pp_size == 2:
-            config.batch_p2p_comm = False
+        unbatched_p2p_at_pp2(config, pp_size)
     output_kwargs = {} if fp32_output or not _half_wrapped(chunks[0]) else {"fp32_output": False}
 
     def forward_step(data_iterator, model):

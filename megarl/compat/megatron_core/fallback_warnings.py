@@ -1,6 +1,6 @@
 """Megatron-Core's import-time "Transformer Engine and Apex are not installed" warnings.
 
-megatron-core 0.16.1 warns, once in each module that would use them, that it falls back to
+megatron-core warns, once in each module that would use them, that it falls back to
 torch implementations when transformer-engine and apex are missing: six UserWarnings in the
 driver and six more in every worker, as each one imports megatron. On CPU these packages
 cannot run at all, and megarl's CPU path is built on exactly those fallbacks (torch norms,
@@ -8,7 +8,8 @@ optimizer and grad clipping; tested against HF transformers), so the lines carry
 
 ``megarl/__init__.py`` calls :func:`ignore_fallback_warnings` in every process before any
 megarl module imports megatron; the filter matches only these two messages and only when
-raised from megatron modules. The driver prints :func:`fallback_note` once instead.
+raised from megatron modules. The driver prints :func:`fallback_note` once instead. Light on
+purpose (no torch, no megatron): every megarl process imports it.
 """
 
 from __future__ import annotations
@@ -16,8 +17,29 @@ from __future__ import annotations
 import importlib.util
 import warnings
 
+from megarl.compat.shim import Shim
+
+__all__ = ["SHIMS", "FALLBACK_MESSAGE", "fallback_note", "ignore_fallback_warnings"]
+
 FALLBACK_MESSAGE = r"(Transformer Engine and Apex are|Apex is) not installed\. Falling back"
 PACKAGES = ("transformer_engine", "apex")
+
+
+def _still_warns() -> bool:
+    import inspect
+
+    from megatron.core import optimizer
+    from megatron.core.models import backends
+
+    return all("not installed. Falling back" in inspect.getsource(m) for m in (optimizer, backends))
+
+
+SHIMS = (
+    Shim("warnings filter: megatron's TE/apex fallback warnings", ("megatron-core==0.16.1",), ("cpu", "gpu"),
+         "optimizer/__init__.py:25 'Transformer Engine and Apex are not installed. Falling back to Torch "
+         "optimizers.' and models/backends.py:21 (and the layer-spec modules) 'Apex is not installed. Falling "
+         "back to Torch Norm', once per importing process", _still_warns),
+)
 
 
 def ignore_fallback_warnings() -> None:
