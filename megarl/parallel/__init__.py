@@ -53,16 +53,13 @@ def init_distributed(megatron_cfg: Any, device: str | torch.device, *, seed: int
     from megatron.core import parallel_state
 
     from megarl.compat.megatron_core.cpu import apply_cpu
-    from megarl.compat.megatron_core.no_te import apply_no_te
     from megarl.parallel.net_iface import use_route_to_master
 
     device_type = _device_type(device)
     if device_type == "cpu":
         apply_cpu()
-    else:
-        apply_no_te()
-        if "LOCAL_RANK" in os.environ:
-            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    elif "LOCAL_RANK" in os.environ:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
 
     if not dist.is_initialized():
         use_route_to_master()  # across machines: gloo / NCCL on the interface that reaches MASTER_ADDR

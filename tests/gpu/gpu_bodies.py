@@ -16,8 +16,8 @@ def actor_log_probs_and_step(model_path: str, batch: dict, tp: int, dtype: str, 
     """Log-probs of this rank's DP rows, then one PPO step; HF export after it (rank 0)."""
     from megarl.workers.actor import ActorWorker
 
-    # megatron-core 0.16.1 without transformer-engine/apex builds its distributed optimizer
-    # only for bf16/fp16 params (fp32 params get torch Adam, which it rejects), so this
+    # megatron-core (0.16.1; on 0.19.2 to be re-checked on a GPU) without transformer-engine/apex builds
+    # its distributed optimizer only for bf16/fp16 params (fp32 params get torch Adam, which it rejects), so this
     # fp32 comparison uses the plain (replicated) optimizer.
     megatron = megatron_node(tensor_model_parallel_size=tp, dtype=dtype, use_distributed_optimizer=dtype != "float32")
     megatron["override_transformer_config"] = {"attention_backend": "auto"}  # no flash-attn package on the GPU machine

@@ -3,8 +3,8 @@ verl's keys, and a state this run cannot read is refused up front naming the key
 
 verl 0.9.1 (``MegatronCheckpointManager._build_sharded_state_dict_metadata``): distributed optimizer ->
 ``dp_reshardable``, or ``fully_reshardable`` with ``megatron.dist_ckpt_optim_fully_reshardable``;
-megatron-core 0.16.1's default when no metadata is passed (``fully_sharded_model_space``) cannot save
-a parameter split over DP ranks ("ShardedTensor.flattened_range is not supported").
+megatron-core's default when no metadata is passed (``fully_sharded_model_space``, 0.16.1 and 0.19.2) cannot
+save a parameter split over DP ranks ("ShardedTensor.flattened_range is not supported").
 """
 
 from __future__ import annotations

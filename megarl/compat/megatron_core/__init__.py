@@ -1,5 +1,4 @@
-"""megatron-core patches: CPU stand-ins for its CUDA paths (:mod:`.cpu`), fallbacks where
-transformer-engine is absent (:mod:`.no_te`), its optimizer on CPU and with torch's Adam
-(:mod:`.optimizer`), interleaved-schedule workarounds (:mod:`.schedule`) and its import-time
+"""megatron-core patches: CPU stand-ins for its CUDA paths (:mod:`.cpu`), its optimizer on CPU
+and with torch's Adam (:mod:`.optimizer`), interleaved-schedule workarounds (:mod:`.schedule`) and its import-time
 fallback warnings (:mod:`.fallback_warnings`). Nothing here is imported by this package itself: the
 warning filter runs in every process before megatron is imported."""

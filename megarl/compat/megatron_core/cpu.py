@@ -1,7 +1,7 @@
 """Run megatron-core on CPU (gloo): the few places that assume CUDA.
 
 :func:`apply_cpu` is applied by :func:`megarl.parallel.init_distributed` only when the device is
-CPU (it also applies :func:`megarl.compat.megatron_core.no_te.apply_no_te`). Everything megatron
+CPU. Everything megatron
 needs beyond this (SDPA core attention instead of the default ``DotProductAttention``, the
 ``allgather`` MoE dispatcher, seeding without ``model_parallel_cuda_manual_seed``) is chosen in
 ``megarl.models`` / ``megarl.parallel`` rather than patched; the TransformerConfig settings a CPU
@@ -10,7 +10,8 @@ model needs are :func:`cpu_transformer_settings`.
 Process-wide changes, each a :data:`SHIMS` entry: ``torch.cuda.current_device()`` returns
 ``torch.device("cpu")`` and ``torch.cuda.synchronize()`` is a no-op; megatron's pipeline schedules
 see a ``torch`` whose ``device="cuda"`` allocations go to CPU; its CUDA RNG tracker's ``fork`` is a
-no-op; tied embeddings and RoPE under context parallelism skip their ``.cuda()`` moves.
+no-op; tied embeddings and RoPE under context parallelism skip their ``.cuda()`` moves; DDP's
+gradient sync waits on a stream that does nothing.
 """
 
 from __future__ import annotations
@@ -20,12 +21,11 @@ import contextlib
 import torch
 
 from megarl.compat.cuda_on_cpu import TorchCudaToCpu, without_cuda_moves
-from megarl.compat.megatron_core.no_te import apply_no_te
 from megarl.compat.shim import Shim, source_has
 
 __all__ = ["SHIMS", "apply_cpu", "cpu_transformer_settings", "MOE_DISPATCHER_ON_CPU"]
 
-MCORE = ("megatron-core==0.16.1",)
+MCORE = ("megatron-core==0.19.2",)
 _APPLIED = False
 
 
@@ -35,10 +35,10 @@ SHIMS = (
          "device=torch.cuda.current_device(), which raises without CUDA: it returns torch.device('cpu')",
          source_has("megatron.core.pipeline_parallel.p2p_communication", None, "torch.cuda.current_device()")),
     Shim("torch.cuda.synchronize", MCORE, ("cpu",),
-         "p2p communication (p2p_communication.py:242, 398), DDP and parallel_state synchronize the device: a no-op",
+         "p2p communication (p2p_communication.py), DDP and parallel_state synchronize the device: a no-op",
          source_has("megatron.core.pipeline_parallel.p2p_communication", None, "torch.cuda.synchronize()")),
     Shim("megatron.core.pipeline_parallel.schedules.torch", MCORE, ("cpu",),
-         'the schedules allocate total_num_tokens with a literal device="cuda" (schedules.py:596, 983, 2138): '
+         'the schedules allocate total_num_tokens with a literal device="cuda" (schedules.py:749, 1121, 2292): '
          "their torch is a TorchCudaToCpu",
          source_has("megatron.core.pipeline_parallel.schedules", None, 'device="cuda"')),
     Shim("CudaRNGStatesTracker.fork", MCORE, ("cpu",),
@@ -47,15 +47,21 @@ SHIMS = (
          source_has("megatron.core.tensor_parallel.random", "CudaRNGStatesTracker.fork", "_get_cuda_rng_state")),
     Shim("LanguageModule.setup_embeddings_and_output_layer", MCORE, ("cpu",),
          "with tied embeddings and PP > 1 it moves the last stage's embedding copy to CUDA "
-         "(language_module.py:244 weight.data.cuda()) before the first/last-stage all-reduce: Tensor.cuda is "
+         "(language_module.py:307 weight.data.cuda()) before the first/last-stage all-reduce: Tensor.cuda is "
          "the identity while it runs",
          source_has("megatron.core.models.common.language_module.language_module",
                      "LanguageModule.setup_embeddings_and_output_layer", ".cuda()")),
     Shim("rotary_pos_embedding.get_pos_emb_on_this_cp_rank", MCORE, ("cpu",),
          "RoPE under context parallelism builds this CP rank's chunk index in pinned memory and moves it with "
-         ".cuda() (rope_utils.py:64): the rotary modules get the same selection with the index on the "
+         ".cuda() (rope_utils.py:48-70): the rotary modules get the same selection with the index on the "
          "embedding's device",
          source_has("megatron.core.models.common.embeddings.rope_utils", "get_pos_emb_on_this_cp_rank", ".cuda(")),
+    Shim("megatron.core.distributed.param_and_grad_buffer.torch", MCORE, ("cpu",),
+         "_ParamAndGradBucketGroup.start_grad_sync waits on torch.cuda.current_stream() for CUDA-graph wgrad "
+         "events unconditionally, every step (param_and_grad_buffer.py:632): its torch is a TorchCudaToCpu, "
+         "whose current stream waits on nothing",
+         source_has("megatron.core.distributed.param_and_grad_buffer", "_ParamAndGradBucketGroup.start_grad_sync",
+                    "torch.cuda.current_stream()")),
     Shim("TransformerConfig CPU settings", MCORE, ("cpu",),
          "bias_activation_fusion (megatron's torch.compile'd bias_swiglu) and the fused kernels need CUDA/apex/TE; "
          "use_cpu_initialization: parameters are initialised on the host (cpu_transformer_settings)"),
@@ -81,10 +87,12 @@ def apply_cpu() -> None:
     torch.cuda.current_device = lambda: torch.device("cpu")
     torch.cuda.synchronize = lambda device=None: None
 
+    from megatron.core.distributed import param_and_grad_buffer
     from megatron.core.models.common.language_module.language_module import LanguageModule
     from megatron.core.pipeline_parallel import schedules
 
     schedules.torch = TorchCudaToCpu()
+    param_and_grad_buffer.torch = TorchCudaToCpu()
     from megatron.core.tensor_parallel.random import CudaRNGStatesTracker
 
     CudaRNGStatesTracker.fork = lambda self, name=None: contextlib.nullcontext()
@@ -95,7 +103,6 @@ def apply_cpu() -> None:
 
     rotary_pos_embedding.get_pos_emb_on_this_cp_rank = _pos_emb_on_this_cp_rank
     yarn_rotary_pos_embedding.get_pos_emb_on_this_cp_rank = _pos_emb_on_this_cp_rank
-    apply_no_te()
     _APPLIED = True
 
 

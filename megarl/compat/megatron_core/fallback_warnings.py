@@ -35,7 +35,7 @@ def _still_warns() -> bool:
 
 
 SHIMS = (
-    Shim("warnings filter: megatron's TE/apex fallback warnings", ("megatron-core==0.16.1",), ("cpu", "gpu"),
+    Shim("warnings filter: megatron's TE/apex fallback warnings", ("megatron-core==0.19.2",), ("cpu", "gpu"),
          "optimizer/__init__.py:25 'Transformer Engine and Apex are not installed. Falling back to Torch "
          "optimizers.' and models/backends.py:21 (and the layer-spec modules) 'Apex is not installed. Falling "
          "back to Torch Norm', once per importing process", _still_warns),

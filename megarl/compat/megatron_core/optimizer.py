@@ -1,8 +1,8 @@
 """megatron-core's optimizer on CPU, with torch's Adam, and with SGD checkpoints.
 
 Used by :func:`megarl.workers.megatron.optim.build_optimizer`: :func:`apply_cpu_optimizer` and
-:func:`cpu_params_pass_cuda_type_checks` on CPU, :func:`fit_torch_adam` and :func:`init_sgd_state`
-on every device.
+:func:`cpu_params_pass_cuda_type_checks` on CPU, :func:`fit_torch_adam`, :func:`init_sgd_state` and
+:func:`match_param_groups_without_lr_bounds` on every device.
 """
 
 from __future__ import annotations
@@ -14,9 +14,12 @@ import torch
 from megarl.compat.cuda_on_cpu import TorchCudaToCpu, without_cuda_moves
 from megarl.compat.shim import Shim, source_has
 
-__all__ = ["SHIMS", "apply_cpu_optimizer", "cpu_params_pass_cuda_type_checks", "fit_torch_adam", "init_sgd_state"]
+__all__ = [
+    "SHIMS", "apply_cpu_optimizer", "cpu_params_pass_cuda_type_checks", "fit_torch_adam", "init_sgd_state",
+    "match_param_groups_without_lr_bounds",
+]
 
-MCORE = ("megatron-core==0.16.1",)
+MCORE = ("megatron-core==0.19.2",)
 _OPT = "megatron.core.optimizer"
 
 SHIMS = (
@@ -45,6 +48,13 @@ SHIMS = (
          "step) where the distributed optimizer assumes a fused Adam with the step in the param group "
          "(assert len(steps) == 1 in sharded_state_dict / load_state_dict): see fit_torch_adam",
          source_has(f"{_OPT}.distrib_optimizer", "DistributedOptimizer", "len(steps) == 1")),
+    Shim("megatron.core.optimizer param_group_identifier_keys", MCORE, ("cpu", "gpu"),
+         "a load matches saved param groups to the current ones by their lr/wd bounds too (optimizer.py:139, "
+         "used by _filter_and_reorder_param_groups and DistributedOptimizer.load_state_dict), so a resume with "
+         "another lr fails ('Could not find parameter group with key'); megarl's scheduler sets those bounds "
+         "after the load (ConfigOptimizerParamScheduler, use_checkpoint_opt_param_scheduler): groups are matched "
+         "without them (match_param_groups_without_lr_bounds)",
+         source_has(f"{_OPT}.optimizer", None, "*_param_group_override_keys()")),
     Shim("megatron optimizer init_state_fn for SGD", MCORE, ("cpu", "gpu"),
          "megatron builds the optimizer part of a checkpoint request from existing state and ships no init "
          "function for SGD (optimizer/__init__.py: init_state_fn only for Adam): zero momentum buffers",
@@ -52,6 +62,9 @@ SHIMS = (
 )
 
 _CPU_APPLIED = False
+# The param-group fields megarl's lr / weight-decay scheduler sets after a load (from the checkpoint or
+# the config, by use_checkpoint_opt_param_scheduler): not what tells one group from another.
+_SCHEDULED_BOUNDS = ("max_lr", "min_lr", "start_wd", "end_wd")
 _CUDA_TYPE_NAMES = {"torch.FloatTensor": "torch.cuda.FloatTensor", "torch.HalfTensor": "torch.cuda.HalfTensor",
                     "torch.BFloat16Tensor": "torch.cuda.BFloat16Tensor"}
 
@@ -196,3 +209,28 @@ def init_sgd_state(torch_optimizer: torch.optim.Optimizer, config=None) -> None:
             state = torch_optimizer.state[param]
             if "momentum_buffer" not in state:
                 state["momentum_buffer"] = torch.zeros_like(param.data)
+
+
+def match_param_groups_without_lr_bounds(optimizer) -> None:
+    """Make megatron-core match saved param groups to ``optimizer``'s by their structural keys and
+    ``default_config``, without their lr / weight-decay bounds (process-wide, idempotent), as 0.16.1
+    did; megarl's scheduler sets those after the load.
+
+    Raises:
+        ValueError: two param groups of one optimizer differ only in those bounds (per-group lr
+            overrides beyond decoupled_lr, which megarl does not set): they could not be told apart on load.
+    """
+    from megatron.core.optimizer import distrib_optimizer
+    from megatron.core.optimizer import optimizer as mcore_optimizer
+
+    # default_config tells a decoupled_lr group (an override of max_lr / min_lr in 0.19) from the default one
+    keys = tuple(k for k in mcore_optimizer.param_group_identifier_keys if k not in _SCHEDULED_BOUNDS)
+    keys += ("default_config",) * ("default_config" not in keys)
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        groups = opt.optimizer.param_groups if getattr(opt, "optimizer", None) is not None else []
+        identifiers = [tuple(g.get(k, g.get(f"pre_{k}")) for k in keys) for g in groups]
+        if len(set(identifiers)) != len(identifiers):
+            raise ValueError(f"optimizer param groups that differ only in {_SCHEDULED_BOUNDS} cannot be matched on "
+                             f"load: {identifiers}")
+    mcore_optimizer.param_group_identifier_keys = keys
+    distrib_optimizer.param_group_identifier_keys = keys

@@ -30,6 +30,7 @@ from megarl.compat.megatron_core.optimizer import (
     cpu_params_pass_cuda_type_checks,
     fit_torch_adam,
     init_sgd_state,
+    match_param_groups_without_lr_bounds,
 )
 from megarl.config.schema.megatron import OPTIMIZER_FIELDS_FROM_KEYS, OptimConfig
 
@@ -129,6 +130,7 @@ def build_optimizer(
     with cpu_params_pass_cuda_type_checks() if device == "cpu" else contextlib.nullcontext():
         optimizer = guard_nonfinite_grads(get_megatron_optimizer(config, list(chunks)))
     fit_torch_adam(optimizer)
+    match_param_groups_without_lr_bounds(optimizer)
     for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
         if getattr(opt, "init_state_fn", None) is None and config.optimizer == "sgd":
             opt.init_state_fn = init_sgd_state  # needed to load an SGD checkpoint
