@@ -10,7 +10,7 @@
 # the gpu target also needs the CUDA 13 toolkit + cuDNN, for Transformer Engine's PyTorch extension).
 # The default is NGC's CUDA devel image (Ubuntu 24.04: Python 3.12); scripts/build_cpu_image.sh builds
 # the cpu target with buildah.
-# GPU Python set: requirements/gpu-lock.txt (torch 2.11.0+cu130, vLLM 0.20.0, megatron-core 0.19.2,
+# GPU Python set: requirements/gpu-lock.txt (torch 2.11.0+cu130, vLLM 0.26.0, megatron-core 0.19.2,
 # Transformer Engine 2.20.2, Ray 2.60.0);
 # CPU set: requirements/cpu-constraints.txt (what CI runs). Both are pip constraints files, so every
 # install below resolves to exactly those versions.
@@ -76,12 +76,12 @@ ARG TORCH_CUDA_ARCH_LIST="9.0"
 ARG MAX_JOBS=16
 ENV TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST} MAX_JOBS=${MAX_JOBS} NVTE_FRAMEWORK=pytorch \
     CUDA_DEVICE_MAX_CONNECTIONS=1 NCCL_NVLS_ENABLE=0 VLLM_WORKER_MULTIPROC_METHOD=spawn
-# torch 2.11.0+cu130 first (vLLM 0.20.0's wheel is built for it), then everything under the lock;
+# torch 2.11.0+cu130 first (vLLM 0.26.0's wheel is built for it), then everything under the lock;
 # Transformer Engine builds its PyTorch extension against that torch (no build isolation).
 RUN --mount=type=secret,id=ca_bundle,required=false \
     if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle; fi \
     && pip install --index-url https://download.pytorch.org/whl/cu130 torch==2.11.0+cu130 \
-    && pip install -c requirements/gpu-lock.txt vllm==0.20.0 megatron-core==0.19.2 "ray[default]==2.60.0" \
+    && pip install -c requirements/gpu-lock.txt vllm==0.26.0 megatron-core==0.19.2 "ray[default]==2.60.0" \
          hydra-core omegaconf tensordict transformers pyarrow safetensors pytest \
     && pip install -c requirements/gpu-lock.txt --no-build-isolation "transformer-engine[pytorch]==2.20.2"
 COPY . /workspace/megarl

