@@ -8,9 +8,9 @@ are not patches and live with the models.
 Each module declares its entries as :class:`~megarl.compat.shim.Shim` objects in ``SHIMS``:
 the dependency pins they were checked against (``"megatron-core==0.19.2"``), the stacks they apply to
 (``cpu``: CI's, ``requirements/cpu-constraints.txt``; ``gpu``: the GPU machine's,
-``requirements/gpu-lock.txt`` and the ``gpu`` extra) and why. ``tests/test_compat.py`` fails when a
-pin of one of those dependencies moves without the entry being revisited, and, for the installed
-version, when a shim's upstream cause is gone (:attr:`Shim.still_needed`).
+``requirements/gpu-lock.txt`` and the ``gpu`` extra) and why. ``tests/compat/test_shims.py`` fails
+when a pin of one of those dependencies moves without the entry being revisited, and, for the
+installed version, when a shim's upstream cause is gone (:attr:`Shim.still_needed`).
 
 Modules: :mod:`.cuda_on_cpu` (the torch helpers the CPU shims share), :mod:`.megatron_core`
 (CPU stand-ins for CUDA paths, optimizer and schedule fixes, warning and log filters), :mod:`.torch_cpu`
