@@ -180,7 +180,7 @@ def save_checkpoint(engine, path: str, *, contents: Sequence[str], global_step: 
 def _build_record(engine) -> dict[str, Any]:
     """What besides config.json decides the model's parameters (read by megarl.model_merger)."""
     overrides = engine.megatron_cfg.override_transformer_config
-    # plain containers only: common.pt is loaded with weights_only=True (megarl.utils.safe_checkpoint)
+    # plain containers only: the common state is loaded with weights_only=True (megarl.utils.safe_checkpoint)
     overrides = OmegaConf.to_container(overrides, resolve=True) if OmegaConf.is_config(overrides) else dict(overrides)
     record = {"dtype": str(engine.dtype).removeprefix("torch."), "value_head": bool(engine.value_head),
               "override_transformer_config": overrides}
