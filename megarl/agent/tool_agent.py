@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from megarl.agent.base import AgentContext, AgentLoopBase, AgentLoopOutput
+from megarl.agent.base import AgentContext, AgentLoopBase, AgentLoopOutput, keep_first_routes
 from megarl.agent.interactions import load_interactions
 from megarl.agent.tool_call import CallResult, call_tool, run_bounded, truncate
 from megarl.agent.tool_parser import FunctionCall, make_tool_parser
@@ -135,12 +135,14 @@ class ToolAgentLoop(AgentLoopBase):
         response: list[int] = []
         mask: list[int] = []
         log_probs: list[float] = []
+        routes = None
         assistant_turns = user_turns = malformed = interaction_errors = 0
         results: list[CallResult] = []
         while True:
             params = self.ctx.sampling_params.clone()
             params.max_tokens = self.response_length - len(response)
             out = await self.ctx.engine.generate(prompt_ids + response, params)
+            routes = keep_first_routes(routes, out.routed_experts)
             response += out.token_ids
             mask += [1] * len(out.token_ids)
             log_probs += out.log_probs or [0.0] * len(out.token_ids)
@@ -191,4 +193,5 @@ class ToolAgentLoop(AgentLoopBase):
             metrics["agent/tool_latency_s"] = sum(r.seconds for r in results) / len(results)
         return AgentLoopOutput(prompt_ids=prompt_ids, response_ids=response, response_mask=mask,
                                response_logprobs=log_probs, num_turns=assistant_turns + user_turns + 1,
-                               metrics=metrics, extra={"tool_rewards": [r.reward for r in results]}), interaction_errors
+                               metrics=metrics, extra={"tool_rewards": [r.reward for r in results]},
+                               routed_experts=routes), interaction_errors

@@ -75,6 +75,7 @@ DEVICES = ("auto", "cpu", "cuda")
 RESUME_MODES = ("auto", "disable", "resume_path")
 NAN_POLICIES = ("stop", "skip")  # trainer.nan_policy (megarl.utils.nonfinite)
 LOAD_FORMATS = ("dummy", "auto")
+ROUTER_REPLAY_MODES = ("disabled", "R2", "R3")  # *.megatron.router_replay.mode (verl's EngineRouterReplayConfig)
 
 
 def join(names: Iterable[str]) -> str:

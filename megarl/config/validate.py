@@ -22,6 +22,7 @@ from megarl.config.rules import (
     optim,
     parallel,
     reward_model,
+    router_replay,
     trainer,
 )
 from megarl.config.rules.view import Skip, View, has_module
@@ -39,6 +40,7 @@ RULES: tuple[Rule, ...] = (
     *engines.RULES,
     *agent.RULES,
     *reward_model.RULES,
+    *router_replay.RULES,
     model.run,
 )
 

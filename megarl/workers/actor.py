@@ -15,7 +15,9 @@ rollout's log_prob_* keys, as verl).
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 
 from megarl.algorithms import (
     combine_actor_loss,
@@ -31,6 +33,7 @@ from megarl.workers.megatron.engine import MicroBatchSpec
 from megarl.workers.megatron.inputs import next_token_labels, response_mask_of, to_response
 from megarl.workers.megatron.offload import PARAMS
 from megarl.workers.megatron.ppo_loop import run_ppo_update, update_inputs
+from megarl.workers.megatron.router_replay import RECORD, REPLAY
 from megarl.workers.megatron.vocab_parallel import vocab_parallel_log_probs_and_entropy, vocab_parallel_token_stats
 from megarl.workers.megatron.worker_base import MegatronWorker
 
@@ -67,10 +70,11 @@ class ActorWorker(MegatronWorker):
         self.rollout_correction = rollout_correction
         trainable = role == "actor"
         node = config.actor if trainable else config.ref
+        self.replay_mode = node.megatron.router_replay.mode  # disabled | R2 | R3 (megarl.workers.megatron.router_replay)
         super().__init__(
             config.model, node.megatron, config.actor.optim if trainable else None, config.actor.checkpoint,
             value_head=False, prefix=f"actor_rollout_ref.{role}", device=device,
-            lora_cfg=config.model.lora if trainable else None,
+            lora_cfg=config.model.lora if trainable else None, routing_replay=self.replay_mode != "disabled",
         )
         # the old-log-prob pass uses the rollout's log_prob_* keys (verl), the reference its own
         log_prob_node, log_prob_path = (config.rollout, "rollout") if trainable else (config.ref, "ref")
@@ -113,6 +117,11 @@ class ActorWorker(MegatronWorker):
         `actor.calculate_sum_pi_squared` the actor also returns `sum_pi_squared` `[B, R]`
         = sum_v pi(v)^2 of softmax(logits / temperature) per token (vocab-parallel: each TP
         rank sums its vocabulary slice, one all-reduce; the optimal token baseline's input).
+
+        MoE routing replay (the role's ``megatron.router_replay.mode``): R3 replays the batch's
+        ``routed_experts`` ``[B, P+R, MoE layers, top-k]`` (vLLM's), as does the reference under R2 (the
+        actor's); the actor's R2 pass records its own and returns them as ``routed_experts``. meta_info
+        ["metrics"] then has ``router_replay/{old_log_prob,ref}/{native_frac,differs_frac}``.
         """
         return self._log_probs(data, reference=self.role == "ref")
 
@@ -124,6 +133,38 @@ class ActorWorker(MegatronWorker):
                                "otherwise the reference is its own model (role='ref')")
         with adapters_disabled(self.engine.chunks):
             return self._log_probs(data, reference=True)
+
+    @contextlib.contextmanager
+    def _routing(self, routing: str | None, data: DataProto, name: str) -> Iterator[dict[str, float]]:
+        """A pass whose MoE routers replay or record (``routing``; None: they choose); the dict it yields gets the
+        pass's ``router_replay/<name>/*`` metrics (replays only) when the block ends."""
+        metrics: dict[str, float] = {}
+        if routing is None:
+            yield metrics
+            return
+        if routing == REPLAY and "routed_experts" not in data.batch.keys():
+            why = ("the old-log-prob pass records them (actor_rollout_ref.actor.megatron.router_replay.mode=R2)"
+                   if self.replay_mode == "R2" else
+                   "the rollout records them with actor_rollout_ref.rollout.enable_rollout_routing_replay=true")
+            raise KeyError(f"actor_rollout_ref.{self.role}.megatron.router_replay.mode={self.replay_mode}: the batch lacks "
+                           f"routed_experts to replay ({why})")
+        replay = self.engine.router_replay
+        replay.begin(routing)
+        try:
+            yield metrics
+        except BaseException:
+            replay.disarm(self.engine.chunks)
+            raise
+        shares = replay.end(self.engine.chunks)
+        if routing == REPLAY:
+            metrics.update({f"router_replay/{name}/{key}": value for key, value in shares.items()})
+
+    def _log_prob_routing(self, reference: bool) -> str | None:
+        """The routing of a log-prob pass: the actor's old-log-prob pass replays (R3) or records (R2), the
+        reference model's replays (R2: what the actor recorded; R3: vLLM's)."""
+        if self.replay_mode == "disabled" or (reference and self.role == "actor"):
+            return None
+        return RECORD if self.replay_mode == "R2" and not reference else REPLAY
 
     def _log_probs(self, data: DataProto, *, reference: bool) -> DataProto:
         temperature = self._temperature(data)
@@ -143,10 +184,15 @@ class ActorWorker(MegatronWorker):
                 out["sum_pi_squared"] = to_response(spp, mb.inputs, response_length)
             return out
 
-        with self._onloaded((PARAMS,)):  # a forward needs neither gradients nor optimizer state
-            # bf16 logits straight to the fused log-prob (it upcasts once): no fp32 logits copy
+        routing = self._log_prob_routing(reference)
+        recorded = None
+        with self._onloaded((PARAMS,)), self._routing(routing, data, "ref" if reference else "old_log_prob") as metrics:
+            # a forward needs neither gradients nor optimizer state; bf16 logits straight to the fused
+            # log-prob (it upcasts once): no fp32 logits copy
             spec = self.ref_log_prob_spec if reference and self.role == "actor" else self.log_prob_spec
-            result = self.engine.forward(data, spec, (), per_micro_batch, fp32_output=False)
+            result = self.engine.forward(data, spec, (), per_micro_batch, fp32_output=False, routing=routing)
+            if routing == RECORD:
+                recorded = self.engine.router_replay.recorded(len(data), data.batch["input_ids"].shape[1])
         mask = response_mask_of(data).to(result["log_probs"].dtype)
         if reference:
             tensors = {"ref_log_prob": result["log_probs"] * mask}
@@ -154,7 +200,10 @@ class ActorWorker(MegatronWorker):
             tensors = {"old_log_probs": result["log_probs"] * mask, "entropys": result["entropy"] * mask}
             if want_spp:
                 tensors["sum_pi_squared"] = result["sum_pi_squared"] * mask
-        return DataProto.from_dict(tensors, meta_info={"temperature": temperature})
+        if recorded is not None:
+            tensors["routed_experts"] = recorded
+        meta = {"temperature": temperature, **({"metrics": metrics} if metrics else {})}
+        return DataProto.from_dict(tensors, meta_info=meta)
 
     # ------------------------------------------------------------------ PPO update
     def _policy_loss_fn(self, loss_mode: str):
@@ -182,7 +231,8 @@ class ActorWorker(MegatronWorker):
 
         Returns metrics averaged over mini-batches: actor/pg_loss, pg_clipfrac,
         pg_clipfrac_lower, ppo_kl, entropy (when entropy_coeff != 0, as verl), kl_loss (when
-        use_kl_loss), grad_norm, lr.
+        use_kl_loss), grad_norm, lr; with routing replay (R2 / R3: every forward replays the batch's
+        ``routed_experts``) ``router_replay/update/{native_frac,differs_frac}``.
 
         NaN/Inf loss or grad norm in a mini-batch step (never applied to the weights):
         meta_info["nan_policy"] (required; the trainer sets trainer.nan_policy) "stop" raises NonFiniteError naming
@@ -240,12 +290,14 @@ class ActorWorker(MegatronWorker):
 
             return loss_fn
 
-        with self._onloaded():
+        routing = None if self.replay_mode == "disabled" else REPLAY  # R2 / R3: the batch's routed_experts
+        with self._onloaded(), self._routing(routing, data, "update") as replay_metrics:
             # bf16 logits straight to the fused log-prob, as in compute_log_prob
-            return run_ppo_update(
+            metrics = run_ppo_update(
                 self.engine, data, tensors, make_loss_fn, self.train_spec,
                 mini_batch_size=actor.ppo_mini_batch_size, rollout_n=self.config.actor.rollout_n,
                 ppo_epochs=actor.ppo_epochs, shuffle=actor.shuffle, seed=actor.data_loader_seed,
                 prefix="actor_rollout_ref.actor", phase="update_actor", metric_prefix="actor",
-                share_keys=_SHARE_KEYS, fp32_output=False,
+                share_keys=_SHARE_KEYS, fp32_output=False, routing=routing,
             )
+        return {**metrics, **replay_metrics}

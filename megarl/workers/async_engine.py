@@ -30,9 +30,12 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import Any, Awaitable, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Awaitable, Sequence, TypeVar
 
 from megarl.agent.base import TokenOutput
+
+if TYPE_CHECKING:
+    from megarl.workers.route_capture import RouteCapture
 
 T = TypeVar("T")
 
@@ -41,10 +44,13 @@ _IDLE_WAIT_S = 0.002  # engine empty, coroutines busy in tools: poll again after
 
 class AsyncEngine:
     """The agent loops' :class:`megarl.agent.base.Engine`: per-request access to ``llm_engine`` (a vLLM
-    V1 ``LLMEngine`` running in this process, or the rollout TP leader's ``LeaderEngine`` around it)."""
+    V1 ``LLMEngine`` running in this process, or the rollout TP leader's ``LeaderEngine`` around it).
+    ``routes``: the engine's :class:`~megarl.workers.route_capture.RouteCapture` (each output then carries
+    its routed experts), or None."""
 
-    def __init__(self, llm_engine: Any) -> None:
+    def __init__(self, llm_engine: Any, routes: RouteCapture | None = None) -> None:
         self.engine = llm_engine
+        self.routes = routes
         self._pending: dict[str, asyncio.Future[TokenOutput]] = {}
         self._ids = itertools.count()
 
@@ -76,7 +82,9 @@ class AsyncEngine:
             tokens = list(completion.token_ids)
             log_probs = ([step[tok].logprob for step, tok in zip(completion.logprobs, tokens)]
                          if completion.logprobs is not None else [])
-            future.set_result(TokenOutput(tokens, log_probs, completion.finish_reason))
+            routes = (self.routes.take(output.request_id, len(output.prompt_token_ids) + len(tokens))
+                      if self.routes is not None else None)
+            future.set_result(TokenOutput(tokens, log_probs, completion.finish_reason, routes))
 
     async def _drive(self, work: asyncio.Future) -> None:
         while not work.done():

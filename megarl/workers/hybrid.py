@@ -140,12 +140,12 @@ class ActorRolloutRefWorker:
 
     # ------------------------------------------------------------------ training
     def compute_log_prob(self, data: DataProto) -> DataProto:
-        """``old_log_probs``, ``entropys`` ``[B, R]``; when ``data`` carries
-        ``rollout_log_probs``, meta_info["metrics"] gets the rollout/actor log-prob gap."""
+        """``old_log_probs``, ``entropys`` ``[B, R]`` (R2: and ``routed_experts``, see ActorWorker); when ``data``
+        carries ``rollout_log_probs``, meta_info["metrics"] gets the rollout/actor log-prob gap."""
         from megarl.workers.megatron.inputs import response_mask_of
 
         out = self.actor.compute_log_prob(data)
-        metrics = phase_memory("old_log_prob")
+        metrics = {**out.meta_info.get("metrics", {}), **phase_memory("old_log_prob")}
         if "rollout_log_probs" in data.batch.keys():
             mask = response_mask_of(data)
             metrics.update(log_prob_gap(data.batch["rollout_log_probs"], out.batch["old_log_probs"], mask))
@@ -161,9 +161,9 @@ class ActorRolloutRefWorker:
             raise RuntimeError("compute_ref_log_prob: this worker has no reference (role='actor_rollout')")
         else:
             out = self.ref.compute_log_prob(data)
-        memory = phase_memory("ref_log_prob")
-        if memory:
-            out.meta_info["metrics"] = memory
+        metrics = {**out.meta_info.get("metrics", {}), **phase_memory("ref_log_prob")}
+        if metrics:
+            out.meta_info["metrics"] = metrics
         return out
 
     def update_actor(self, data: DataProto) -> dict[str, float]:

@@ -175,6 +175,17 @@ def lora_on_moe(v: View, hf: dict[str, Any]) -> Iterator[Issue]:
                     f"train it full-parameter ({key}=0)")
 
 
+def replay_needs_experts(v: View, hf: dict[str, Any]) -> Iterator[Issue]:
+    """Routing replay (megarl.config.rules.router_replay) has routers to replay only in an MoE model."""
+    if _shape(hf)[3]:
+        return
+    keys = ("actor_rollout_ref.actor.megatron.router_replay.mode", "actor_rollout_ref.rollout.enable_rollout_routing_replay")
+    for key in keys:
+        if v.get(key) not in ("disabled", False):
+            yield Issue(key, v.get(key), f"the model has no MoE experts ({v.path(ACTOR.model_path)}/config.json): "
+                        "there are no routes to record or replay", f"set {key} to its default")
+
+
 @needs_files("tokenizer dirs (data.tokenizer / model.tokenizer_path)")
 def tokenizer_dirs(v: View) -> Iterator[Issue]:
     for key in ("data.tokenizer", "actor_rollout_ref.model.tokenizer_path"):
@@ -206,6 +217,7 @@ def run(v: View) -> Iterator[Issue]:
                 yield from _guard(lengths, v, hf)
                 yield from _guard(rollout_shape, v, hf)
                 yield from _guard(lora_on_moe, v, hf)
+                yield from _guard(replay_needs_experts, v, hf)
         except Skip:
             continue
 

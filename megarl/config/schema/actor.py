@@ -17,10 +17,10 @@ from megarl.config.names import (
     TRUNCATE_SIDES,
 )
 from megarl.config.schema.megatron import (
+    ActorMegatronConfig,
     CheckpointConfig,
-    MegatronInferConfig,
-    MegatronTrainConfig,
     OptimConfig,
+    RefMegatronConfig,
 )
 from megarl.config.schema.field import Section, spec
 
@@ -95,7 +95,7 @@ class ActorConfig(Section):
     data_loader_seed: int = spec(ge=0)
     optim: OptimConfig = spec()
     checkpoint: CheckpointConfig = spec()
-    megatron: MegatronTrainConfig = spec()
+    megatron: ActorMegatronConfig = spec()
 
 
 @dataclass
@@ -104,7 +104,7 @@ class RefConfig(Section):
     log_prob_micro_batch_size_per_gpu: int | None = spec(ge=1)
     log_prob_use_dynamic_bsz: bool = spec()
     log_prob_max_token_len_per_gpu: int = spec(ge=1)
-    megatron: MegatronInferConfig = spec()
+    megatron: RefMegatronConfig = spec()
 
 
 @dataclass
@@ -181,6 +181,7 @@ class RolloutConfig(Section):
     n: int = spec(ge=1)
     seed: int = spec(ge=0)
     calculate_log_probs: bool = spec()
+    enable_rollout_routing_replay: bool = spec()
     log_prob_micro_batch_size_per_gpu: int | None = spec(ge=1)
     log_prob_use_dynamic_bsz: bool = spec()
     log_prob_max_token_len_per_gpu: int = spec(ge=1)

@@ -12,6 +12,7 @@ from megarl.config.names import (
     LR_DECAY_STYLES,
     OPTIM_STATE_DTYPES,
     OPTIMIZERS,
+    ROUTER_REPLAY_MODES,
     WD_INCR_STYLES,
     WSD_DECAY_STYLES,
 )
@@ -47,6 +48,30 @@ class MegatronTrainConfig(MegatronInferConfig):
     # distrib_optim_sharding_type, as verl): false = dp_reshardable, true = fully_reshardable
     dist_ckpt_optim_fully_reshardable: bool = spec()
     distrib_optim_fully_reshardable_mem_efficient: bool = spec()
+
+
+@dataclass
+class RouterReplayConfig(Section):
+    """verl's `megatron.router_replay` (MoE routing replay, megarl.workers.megatron.router_replay):
+    disabled = each router picks its own experts; R3 = the experts vLLM chose for each token during the
+    rollout (rollout.enable_rollout_routing_replay); R2 = the experts of the old-log-prob pass, replayed in
+    the update."""
+
+    mode: str = spec(choices=ROUTER_REPLAY_MODES)
+
+
+@dataclass
+class ActorMegatronConfig(MegatronTrainConfig):
+    """The actor's `megatron` section: a trained model's layout plus its routing replay."""
+
+    router_replay: RouterReplayConfig = spec()
+
+
+@dataclass
+class RefMegatronConfig(MegatronInferConfig):
+    """The reference's `megatron` section: a forward-only layout plus its routing replay."""
+
+    router_replay: RouterReplayConfig = spec()
 
 
 @dataclass

@@ -175,7 +175,7 @@ RULES: tuple[CompatRule, ...] = tuple(
              "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module")
     + _rules("refuse", "not implemented in megarl's vLLM rollout",
              "actor_rollout_ref.rollout.full_determinism", "actor_rollout_ref.rollout.logprobs_mode",
-             "actor_rollout_ref.rollout.over_sample_rate", "actor_rollout_ref.rollout.enable_rollout_routing_replay",
+             "actor_rollout_ref.rollout.over_sample_rate",
              "actor_rollout_ref.rollout.prometheus.*", "actor_rollout_ref.rollout.quantization",
              "actor_rollout_ref.rollout.quantization_config_file", "actor_rollout_ref.rollout.mtp",
              "actor_rollout_ref.rollout.cudagraph_capture_sizes")
@@ -186,7 +186,10 @@ RULES: tuple[CompatRule, ...] = tuple(
     + _rules("refuse", "the critic scores the prompts the actor's chat template rendered; set actor_rollout_ref.model.custom_chat_template",
              "critic.model.custom_chat_template")
     + _rules("refuse", "quantization-aware training is not implemented in megarl", "*.qat.*")
-    + _rules("refuse", "MoE router replay is not implemented in megarl", "*.megatron.router_replay.*")
+    + _rules("refuse", "the critic replays no routes (verl's neither): its own routers choose",
+             "critic.megatron.router_replay.*")
+    + _rules("refuse", "megarl's routes travel in the batch (routed_experts), never through files",
+             "*.megatron.router_replay.record_file", "*.megatron.router_replay.replay_file")
     + _rules("refuse", "dynamic context parallelism (DPxCP groups sized per batch) is not implemented in megarl; "
              "static megatron.context_parallel_size is",
              "*.megatron.dynamic_context_parallel", "*.megatron.max_seqlen_per_dp_cp_rank")

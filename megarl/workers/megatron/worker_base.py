@@ -33,12 +33,13 @@ class MegatronWorker:
         prefix: dotted config path of the role, for messages (e.g. "critic").
         device: "cpu" | "cuda"; default cuda when available.
         lora_cfg: the typed `model.lora` node of a trained policy; None = no adapters.
+        routing_replay: MoE routers that can replay or record routes (the role's `megatron.router_replay.mode`).
     """
 
     def __init__(
         self, model_cfg: ModelConfig, megatron_cfg: MegatronInferConfig, optim_cfg: OptimConfig | None,
         checkpoint_cfg: CheckpointConfig | None, *, value_head: bool, prefix: str, device: str | None,
-        lora_cfg: LoraConfig | None = None,
+        lora_cfg: LoraConfig | None = None, routing_replay: bool = False,
     ) -> None:
         self.engine = MegatronEngine(
             megatron_cfg,
@@ -51,6 +52,7 @@ class MegatronWorker:
             prefix=prefix,
             device=device,
             lora=None if lora_cfg is None else LoraSpec.from_config(lora_cfg, seed=megatron_cfg.seed),
+            routing_replay=routing_replay,
         )
         self.megatron_cfg = megatron_cfg
         self.checkpoint_cfg = checkpoint_cfg

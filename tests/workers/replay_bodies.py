@@ -1,0 +1,148 @@
+"""Rank bodies for the MoE routing-replay tests (spawned by run_distributed).
+
+The observation is independent of megarl's replay code: a forward hook on every megatron ``TopKRouter``
+keeps the routing map it returns (``[tokens, experts]`` bool, tokens in megatron's own order), and
+:func:`routes_by_position` maps it back to ``(row, position)`` from first principles (rows front-aligned,
+``[s, b]`` flattened sequence-major, under sequence parallelism TP rank r holds the r-th contiguous part of s).
+"""
+
+from __future__ import annotations
+
+import torch
+
+PROMPT, RESPONSE = 8, 6
+
+
+def _observe(chunks) -> list[tuple[int, torch.Tensor]]:
+    """(layer_number, routing map) of every router call on ``chunks``, in call order."""
+    from megatron.core.transformer.moe.router import TopKRouter
+
+    seen: list[tuple[int, torch.Tensor]] = []
+    for chunk in chunks:
+        for module in chunk.modules():
+            if isinstance(module, TopKRouter):
+                module.register_forward_hook(
+                    lambda m, args, out: seen.append((m.layer_number, out[1].detach().cpu().clone())))
+    return seen
+
+
+def routes_by_position(seen, attention_mask: torch.Tensor, moe_layers: list[int], top_k: int, packed: bool,
+                       tp_rank: int = 0, tp: int = 1) -> torch.Tensor:
+    """The experts each valid token of ``attention_mask`` ``[b, S]`` went to, from one forward's routing maps
+    (one micro-batch, no context parallelism): ``[b, S, MoE layers, top-k]`` (-1 where padded or not seen on
+    this rank). Padded layout: rows front-aligned to the longest (rounded up to tp), megatron's tokens
+    ``[s, b]``; packed: the rows' tokens back to back, one sequence of ``[T, 1]`` (T rounded up to tp)."""
+    b, seq = attention_mask.shape
+    lengths = [int(n) for n in attention_mask.sum(-1)]
+    where = [attention_mask[i].nonzero().flatten().tolist() for i in range(b)]
+    if packed:  # token t of the packed row -> (row, position)
+        tokens = [(i, where[i][j]) for i in range(b) for j in range(lengths[i])]
+        total = -(-len(tokens) // tp) * tp
+        tokens += [None] * (total - len(tokens))
+        order = tokens[tp_rank * total // tp:(tp_rank + 1) * total // tp]
+    else:
+        length = -(-max(lengths) // tp) * tp
+        order = [(i, where[i][s]) if s < lengths[i] else None
+                 for s in range(tp_rank * length // tp, (tp_rank + 1) * length // tp) for i in range(b)]
+    out = torch.full((b, seq, len(moe_layers), top_k), -1, dtype=torch.long)
+    for layer_number, routing_map in seen:
+        layer = moe_layers.index(layer_number - 1)
+        assert routing_map.shape[0] == len(order), (routing_map.shape, len(order), attention_mask.shape, layer_number, len(seen))
+        for token, chosen in zip(order, routing_map):
+            experts = chosen.nonzero().flatten()
+            assert len(experts) == top_k, f"token routed to {experts.tolist()}"
+            if token is not None:
+                out[token[0], token[1], layer] = experts
+    return out
+
+
+def _sorted(routes: torch.Tensor) -> torch.Tensor:
+    return routes.long().sort(-1).values
+
+
+def _perturb_routers(chunks, seed: int) -> None:
+    """Change every megatron router's weights (vLLM keeps its own): native routing now differs from vLLM's."""
+    from megatron.core.transformer.moe.router import TopKRouter
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for chunk in chunks:
+            for module in chunk.modules():
+                if isinstance(module, TopKRouter):
+                    module.weight.add_(torch.randn(module.weight.shape, generator=gen) * module.weight.std() * 0.5)
+
+
+def replay_pass(hf_dir: str, overrides: dict, prompt_rows: list[list[int]]) -> dict:
+    """The colocated worker with R3 (or R2, per ``overrides``): generate (vLLM routes recorded under R3),
+    perturb megatron's routers (actor and reference alike), then the old-log-prob pass, the reference pass and
+    one update, each observed by router hooks (R2: the routers are perturbed again after the old-log-prob
+    pass). Returns per rank the batch's routes (vLLM's, or R2's recorded), each pass's observed routes, the
+    rollout/actor log-prob gaps of the replaying actor and the native reference, and the metrics."""
+    from helpers.tiny_hf import actor_rollout_ref_config, left_padded_prompts
+
+    from megarl.models.moe_config import moe_layers
+    from megarl.parallel.layout import ParallelLayout
+    from megarl.protocol import DataProto
+    from megarl.workers.hybrid import ActorRolloutRefWorker
+    from megatron.core import parallel_state
+
+    cfg = actor_rollout_ref_config(hf_dir, PROMPT, RESPONSE, **overrides)
+    worker = ActorRolloutRefWorker(cfg, role="actor_rollout_ref", device="cpu")
+    worker.init_model()
+    local = worker.generate_sequences(left_padded_prompts(prompt_rows, PROMPT), validate=False, do_sample=True)
+    world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
+    replicas = ParallelLayout(world_size=world, tp=int(cfg.rollout.tensor_model_parallel_size))
+    parts = [None] * world
+    torch.distributed.all_gather_object(parts, (replicas.coordinates(rank).tp == 0, local))
+    sampled = DataProto.concat([part for first, part in parts if first])
+    dp, dp_rank = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
+    mine = sampled.chunk(dp)[dp_rank]
+    hf = worker.actor.engine.hf_config
+    layers, top_k = moe_layers(hf), int(hf.num_experts_per_tok)
+    tp, tp_rank = parallel_state.get_tensor_model_parallel_world_size(), parallel_state.get_tensor_model_parallel_rank()
+    sp = bool(cfg.actor.megatron.sequence_parallel) and tp > 1
+    observe = dict(moe_layers=layers, top_k=top_k, packed=bool(cfg.model.use_remove_padding),
+                   tp_rank=tp_rank if sp else 0, tp=tp if sp else 1)
+
+    for role in (worker.actor, worker.ref):
+        _perturb_routers(role.engine.unwrapped_chunks(), seed=7)
+    actor_seen = _observe(worker.actor.engine.unwrapped_chunks())
+    ref_seen = _observe(worker.ref.engine.unwrapped_chunks())
+    scored = worker.compute_log_prob(mine)
+    old_pass = routes_by_position(list(actor_seen), mine.batch["attention_mask"], **observe)
+    actor_seen.clear()
+    if "routed_experts" in scored.batch.keys():  # R2: the old-log-prob pass recorded its routes
+        mine.batch["routed_experts"] = scored.batch["routed_experts"]
+        for role in (worker.actor, worker.ref):  # as an optimizer step would: the update must still replay them
+            _perturb_routers(role.engine.unwrapped_chunks(), seed=8)
+    ref = worker.compute_ref_log_prob(mine)
+    ref_pass = routes_by_position(ref_seen, mine.batch["attention_mask"], **observe)
+    mine.batch["old_log_probs"] = scored.batch["old_log_probs"]
+    mine.batch["ref_log_prob"] = ref.batch["ref_log_prob"]
+    mine.batch["advantages"] = torch.randn(mine.batch["responses"].shape) * mine.batch["response_mask"]
+    mine.meta_info.update(nan_policy="stop", global_step=1)
+    update_metrics = worker.update_actor(mine)
+    update_pass = routes_by_position(actor_seen, mine.batch["attention_mask"], **observe)
+    worker.shutdown()
+    mask = mine.batch["response_mask"].bool()
+    gap = {name: (mine.batch["rollout_log_probs"] - mine.batch[key]).abs()[mask]
+           for name, key in (("replayed", "old_log_probs"), ("native", "ref_log_prob"))}
+    return {
+        "gap": gap,
+        "routes": mine.batch["routed_experts"].clone() if "routed_experts" in mine.batch.keys() else None,
+        "attention_mask": mine.batch["attention_mask"].clone(),
+        "old_pass": old_pass, "ref_pass": ref_pass, "update_pass": update_pass,
+        "old_metrics": scored.meta_info.get("metrics", {}), "ref_metrics": ref.meta_info.get("metrics", {}),
+        "update_metrics": update_metrics, "rollout_metrics": local.meta_info.get("metrics", {}),
+        "observed_tp": observe["tp"], "tp_rank": tp_rank,
+    }
+
+
+def compare(observed: torch.Tensor, routes: torch.Tensor) -> tuple[int, int, int]:
+    """(positions compared, equal, routed without a route) over the valid token-layer rows ``observed`` saw:
+    a row with a route compares its expert set, one without (-1) only counts."""
+    seen = (observed >= 0).all(-1)
+    has_route = (routes >= 0).all(-1)
+    both = seen & has_route
+    equal = (_sorted(observed) == _sorted(routes)).all(-1) & both
+    return int(both.sum()), int(equal.sum()), int((seen & ~has_route).sum())
