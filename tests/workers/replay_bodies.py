@@ -27,23 +27,29 @@ def _observe(chunks) -> list[tuple[int, torch.Tensor]]:
 
 
 def routes_by_position(seen, attention_mask: torch.Tensor, moe_layers: list[int], top_k: int, packed: bool,
-                       tp_rank: int = 0, tp: int = 1) -> torch.Tensor:
+                       tp_rank: int = 0, tp: int = 1, cp_rank: int = 0, cp: int = 1) -> torch.Tensor:
     """The experts each valid token of ``attention_mask`` ``[b, S]`` went to, from one forward's routing maps
-    (one micro-batch, no context parallelism): ``[b, S, MoE layers, top-k]`` (-1 where padded or not seen on
-    this rank). Padded layout: rows front-aligned to the longest (rounded up to tp), megatron's tokens
-    ``[s, b]``; packed: the rows' tokens back to back, one sequence of ``[T, 1]`` (T rounded up to tp)."""
+    (one micro-batch): ``[b, S, MoE layers, top-k]`` (-1 where padded or not seen on this rank). Padded layout:
+    rows front-aligned to the longest (rounded up to tp, or 2 cp), megatron's tokens ``[s, b]``; packed: the
+    rows' tokens back to back, one sequence of ``[T, 1]`` (T rounded up to tp). Under context parallelism
+    (padded) CP rank r holds chunks r and 2cp-1-r of the 2cp equal chunks of s."""
     b, seq = attention_mask.shape
     lengths = [int(n) for n in attention_mask.sum(-1)]
     where = [attention_mask[i].nonzero().flatten().tolist() for i in range(b)]
     if packed:  # token t of the packed row -> (row, position)
+        assert cp == 1
         tokens = [(i, where[i][j]) for i in range(b) for j in range(lengths[i])]
         total = -(-len(tokens) // tp) * tp
         tokens += [None] * (total - len(tokens))
         order = tokens[tp_rank * total // tp:(tp_rank + 1) * total // tp]
     else:
-        length = -(-max(lengths) // tp) * tp
-        order = [(i, where[i][s]) if s < lengths[i] else None
-                 for s in range(tp_rank * length // tp, (tp_rank + 1) * length // tp) for i in range(b)]
+        multiple = tp * 2 * cp if cp > 1 else tp
+        length = -(-max(lengths) // multiple) * multiple
+        chunk = length // (2 * cp)
+        steps = list(range(length)) if cp == 1 else [*range(cp_rank * chunk, (cp_rank + 1) * chunk),
+                                                     *range((2 * cp - 1 - cp_rank) * chunk, (2 * cp - cp_rank) * chunk)]
+        steps = steps[tp_rank * len(steps) // tp:(tp_rank + 1) * len(steps) // tp]
+        order = [(i, where[i][s]) if s < lengths[i] else None for s in steps for i in range(b)]
     out = torch.full((b, seq, len(moe_layers), top_k), -1, dtype=torch.long)
     for layer_number, routing_map in seen:
         layer = moe_layers.index(layer_number - 1)
@@ -102,7 +108,8 @@ def replay_pass(hf_dir: str, overrides: dict, prompt_rows: list[list[int]]) -> d
     tp, tp_rank = parallel_state.get_tensor_model_parallel_world_size(), parallel_state.get_tensor_model_parallel_rank()
     sp = bool(cfg.actor.megatron.sequence_parallel) and tp > 1
     observe = dict(moe_layers=layers, top_k=top_k, packed=bool(cfg.model.use_remove_padding),
-                   tp_rank=tp_rank if sp else 0, tp=tp if sp else 1)
+                   tp_rank=tp_rank if sp else 0, tp=tp if sp else 1,
+                   cp_rank=parallel_state.get_context_parallel_rank(), cp=parallel_state.get_context_parallel_world_size())
 
     for role in (worker.actor, worker.ref):
         _perturb_routers(role.engine.unwrapped_chunks(), seed=7)
@@ -146,3 +153,12 @@ def compare(observed: torch.Tensor, routes: torch.Tensor) -> tuple[int, int, int
     both = seen & has_route
     equal = (_sorted(observed) == _sorted(routes)).all(-1) & both
     return int(both.sum()), int(equal.sum()), int((seen & ~has_route).sum())
+
+
+def unrouted_positions(observed: torch.Tensor, routes: torch.Tensor, attention_mask: torch.Tensor) -> set[str]:
+    """What the valid token-layer rows ``observed`` saw without a route are: "last" (a row's last token) or
+    "other" (anything else)."""
+    missing = (observed >= 0).all(-1) & ~(routes >= 0).all(-1)  # [b, S, layers]
+    last = torch.zeros_like(attention_mask, dtype=torch.bool)
+    last[torch.arange(len(last)), (attention_mask * torch.arange(1, attention_mask.shape[1] + 1)).argmax(-1)] = True
+    return {"last" if last[row, pos] else "other" for row, pos, _ in missing.nonzero().tolist()}
