@@ -71,6 +71,7 @@ class ActorWorker(MegatronWorker):
         trainable = role == "actor"
         node = config.actor if trainable else config.ref
         self.replay_mode = node.megatron.router_replay.mode  # disabled | R2 | R3 (megarl.workers.megatron.router_replay)
+        self._health_seen = False  # this step's moe/* metrics came from an old-log-prob pass
         super().__init__(
             config.model, node.megatron, config.actor.optim if trainable else None, config.actor.checkpoint,
             value_head=False, prefix=f"actor_rollout_ref.{role}", device=device,
@@ -121,7 +122,8 @@ class ActorWorker(MegatronWorker):
         MoE routing replay (the role's ``megatron.router_replay.mode``): R3 replays the batch's
         ``routed_experts`` ``[B, P+R, MoE layers, top-k]`` (vLLM's), as does the reference under R2 (the
         actor's); the actor's R2 pass records its own and returns them as ``routed_experts``. meta_info
-        ["metrics"] then has ``router_replay/{old_log_prob,ref}/{native_frac,differs_frac}``.
+        ["metrics"] then has ``router_replay/{old_log_prob,ref}/{native_frac,differs_frac}``. The actor's pass
+        of an MoE model adds the step's ``moe/*`` health metrics (megarl.workers.megatron.moe_health).
         """
         return self._log_probs(data, reference=self.role == "ref")
 
@@ -159,6 +161,24 @@ class ActorWorker(MegatronWorker):
         if routing == REPLAY:
             metrics.update({f"router_replay/{name}/{key}": value for key, value in shares.items()})
 
+    @contextlib.contextmanager
+    def _health(self, wanted: bool) -> Iterator[dict[str, float]]:
+        """A pass whose MoE routers are observed (megarl.workers.megatron.moe_health) when ``wanted`` and the model
+        is MoE; the dict it yields gets the ``moe/*`` metrics when the block ends."""
+        metrics: dict[str, float] = {}
+        health = self.engine.moe_health if wanted else None
+        if health is None:
+            yield metrics
+            return
+        health.begin()
+        try:
+            yield metrics
+        except BaseException:
+            health.active = False
+            raise
+        metrics.update(health.end())
+        self._health_seen = True
+
     def _log_prob_routing(self, reference: bool) -> str | None:
         """The routing of a log-prob pass: the actor's old-log-prob pass replays (R3) or records (R2), the
         reference model's replays (R2: what the actor recorded; R3: vLLM's)."""
@@ -186,13 +206,15 @@ class ActorWorker(MegatronWorker):
 
         routing = self._log_prob_routing(reference)
         recorded = None
-        with self._onloaded((PARAMS,)), self._routing(routing, data, "ref" if reference else "old_log_prob") as metrics:
+        with (self._onloaded((PARAMS,)), self._routing(routing, data, "ref" if reference else "old_log_prob") as metrics,
+              self._health(not reference) as health):
             # a forward needs neither gradients nor optimizer state; bf16 logits straight to the fused
             # log-prob (it upcasts once): no fp32 logits copy
             spec = self.ref_log_prob_spec if reference and self.role == "actor" else self.log_prob_spec
             result = self.engine.forward(data, spec, (), per_micro_batch, fp32_output=False, routing=routing)
             if routing == RECORD:
                 recorded = self.engine.router_replay.recorded(len(data), data.batch["input_ids"].shape[1])
+        metrics.update(health)
         mask = response_mask_of(data).to(result["log_probs"].dtype)
         if reference:
             tensors = {"ref_log_prob": result["log_probs"] * mask}
@@ -232,7 +254,8 @@ class ActorWorker(MegatronWorker):
         Returns metrics averaged over mini-batches: actor/pg_loss, pg_clipfrac,
         pg_clipfrac_lower, ppo_kl, entropy (when entropy_coeff != 0, as verl), kl_loss (when
         use_kl_loss), grad_norm, lr; with routing replay (R2 / R3: every forward replays the batch's
-        ``routed_experts``) ``router_replay/update/{native_frac,differs_frac}``.
+        ``routed_experts``) ``router_replay/update/{native_frac,differs_frac}``; an MoE model's ``moe/*``
+        health metrics over the update's forwards when no old-log-prob pass ran since the last update.
 
         NaN/Inf loss or grad norm in a mini-batch step (never applied to the weights):
         meta_info["nan_policy"] (required; the trainer sets trainer.nan_policy) "stop" raises NonFiniteError naming
@@ -291,7 +314,9 @@ class ActorWorker(MegatronWorker):
             return loss_fn
 
         routing = None if self.replay_mode == "disabled" else REPLAY  # R2 / R3: the batch's routed_experts
-        with self._onloaded(), self._routing(routing, data, "update") as replay_metrics:
+        # the step's MoE health comes from its old-log-prob pass; without one (rollout-correction bypass) from here
+        with (self._onloaded(), self._routing(routing, data, "update") as replay_metrics,
+              self._health(not self._health_seen) as health):
             # bf16 logits straight to the fused log-prob, as in compute_log_prob
             metrics = run_ppo_update(
                 self.engine, data, tensors, make_loss_fn, self.train_spec,
@@ -300,4 +325,5 @@ class ActorWorker(MegatronWorker):
                 prefix="actor_rollout_ref.actor", phase="update_actor", metric_prefix="actor",
                 share_keys=_SHARE_KEYS, fp32_output=False, routing=routing,
             )
-        return {**metrics, **replay_metrics}
+        self._health_seen = False
+        return {**metrics, **replay_metrics, **health}

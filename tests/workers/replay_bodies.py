@@ -162,3 +162,46 @@ def unrouted_positions(observed: torch.Tensor, routes: torch.Tensor, attention_m
     last = torch.zeros_like(attention_mask, dtype=torch.bool)
     last[torch.arange(len(last)), (attention_mask * torch.arange(1, attention_mask.shape[1] + 1)).argmax(-1)] = True
     return {"last" if last[row, pos] else "other" for row, pos, _ in missing.nonzero().tolist()}
+
+
+def moe_health_pass(hf_dir: str, megatron: dict, batch: dict) -> dict:
+    """The actor's old-log-prob pass on this rank's data-parallel rows of ``batch``: its ``moe/*`` metrics."""
+    from helpers.tiny import actor_rollout_ref_config, dp_rows, worker_data
+
+    from megarl.workers.actor import ActorWorker
+
+    actor = ActorWorker(actor_rollout_ref_config(hf_dir, megatron), "actor", device="cpu")
+    actor.init_model()
+    out = actor.compute_log_prob(worker_data(batch, dp_rows(batch)))
+    return {k: v for k, v in out.meta_info["metrics"].items() if k.startswith("moe/")}
+
+
+def hf_moe_health(hf_dir: str, batch: dict) -> dict[str, float]:
+    """The ``moe/*`` metrics (megarl.workers.megatron.moe_health's definitions) from HF transformers' own router
+    logits on every valid token of ``batch``: the independent reference."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(hf_dir)
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    layers = [i for i in range(config.num_hidden_layers) if i not in (config.mlp_only_layers or [])]
+    logits: dict[int, list[torch.Tensor]] = {i: [] for i in layers}
+    for i in layers:
+        model.model.layers[i].mlp.gate.register_forward_hook(
+            lambda m, args, out, i=i: logits[i].append(out[0] if isinstance(out, tuple) else out))
+    with torch.no_grad():
+        for ids, mask in zip(batch["input_ids"], batch["attention_mask"]):
+            model(ids[mask.bool()][None])
+    e, k = config.num_experts, config.num_experts_per_tok
+    ratio, aux, entropy = [], [], []
+    for i in layers:
+        z = torch.cat([x.view(-1, e) for x in logits[i]]).double()
+        p = z.softmax(-1)
+        n = torch.zeros(e, dtype=torch.float64).index_add_(0, z.topk(k, -1).indices.flatten(), torch.ones(z.shape[0] * k, dtype=torch.float64))
+        ratio.append(n.max() / n.mean())
+        aux.append(e / (k * z.shape[0] ** 2) * (p.sum(0) * n).sum())
+        entropy.append(-(p * p.log()).sum(-1).mean())
+    return {"moe/expert_load_max_over_mean/mean": float(torch.stack(ratio).mean()),
+            "moe/expert_load_max_over_mean/max": float(torch.stack(ratio).max()),
+            "moe/load_balancing_loss/mean": float(torch.stack(aux).mean()),
+            "moe/load_balancing_loss/max": float(torch.stack(aux).max()),
+            "moe/router_entropy/mean": float(torch.stack(entropy).mean())}

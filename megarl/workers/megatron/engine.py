@@ -35,8 +35,9 @@ from megarl.parallel.dynamic_batch import fixed_size_partitions, partition_by_to
 from megarl.workers.megatron.inputs import build_inputs, valid_length
 from megarl.models.moe_config import moe_layers, num_experts
 from megarl.workers.megatron.optim import build_optimizer, build_scheduler, grad_reduce_in_fp32
+from megarl.workers.megatron.moe_health import MoEHealth
 from megarl.workers.megatron.router_replay import REPLAY, RoutingReplay, check_routes
-from megarl.workers.megatron.schedule import MicroBatch, broadcast_from_last_stage, run_schedule
+from megarl.workers.megatron.schedule import ForwardHooks, MicroBatch, broadcast_from_last_stage, run_schedule
 
 __all__ = ["MegatronEngine", "MicroBatchSpec", "default_device"]
 
@@ -127,6 +128,7 @@ class MegatronEngine:
         self.lora = lora
         self.routing_replay = routing_replay
         self.router_replay: RoutingReplay | None = None
+        self.moe_health: MoEHealth | None = None  # an MoE model's ``moe/*`` metrics (megarl.workers.megatron.moe_health)
         self.model_path = model_path
         self.override_config = dict(override_config or {})
         self.value_head = value_head
@@ -221,6 +223,9 @@ class MegatronEngine:
         self.chunks = chunks
         if self.routing_replay:
             self.router_replay = RoutingReplay(chunks, moe_layers(hf_config), sequence_parallel=config.sequence_parallel)
+        if config.num_moe_experts:
+            self.moe_health = MoEHealth(chunks, moe_layers(hf_config), num_experts(hf_config),
+                                        int(hf_config.num_experts_per_tok), sequence_parallel=config.sequence_parallel)
 
     # ------------------------------------------------------------------ batches
     def micro_batches(
@@ -346,16 +351,19 @@ class MegatronEngine:
             logger.warning("%s: optimizer step skipped (non-finite gradients: fp16 loss-scale overflow or NaN/Inf)", self.prefix)
         return stats, float(grad_norm) if grad_norm is not None else float("nan"), float(lr)
 
-    def _routing_hooks(self, routing: str | None, forward_only: bool) -> tuple[RoutingReplay, ...]:
+    def _routing_hooks(self, routing: str | None, forward_only: bool) -> tuple[ForwardHooks, ...]:
+        """What watches each chunk forward: the MoE health counters (count only inside their pass) and the
+        routing replay of this pass."""
+        health = (self.moe_health,) if self.moe_health is not None else ()
         if routing is None:
-            return ()
+            return health
         if self.router_replay is None or self.router_replay.mode != routing:
             raise RuntimeError(f"{self.prefix}: routing={routing!r} outside a {routing} pass of its router_replay "
                                "(build the engine with routing_replay=True and call router_replay.begin first)")
         config = self.unwrapped_chunks()[0].config
         # backward re-runs the routers only under activation recompute: only then is a forward's routes' FIFO read
         self.router_replay.backward_replay = not forward_only and config.recompute_granularity is not None
-        return (self.router_replay,)
+        return (*health, self.router_replay)
 
     def step_scheduler(self) -> None:
         """Advance the lr schedule by one training step (verl: one per update call, so
