@@ -14,10 +14,15 @@ layout (:class:`~megarl.parallel.layout.ParallelLayout`). The model of each term
 * activations saved for backward, per token of a micro-batch (``tokens / cp`` per rank),
   2 bytes each (bf16) per decoder layer: attention block = norm input + norm output
   (``/tp`` with sequence parallelism) + q, k, v + attention output (``/tp``); MLP block = norm
-  input + norm output + gate/up output + SwiGLU output (``/tp``); MoE layers count the routed
-  experts' ``top-k`` copies (``/etp``) and the shared expert. Full recompute keeps only each
-  layer's input plus one layer's activations. The first pipeline stage holds ``pp``
+  input + norm output + gate/up output + SwiGLU output (``/tp``). An MoE layer's experts see
+  ``k x etp / tp`` (sequence parallelism) or ``k`` token copies per token (each token's ``top-k``
+  experts; expert-TP ranks gather their TP group's tokens): per copy the permuted hidden state that
+  feeds the expert GEMMs (``hidden``, whole on every expert-TP rank) plus its gate/up and SwiGLU
+  outputs (``3 x moe_intermediate / etp``); plus the shared expert (``/tp``). Full recompute keeps
+  only each layer's input plus one layer's activations. The first pipeline stage holds ``pp``
   micro-batches in flight (1F1B), so ``layers/pp x pp`` layers' worth in total.
+* the MoE token dispatcher's buffers, while one layer runs (any pass): the all-to-all's send and
+  receive copies of the permuted hidden states, ``2 x hidden`` per token copy.
 * logits: ``tokens x vocab/tp`` in bf16 saved + one fp32 working copy (the log-softmax),
   6 bytes per element (critic: a value head, no vocabulary logits).
 * forward-only passes (old log-prob, reference): one layer's activations + the logits; the
@@ -110,17 +115,19 @@ def activation_bytes(p: ParamCount, layout: ParallelLayout, setup: TrainSetup, t
     v_out = (s.kv_heads + s.heads) * s.v_dim  # v, attention output
     attention = 2 * s.hidden / norm_div + (q_k + v_out) / tp
     dense_mlp = 2 * s.hidden / norm_div + 3 * s.ffn / tp
-    moe_mlp = 2 * s.hidden / norm_div + (3 * s.expert_ffn * s.experts_per_token) / etp + 3 * s.shared_expert_ffn / tp
+    copies = s.experts_per_token * etp / norm_div  # expert token copies on this rank per token
+    moe_mlp = 2 * s.hidden / norm_div + copies * (s.hidden + 3 * s.expert_ffn / etp) + 3 * s.shared_expert_ffn / tp
+    dispatcher = 2 * copies * s.hidden if s.moe_layers else 0
     dense_layers = s.layers - s.moe_layers
     per_layer_avg = attention + (dense_layers * dense_mlp + s.moe_layers * moe_mlp) / s.layers
-    per_layer_max = attention + (moe_mlp if s.moe_layers and moe_mlp > dense_mlp else dense_mlp)
+    per_layer_max = attention + max((moe_mlp,) * bool(s.moe_layers) + (dense_mlp,) * bool(dense_layers))
     layers_in_flight = -(-s.layers // layout.pp) * layout.pp  # first stage: pp micro-batches of layers/pp
     if not train:
-        layer_elems = per_layer_max
+        layer_elems = per_layer_max + dispatcher
     elif setup.recompute_full:
-        layer_elems = layers_in_flight * s.hidden / norm_div + per_layer_max
+        layer_elems = layers_in_flight * s.hidden / norm_div + per_layer_max + dispatcher
     else:
-        layer_elems = layers_in_flight * per_layer_avg
+        layer_elems = layers_in_flight * per_layer_avg + dispatcher
     logit_bytes = LOGIT_BYTES_FORWARD_ENTROPY if setup.forward_entropy and not train else LOGIT_BYTES
     logits = 0 if setup.value_head else t * s.vocab / tp * logit_bytes
     return int(t * layer_elems * ACT_BYTES + logits)
