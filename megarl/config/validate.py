@@ -22,6 +22,7 @@ from megarl.config.rules import (
     optim,
     parallel,
     reward_model,
+    rollout_parallel,
     router_replay,
     trainer,
 )
@@ -40,6 +41,7 @@ RULES: tuple[Rule, ...] = (
     *engines.RULES,
     *agent.RULES,
     *reward_model.RULES,
+    *rollout_parallel.RULES,
     *router_replay.RULES,
     model.run,
 )

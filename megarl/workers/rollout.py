@@ -259,12 +259,14 @@ class RolloutWorker:
         # resume, but vLLM then samples each request with its own generator every decode step,
         # off FlashInfer on GPU; verl uses those only for full determinism.)
         kwargs["seed"] = int(rc.seed) + replica
+        # rollout.expert_parallel_size: the replica's experts sharded over its TP ranks (megarl.config.rules.rollout_parallel)
+        kwargs["enable_expert_parallel"] = int(rc.expert_parallel_size) > 1
         extra = dict(rc.engine_kwargs.vllm)
-        if "seed" in extra:
-            raise RolloutConfigError(
-                "actor_rollout_ref.rollout.engine_kwargs.vllm.seed is not accepted: set "
-                "actor_rollout_ref.rollout.seed (replica r of the world uses seed + r)"
-            )
+        for name, key in (("seed", "seed (replica r of the world uses seed + r)"),
+                          ("enable_expert_parallel", "expert_parallel_size"), ("data_parallel_size", "data_parallel_size")):
+            if name in extra:
+                raise RolloutConfigError(f"actor_rollout_ref.rollout.engine_kwargs.vllm.{name} is not accepted: set "
+                                         f"actor_rollout_ref.rollout.{key}")
         kwargs.update({k: v for k, v in extra.items() if v is not None})
         return kwargs
 

@@ -84,14 +84,18 @@ SHAPES: dict[str, dict[str, Any]] = {
 
 _ETP = ("verl fails the same way: expert TP defaults to TP, and Megatron-Core's initialize_model_parallel "
         "needs world size divisible by expert TP x EP x PP ({})")
+_ROLLOUT_EP = ("verl fails the same way with rollout.name=vllm: its RolloutConfig asserts expert_parallel_size == "
+               "tensor_model_parallel_size x data_parallel_size ({})")
 # Issues expected for a documented reason (script -> key -> reason).
 KNOWN: dict[str, dict[str, str]] = {
     "grpo_trainer/run_qwen3_30b_a3b_megatron.sh": {
         "actor_rollout_ref.actor.megatron.expert_model_parallel_size": _ETP.format("8 GPUs vs 4 x 2 x 2"),
+        "actor_rollout_ref.rollout.expert_parallel_size": _ROLLOUT_EP.format("2 vs 4 x 1; the script's EP 2 is trtllm's"),
     },
     "grpo_trainer/run_qwen3_235b_a22b_megatron.sh": {
         "actor_rollout_ref.actor.megatron.expert_model_parallel_size": _ETP.format("64 GPUs vs 4 x 4 x 8"),
         "actor_rollout_ref.ref.megatron.expert_model_parallel_size": _ETP.format("64 GPUs vs 4 x 4 x 8"),
+        "actor_rollout_ref.rollout.expert_parallel_size": _ROLLOUT_EP.format("64 vs 8 x 1"),
     },
     "grpo_trainer/run_deepseek_v4_flash_megatron.sh": {
         "actor_rollout_ref.actor.megatron.override_transformer_config.apply_dsa_kernel_fusion":
@@ -105,6 +109,10 @@ KNOWN: dict[str, dict[str, str]] = {
 }
 # verl features megarl lacks and verl_compat/accepted_keys.py does not list (script -> key -> what is missing).
 GAPS: dict[str, dict[str, str]] = {
+    "grpo_trainer/run_deepseek_v4_flash_megatron.sh": {
+        "actor_rollout_ref.rollout.data_parallel_size": "vLLM data parallelism of an MoE model (DP ranks that share the "
+        "experts, stepping together inside one engine); megarl's replicas are independent engines",
+    },
     "lora/run_qwen3_30b_a3b_megatron.sh": {
         "actor_rollout_ref.model.lora.rank": "megarl's LoRA adapts dense layers only (no adapters on MoE experts)",
     },

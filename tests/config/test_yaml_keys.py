@@ -59,7 +59,7 @@ def test_every_compat_rule_matches_a_yaml_key():
     ("data.return_raw_input_ids", True),
     ("reward.reward_model.rollout.name", "sglang"),
     ("reward.reward_model.enable_resource_pool", True),
-    ("actor_rollout_ref.rollout.data_parallel_size", 2),
+    ("actor_rollout_ref.rollout.pipeline_model_parallel_size", 2),
 ])
 def test_changed_refuse_key_is_refused_naming_it(make, key, value):
     issue_for(make({key: value}), key, "not supported", "remove the override")

@@ -176,14 +176,29 @@ def lora_on_moe(v: View, hf: dict[str, Any]) -> Iterator[Issue]:
 
 
 def replay_needs_experts(v: View, hf: dict[str, Any]) -> Iterator[Issue]:
-    """Routing replay (megarl.config.rules.router_replay) has routers to replay only in an MoE model."""
+    """Routing replay (megarl.config.rules.router_replay) and rollout expert parallelism need an MoE model."""
     if _shape(hf)[3]:
         return
-    keys = ("actor_rollout_ref.actor.megatron.router_replay.mode", "actor_rollout_ref.rollout.enable_rollout_routing_replay")
-    for key in keys:
-        if v.get(key) not in ("disabled", False):
+    defaults = {"actor_rollout_ref.actor.megatron.router_replay.mode": "disabled",
+                "actor_rollout_ref.rollout.enable_rollout_routing_replay": False,
+                "actor_rollout_ref.rollout.expert_parallel_size": 1}
+    for key, default in defaults.items():
+        if v.get(key) != default:
             yield Issue(key, v.get(key), f"the model has no MoE experts ({v.path(ACTOR.model_path)}/config.json): "
-                        "there are no routes to record or replay", f"set {key} to its default")
+                        "no routes to record or replay, no experts to shard", f"set {key} to its default")
+
+
+def rollout_dp_on_moe(v: View, hf: dict[str, Any]) -> Iterator[Issue]:
+    """vLLM's data-parallel ranks of an MoE model share its experts and step together inside one engine;
+    megarl's replicas are independent engines (megarl.config.rules.rollout_parallel)."""
+    key = "actor_rollout_ref.rollout.data_parallel_size"
+    dp, tp = v.get(key), v.get("actor_rollout_ref.rollout.tensor_model_parallel_size")
+    if dp > 1 and _shape(hf)[3]:
+        yield Issue(key, dp, "vLLM's data-parallel ranks of an MoE model share the experts and must step together "
+                    "inside one engine; megarl's replicas (world / tensor_model_parallel_size in-process engines) "
+                    "are independent and already data-parallel",
+                    f"set {key}=1 and actor_rollout_ref.rollout.tensor_model_parallel_size={tp * dp} (with "
+                    f"expert_parallel_size={tp * dp} to shard the experts over those ranks)")
 
 
 @needs_files("tokenizer dirs (data.tokenizer / model.tokenizer_path)")
@@ -218,6 +233,7 @@ def run(v: View) -> Iterator[Issue]:
                 yield from _guard(rollout_shape, v, hf)
                 yield from _guard(lora_on_moe, v, hf)
                 yield from _guard(replay_needs_experts, v, hf)
+                yield from _guard(rollout_dp_on_moe, v, hf)
         except Skip:
             continue
 

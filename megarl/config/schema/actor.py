@@ -172,6 +172,8 @@ class RolloutConfig(Section):
     free_cache_engine: bool = spec()
     load_format: str = spec(choices=LOAD_FORMATS)
     tensor_model_parallel_size: int = spec(ge=1)
+    expert_parallel_size: int = spec(ge=1)
+    data_parallel_size: int = spec(ge=1)
     max_num_batched_tokens: int = spec(ge=1)
     max_model_len: int | None = spec(ge=1)
     max_num_seqs: int = spec(ge=1)

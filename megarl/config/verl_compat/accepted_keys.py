@@ -36,7 +36,7 @@ _KERNELS = "megarl runs Megatron-Core's own kernels (vocab-parallel log-probs ne
 _ONE_IMPL = "megarl has one trainer/worker implementation"
 _LOADER = "megarl tokenizes the dataset once in the driver"
 _MBRIDGE = "megarl always converts HF <-> Megatron one way (megarl/models/converters; per tensor the names mbridge maps, checked in tests/models/test_mbridge_names.py): verl's choice of bridge (mbridge or Megatron-Bridge) selects an implementation, not a result"
-_ROLLOUT_PAR = "megarl's vLLM replicas are tensor-parallel only"
+_ROLLOUT_PAR = "megarl's vLLM replicas are tensor- (and expert-) parallel only"
 _DEPRECATED_MB = "deprecated global micro-batch size; set the *_per_gpu key instead (per rank)"
 
 
@@ -167,7 +167,6 @@ RULES: tuple[CompatRule, ...] = tuple(
              "reward.reward_manager.source", "reward.reward_manager.module.*")
     + _rules("refuse", "sandboxed code execution is not implemented in megarl", "sandbox_fusion.*", "reward.sandbox_fusion.*")
     + _rules("refuse", _ROLLOUT_PAR,
-             "actor_rollout_ref.rollout.data_parallel_size", "actor_rollout_ref.rollout.expert_parallel_size",
              "actor_rollout_ref.rollout.pipeline_model_parallel_size", "actor_rollout_ref.rollout.nnodes",
              "actor_rollout_ref.rollout.disaggregation.*")
     + _rules("refuse", "megarl's weight sync is its own bucketed resharding (size: rollout.weight_sync.bucket_size_mb)",
