@@ -18,6 +18,7 @@ import sys
 from hydra.errors import HydraException
 
 from megarl.config import ConfigError, check_override_keys, check_schema, load_config, resolve_config, validate_config
+from megarl.config.config_options import take_config_options
 from megarl.config.rules.view import FILE_CHECKS, has_module
 from megarl.plan.stack import GPU_LOCK, in_gpu_stack
 from megarl.preflight import RUNTIME_RULES
@@ -59,14 +60,15 @@ def _local_gpu() -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv, option_issues = take_config_options(sys.argv[1:] if argv is None else argv)
+    if option_issues:
+        print(f"megarl: {ConfigError(option_issues)}", file=sys.stderr)
+        return EXIT_REFUSED
     parser = argparse.ArgumentParser(prog="python -m megarl.plan", description=__doc__.splitlines()[0])
     parser.add_argument("--gpu-memory-gib", type=float, default=None,
                         help="memory of one GPU (= trainer.memory_plan.gpu_memory_gib; default: that key)")
     parser.add_argument("overrides", nargs="*", help="config overrides, as for megarl.main_ppo")
-    args, rest = parser.parse_known_args(argv)
-    unknown = [a for a in rest if not a.startswith("--config-name")]  # main_ppo's own flag is accepted
-    if unknown:
-        parser.error(f"unrecognised arguments: {' '.join(unknown)}")
+    args = parser.parse_args(argv)
     if args.gpu_memory_gib is not None:
         args.overrides.append(f"trainer.memory_plan.gpu_memory_gib={args.gpu_memory_gib}")
     try:
