@@ -69,7 +69,7 @@ class ActorWorker(MegatronWorker):
         node = config.actor if trainable else config.ref
         super().__init__(
             config.model, node.megatron, config.actor.optim if trainable else None, config.actor.checkpoint,
-            value_head=False, prefix=f"actor_rollout_ref.{role}", device=device,
+            value_head=False, prefix=f"actor_rollout_ref.{role}", device=device, nccl_timeout_s=config.nccl_timeout,
             lora_cfg=config.model.lora if trainable else None,
         )
         # the old-log-prob pass uses the rollout's log_prob_* keys (verl), the reference its own
