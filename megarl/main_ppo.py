@@ -40,6 +40,7 @@ from megarl.config.compose import finish_compose
 from megarl.config.config_options import take_config_options
 from megarl.config.demo_profile import demo_banner
 from megarl.config.errors import no_value
+from megarl.config.rules.engines import attention_notice
 from megarl.config.read import to_dict
 from megarl.config.verl_compat.check import compat_notices
 from megarl.plan.gate import memory_gate
@@ -78,8 +79,9 @@ def prepare(cfg: DictConfig) -> MegaRLConfig:
     except ValueError as error:  # a demo path the builder does not know; names the key
         raise ConfigError([Issue("demo assets", no_value(), str(error), "point the key at your own file or at a demo asset")]) from error
     validate_config(cfg, RUNTIME_RULES)
-    for notice in compat_notices(cfg):
-        print(f"megarl: {notice}", flush=True)
+    for notice in [*compat_notices(cfg), attention_notice(cfg)]:
+        if notice:
+            print(f"megarl: {notice}", flush=True)
     refused = memory_gate(resolve_config(cfg))
     typed = typed_config(cfg)
     try:

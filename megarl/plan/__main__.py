@@ -19,6 +19,7 @@ from hydra.errors import HydraException
 
 from megarl.config import ConfigError, check_override_keys, check_schema, load_config, resolve_config, validate_config
 from megarl.config.config_options import take_config_options
+from megarl.config.rules.engines import attention_notice
 from megarl.config.rules.view import FILE_CHECKS, has_module
 from megarl.plan.stack import GPU_LOCK, in_gpu_stack
 from megarl.preflight import RUNTIME_RULES
@@ -47,6 +48,7 @@ def plan_text(overrides: list[str]) -> tuple[str, bool]:
         installed = in_gpu_stack
         notes.append(f"GPU packages judged against the stack megarl ships ({GPU_LOCK.name}; this machine has no GPU)")
     validate_config(cfg, RUNTIME_RULES, installed=installed, files=False)
+    notes += [n for n in [attention_notice(cfg, installed)] if n]
     resolved = resolve_config(cfg)
     trainer = typed_config(resolved).trainer
     plan = build_plan(resolved, gpu_memory_gib(trainer.memory_plan, trainer.device), host_memory_gib(trainer.memory_plan, trainer.device))
