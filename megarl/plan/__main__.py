@@ -17,7 +17,7 @@ import sys
 
 from hydra.errors import HydraException
 
-from megarl.config import ConfigError, check_override_keys, check_schema, load_config, resolve_config, validate_config
+from megarl.config import ConfigError, Issue, check_override_keys, check_schema, load_config, resolve_config, validate_config
 from megarl.config.config_options import take_config_options
 from megarl.config.rules.engines import attention_notice
 from megarl.config.rules.view import FILE_CHECKS, has_module
@@ -27,8 +27,8 @@ from megarl.preflight import RUNTIME_RULES
 EXIT_REFUSED = 2
 
 
-def plan_text(overrides: list[str]) -> tuple[str, bool]:
-    """(the plan as text, whether it fits). Raises ConfigError for a bad config."""
+def plan_text(overrides: list[str]) -> tuple[str, list[Issue]]:
+    """(the plan as text, its issues: empty when it fits). Raises ConfigError for a bad config."""
     from megarl.config.read import typed_config
     from megarl.data.demo import ensure_demo_assets
     from megarl.plan.build import build_plan, gpu_memory_gib, host_memory_gib
@@ -52,7 +52,7 @@ def plan_text(overrides: list[str]) -> tuple[str, bool]:
     resolved = resolve_config(cfg)
     trainer = typed_config(resolved).trainer
     plan = build_plan(resolved, gpu_memory_gib(trainer.memory_plan, trainer.device), host_memory_gib(trainer.memory_plan, trainer.device))
-    return format_plan(plan, notes=notes), not plan.issues
+    return format_plan(plan, notes=notes), plan.issues
 
 
 def _local_gpu() -> bool:
@@ -74,12 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.gpu_memory_gib is not None:
         args.overrides.append(f"trainer.memory_plan.gpu_memory_gib={args.gpu_memory_gib}")
     try:
-        text, fits = plan_text(args.overrides)
+        text, issues = plan_text(args.overrides)
     except (ConfigError, ValueError, HydraException) as error:
         print(f"megarl: {error}", file=sys.stderr)
         return EXIT_REFUSED
     print(text)
-    return 0 if fits else EXIT_REFUSED
+    return EXIT_REFUSED if issues else 0
 
 
 if __name__ == "__main__":
