@@ -16,6 +16,7 @@ import argparse
 import sys
 
 from hydra.errors import HydraException
+from omegaconf import OmegaConf
 
 from megarl.config import ConfigError, Issue, check_override_keys, check_schema, load_config, resolve_config, validate_config
 from megarl.config.config_options import take_config_options
@@ -29,7 +30,8 @@ EXIT_REFUSED = 2
 
 def plan_text(overrides: list[str]) -> tuple[str, list[Issue]]:
     """(the plan as text, its issues: empty when it fits). Raises ConfigError for a bad config."""
-    from megarl.config.read import typed_config
+    from megarl.config.read import to_typed
+    from megarl.config.schema.root import MegaRLConfig
     from megarl.data.demo import ensure_demo_assets
     from megarl.plan.build import build_plan, gpu_memory_gib, host_memory_gib
     from megarl.plan.report import format_plan
@@ -50,7 +52,7 @@ def plan_text(overrides: list[str]) -> tuple[str, list[Issue]]:
     validate_config(cfg, RUNTIME_RULES, installed=installed, files=False)
     notes += [n for n in [attention_notice(cfg, installed)] if n]
     resolved = resolve_config(cfg)
-    trainer = typed_config(resolved).trainer
+    trainer = to_typed(MegaRLConfig, OmegaConf.to_container(resolved)).trainer  # resolved already
     plan = build_plan(resolved, gpu_memory_gib(trainer.memory_plan, trainer.device), host_memory_gib(trainer.memory_plan, trainer.device))
     return format_plan(plan, notes=notes), plan.issues
 

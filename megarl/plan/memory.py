@@ -16,10 +16,11 @@ layout (:class:`~megarl.parallel.layout.ParallelLayout`). The model of each term
   (``/tp`` with sequence parallelism) + q, k, v + attention output (``/tp``); MLP block = norm
   input + norm output + gate/up output + SwiGLU output (``/tp``); MoE layers count the routed
   experts' ``top-k`` copies (``/etp``) and the shared expert. Full recompute keeps only each
-  layer's input plus one layer's activations. The first pipeline stage holds ``pp``
-  micro-batches in flight (1F1B), so ``layers/pp x pp`` layers' worth in total.
-* logits: ``tokens x vocab/tp`` in bf16 saved + one fp32 working copy (the log-softmax),
-  6 bytes per element (critic: a value head, no vocabulary logits).
+  layer's input plus one layer's activations. Under 1F1B stage ``i`` holds ``pp - i``
+  micro-batches in flight: the first stage ``pp x layers/pp`` layers' worth, the last stage one
+  micro-batch's ``layers/pp`` layers and the logits; the peak is the larger of the two.
+* logits (last stage): ``tokens x vocab/tp`` in bf16 saved + one fp32 working copy (the
+  log-softmax), 6 bytes per element (critic: a value head, no vocabulary logits).
 * forward-only passes (old log-prob, reference): one layer's activations + the logits; the
   actor's old log-prob pass also takes the entropy: 12 bytes per logit.
 * host memory (offload): every offloaded byte has an exact page-locked host copy for the run
@@ -114,16 +115,20 @@ def activation_bytes(p: ParamCount, layout: ParallelLayout, setup: TrainSetup, t
     dense_layers = s.layers - s.moe_layers
     per_layer_avg = attention + (dense_layers * dense_mlp + s.moe_layers * moe_mlp) / s.layers
     per_layer_max = attention + (moe_mlp if s.moe_layers and moe_mlp > dense_mlp else dense_mlp)
-    layers_in_flight = -(-s.layers // layout.pp) * layout.pp  # first stage: pp micro-batches of layers/pp
-    if not train:
-        layer_elems = per_layer_max
-    elif setup.recompute_full:
-        layer_elems = layers_in_flight * s.hidden / norm_div + per_layer_max
-    else:
-        layer_elems = layers_in_flight * per_layer_avg
     logit_bytes = LOGIT_BYTES_FORWARD_ENTROPY if setup.forward_entropy and not train else LOGIT_BYTES
     logits = 0 if setup.value_head else t * s.vocab / tp * logit_bytes
-    return int(t * layer_elems * ACT_BYTES + logits)
+    if not train:
+        return int(t * per_layer_max * ACT_BYTES + logits)
+    stage_layers = -(-s.layers // layout.pp)
+
+    def stage(micro_batches: int) -> float:
+        """Saved activations of a stage holding `micro_batches` in flight, bytes."""
+        layers = micro_batches * stage_layers
+        elems = layers * s.hidden / norm_div + per_layer_max if setup.recompute_full else layers * per_layer_avg
+        return t * elems * ACT_BYTES
+
+    first, last = stage(layout.pp), stage(1) + logits  # one stage when pp = 1: both terms at once
+    return int(max(first, last) if layout.pp > 1 else last)
 
 
 def rank_memory(p: ParamCount, layout: ParallelLayout, setup: TrainSetup) -> RankMemory:
