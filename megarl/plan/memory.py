@@ -19,12 +19,13 @@ layout (:class:`~megarl.parallel.layout.ParallelLayout`). The model of each term
   experts; expert-TP ranks gather their TP group's tokens): per copy the permuted hidden state that
   feeds the expert GEMMs (``hidden``, whole on every expert-TP rank) plus its gate/up and SwiGLU
   outputs (``3 x moe_intermediate / etp``); plus the shared expert (``/tp``). Full recompute keeps
-  only each layer's input plus one layer's activations. The first pipeline stage holds ``pp``
-  micro-batches in flight (1F1B), so ``layers/pp x pp`` layers' worth in total.
+  only each layer's input plus one layer's activations. Under 1F1B stage ``i`` holds ``pp - i``
+  micro-batches in flight: the first stage ``pp x layers/pp`` layers' worth, the last stage one
+  micro-batch's ``layers/pp`` layers and the logits; the peak is the larger of the two.
 * the MoE token dispatcher's buffers, while one layer runs (any pass): the all-to-all's send and
   receive copies of the permuted hidden states, ``2 x hidden`` per token copy.
-* logits: ``tokens x vocab/tp`` in bf16 saved + one fp32 working copy (the log-softmax),
-  6 bytes per element (critic: a value head, no vocabulary logits).
+* logits (last stage): ``tokens x vocab/tp`` in bf16 saved + one fp32 working copy (the
+  log-softmax), 6 bytes per element (critic: a value head, no vocabulary logits).
 * forward-only passes (old log-prob, reference): one layer's activations + the logits; the
   actor's old log-prob pass also takes the entropy: 12 bytes per logit.
 * host memory (offload): every offloaded byte has an exact page-locked host copy for the run
@@ -121,16 +122,20 @@ def activation_bytes(p: ParamCount, layout: ParallelLayout, setup: TrainSetup, t
     dense_layers = s.layers - s.moe_layers
     per_layer_avg = attention + (dense_layers * dense_mlp + s.moe_layers * moe_mlp) / s.layers
     per_layer_max = attention + max((moe_mlp,) * bool(s.moe_layers) + (dense_mlp,) * bool(dense_layers))
-    layers_in_flight = -(-s.layers // layout.pp) * layout.pp  # first stage: pp micro-batches of layers/pp
-    if not train:
-        layer_elems = per_layer_max + dispatcher
-    elif setup.recompute_full:
-        layer_elems = layers_in_flight * s.hidden / norm_div + per_layer_max + dispatcher
-    else:
-        layer_elems = layers_in_flight * per_layer_avg + dispatcher
     logit_bytes = LOGIT_BYTES_FORWARD_ENTROPY if setup.forward_entropy and not train else LOGIT_BYTES
     logits = 0 if setup.value_head else t * s.vocab / tp * logit_bytes
-    return int(t * layer_elems * ACT_BYTES + logits)
+    if not train:
+        return int(t * (per_layer_max + dispatcher) * ACT_BYTES + logits)
+    stage_layers = -(-s.layers // layout.pp)
+
+    def stage(micro_batches: int) -> float:
+        """Saved activations of a stage holding `micro_batches` in flight, bytes."""
+        layers = micro_batches * stage_layers
+        elems = layers * s.hidden / norm_div + per_layer_max if setup.recompute_full else layers * per_layer_avg
+        return t * (elems + dispatcher) * ACT_BYTES
+
+    first, last = stage(layout.pp), stage(1) + logits  # one stage when pp = 1: both terms at once
+    return int(max(first, last) if layout.pp > 1 else last)
 
 
 def rank_memory(p: ParamCount, layout: ParallelLayout, setup: TrainSetup) -> RankMemory:

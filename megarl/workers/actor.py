@@ -74,7 +74,7 @@ class ActorWorker(MegatronWorker):
         self._health_seen = False  # this step's moe/* metrics came from an old-log-prob pass
         super().__init__(
             config.model, node.megatron, config.actor.optim if trainable else None, config.actor.checkpoint,
-            value_head=False, prefix=f"actor_rollout_ref.{role}", device=device,
+            value_head=False, prefix=f"actor_rollout_ref.{role}", device=device, nccl_timeout_s=config.nccl_timeout,
             lora_cfg=config.model.lora if trainable else None, routing_replay=self.replay_mode != "disabled",
         )
         # the old-log-prob pass uses the rollout's log_prob_* keys (verl), the reference its own

@@ -38,7 +38,8 @@ def reward_model_megatron(rollout: RewardModelRolloutConfig) -> MegatronInferCon
         pipeline_model_parallel_size=rollout.pipeline_model_parallel_size,
         virtual_pipeline_model_parallel_size=None, context_parallel_size=1, expert_model_parallel_size=1,
         expert_tensor_parallel_size=None, sequence_parallel=False, use_dist_checkpointing=False,
-        dist_checkpointing_path=None, param_offload=rollout.free_cache_engine, seed=0, dtype=rollout.dtype,
+        dist_checkpointing_path=None, param_offload=rollout.free_cache_engine, use_remove_padding=False, seed=0,
+        dtype=rollout.dtype,
         override_transformer_config={},
     )
 
@@ -64,6 +65,7 @@ class RewardModelWorker(MegatronWorker):
         super().__init__(
             reward_model_model(config.model_path), reward_model_megatron(rollout), None, None,
             value_head=True, prefix=PREFIX, device=device,
+            nccl_timeout_s=None,  # verl's reward model has no such key: torch.distributed's default
         )
         self.spec = MicroBatchSpec(
             rollout.max_num_seqs, False, None,

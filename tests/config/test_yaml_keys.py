@@ -72,6 +72,21 @@ def test_changed_ignore_key_is_accepted_and_noted_once(make):
     assert len(notes) == 2 and any(n.startswith("actor_rollout_ref.actor.use_torch_compile=False has no effect") for n in notes)
 
 
+MBRIDGE = "actor_rollout_ref.{}.megatron.use_mbridge"
+
+
+@pytest.mark.parametrize("actor, ref, noted", [
+    (None, True, []),  # verl's scripts: the ref's value mirrors the actor's default
+    (False, False, ["actor"]),  # once, for the actor; the ref follows it
+    (None, False, ["ref"]),  # the ref differs from the actor
+    (False, True, ["actor", "ref"]),
+])
+def test_use_mbridge_is_noted_once_and_only_where_the_ref_differs_from_the_actor(make, actor, ref, noted):
+    overrides = {MBRIDGE.format("ref"): ref, **({} if actor is None else {MBRIDGE.format("actor"): actor})}
+    notes = compat_notices(make(overrides))
+    assert [n.split("=", 1)[0] for n in notes] == [MBRIDGE.format(role) for role in noted], notes
+
+
 def test_compat_keys_at_default_are_fine_and_silent(make):
     cfg = make()
     no_issues(cfg)

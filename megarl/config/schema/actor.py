@@ -202,3 +202,4 @@ class ActorRolloutRefConfig(Section):
     actor: ActorConfig = spec()
     ref: RefConfig = spec()
     rollout: RolloutConfig = spec()
+    nccl_timeout: int = spec(gt=0)  # seconds: the process-group timeout of the actor/rollout/ref workers

@@ -33,6 +33,7 @@ class MegatronInferConfig(Section):
     use_dist_checkpointing: bool = spec()
     dist_checkpointing_path: str | None = spec(path=True)
     param_offload: bool = spec()
+    use_remove_padding: bool = spec()  # false: padded rows even when model.use_remove_padding packs them
     seed: int = spec(ge=0)
     dtype: str = spec(choices=DTYPES)
     override_transformer_config: dict[str, Any] = spec()
@@ -44,6 +45,7 @@ class MegatronTrainConfig(MegatronInferConfig):
 
     use_distributed_optimizer: bool = spec()
     optimizer_offload: bool = spec()
+    grad_offload: bool = spec()  # verl <= 0.8's key: gradient buffers alone (param_offload moves them too)
     # how the distributed optimizer's state is laid out in a checkpoint (megatron's
     # distrib_optim_sharding_type, as verl): false = dp_reshardable, true = fully_reshardable
     dist_ckpt_optim_fully_reshardable: bool = spec()

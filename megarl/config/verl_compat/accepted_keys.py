@@ -192,13 +192,13 @@ RULES: tuple[CompatRule, ...] = tuple(
     + _rules("refuse", "dynamic context parallelism (DPxCP groups sized per batch) is not implemented in megarl; "
              "static megatron.context_parallel_size is",
              "*.megatron.dynamic_context_parallel", "*.megatron.max_seqlen_per_dp_cp_rank")
+    + _rules("ignore", "the reference model has no gradients", "actor_rollout_ref.ref.megatron.grad_offload")
     + _rules("ignore", "the reference model has no optimizer state to checkpoint",
              "actor_rollout_ref.ref.megatron.dist_ckpt_optim_fully_reshardable",
              "actor_rollout_ref.ref.megatron.distrib_optim_fully_reshardable_mem_efficient")
     + _rules("refuse", "not implemented in megarl's Megatron engine",
              "*.megatron.dist_checkpointing_prefix", "*.megatron.override_ddp_config",
              "*.megatron.override_mcore_model_config", "*.megatron.use_megatron_fsdp", "*.megatron.forward_only",
-             "*.megatron.use_remove_padding", "*.nccl_timeout",
              "*.optim.use_layer_wise_distributed_optimizer", "*.optim.muon_*")
     + _rules("refuse", "not implemented in megarl's checkpoints",
              "*.checkpoint.async_save", "*.checkpoint.strict", "*.checkpoint.mbridge_config",

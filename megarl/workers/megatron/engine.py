@@ -104,6 +104,7 @@ class MegatronEngine:
         optim_cfg: verl `optim` node; None = inference only (reference model).
         remove_padding: `model.use_remove_padding` (thd packing).
         prefix: dotted config path of this role, for messages (e.g. "critic").
+        nccl_timeout_s: process-group timeout in seconds (the role's `nccl_timeout`); None: torch's default.
         lora: LoRA adapters on the loaded model (only they train; megarl.models.lora); None = full model.
         routing_replay: build the MoE routers to replay or record routes (megarl.workers.megatron.router_replay:
             `router_replay` once `init_model` ran; passes choose with their `routing` argument).
@@ -121,9 +122,11 @@ class MegatronEngine:
         trust_remote_code: bool = False,
         prefix: str,
         device: str | None = None,
+        nccl_timeout_s: int | None = None,
         lora: LoraSpec | None = None,
         routing_replay: bool = False,
     ) -> None:
+        self.nccl_timeout_s = nccl_timeout_s
         self.megatron_cfg = megatron_cfg
         self.lora = lora
         self.routing_replay = routing_replay
@@ -161,7 +164,7 @@ class MegatronEngine:
     def init_model(self) -> None:
         import transformers
 
-        init_distributed(self.megatron_cfg, self.device, seed=self.megatron_cfg.seed)
+        init_distributed(self.megatron_cfg, self.device, seed=self.megatron_cfg.seed, timeout_s=self.nccl_timeout_s)
         if not os.path.isdir(self.model_path):
             raise FileNotFoundError(f"{self.prefix} model path {self.model_path!r} is not a directory")
         hf_config = transformers.AutoConfig.from_pretrained(self.model_path, trust_remote_code=self.trust_remote_code)
