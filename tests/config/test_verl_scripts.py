@@ -132,7 +132,7 @@ EXPECTED: dict[str, tuple[str, str | None, str]] = {
         "gap", "data.continuous_token.enable",
         f"data.continuous_token.* (verl 0.9.1 keys megarl's yaml lacks), then DeepSeek-V4: {_FAMILY}"),
     "verl/examples/grpo_trainer/run_hy_v3_megatron.sh": ("gap", _PATH, f"Hy3: {_FAMILY}"),
-    "verl/examples/grpo_trainer/run_moonlight_16b_a3b_megatron.sh": ("memory", None, ""),
+    "verl/examples/grpo_trainer/run_moonlight_16b_a3b_megatron.sh": ("fits", None, ""),
     "verl/examples/grpo_trainer/run_nemotron_nano_v3_30b_a3b_megatron.sh": ("gap", _PATH, f"Nemotron-H: {_FAMILY}"),
     "verl/examples/grpo_trainer/run_qwen2-7b_math_megatron_fsdp.sh": (
         "gap", "actor_rollout_ref.actor.megatron.use_megatron_fsdp", "Megatron-FSDP"),
