@@ -17,6 +17,7 @@ from megarl.config.rules import (
     agent,
     algorithm,
     batch,
+    distillation,
     engines,
     model,
     optim,
@@ -39,6 +40,7 @@ RULES: tuple[Rule, ...] = (
     *engines.RULES,
     *agent.RULES,
     *reward_model.RULES,
+    *distillation.RULES,
     model.run,
 )
 
