@@ -250,7 +250,7 @@ def next_token_labels(inputs: MicroBatchInputs) -> torch.Tensor:
 
 
 def to_response(per_position: torch.Tensor, inputs: MicroBatchInputs, response_length: int) -> torch.Tensor:
-    """Per-position values of this rank's tokens (`[b, L]` / `[1, T]`; under context parallelism
+    """Per-position values of this rank's tokens (`[b, L, ...]` / `[1, T, ...]`; under context parallelism
     `[b, L / cp]` / `[1, T / cp]`, all-gathered over the CP group first, differentiably: see
     megarl.parallel.context_parallel) -> `[b, response_length]` (0 where padded), identical on
     every CP rank."""
@@ -275,6 +275,6 @@ def _original_layout(per_position: torch.Tensor, inputs: MicroBatchInputs) -> to
     if inputs.cp_index is not None:
         per_position = gather_tokens_from_cp(per_position, inputs.cp_index, inputs.cp_group)
     valid = inputs.valid_mask
-    full = per_position.new_zeros(valid.shape)
+    full = per_position.new_zeros(valid.shape + per_position.shape[2:])  # trailing dims: top-k, vocab slice
     full[valid] = per_position[inputs.token_mask]
     return full
