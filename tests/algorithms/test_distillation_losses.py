@@ -146,3 +146,25 @@ def test_forward_kl_topk_vocab_parallel_equals_dense(tp, clamp):
         torch.testing.assert_close(t_mass, clamped.exp().sum(-1))
         torch.testing.assert_close(top_logp, t_logp)  # the teacher's vocab-parallel top-k = torch.topk of the full softmax
         assert torch.equal(top_ids, t_ids)
+
+
+class _OneRank:
+    """A one-rank tensor-parallel group: the vocab-parallel functions in-process, no collective."""
+
+    def size(self) -> int:
+        return 1
+
+
+def test_topk_key_changes_the_loss():
+    """distillation_loss.topk: the teacher keeps k log-probs, and the KL sums over those k."""
+    from megarl.workers.megatron.vocab_topk import vocab_parallel_forward_kl_topk, vocab_parallel_topk_log_probs
+
+    student, teacher, *_ = _topk_inputs()
+    losses = {}
+    for k in (2, 6):
+        t_logp, t_ids = vocab_parallel_topk_log_probs(teacher, k, temperature=TEMP, tp_group=_OneRank())
+        assert t_logp.shape == (2, 3, k)
+        losses[k], _, _ = vocab_parallel_forward_kl_topk(student, t_logp, t_ids, temperature=TEMP, tp_group=_OneRank())
+        torch.testing.assert_close(losses[k].double(), _dense_forward_kl(student, t_logp, t_ids, None)[0].float().double(),
+                                   atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(losses[2], losses[6])

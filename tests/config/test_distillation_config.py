@@ -87,3 +87,22 @@ def test_vllm_only_teacher_settings_are_accepted(distil):
 def test_a_second_teacher_is_refused(distil, tmp_path):
     issue_for(distil({f"{D}.teacher_models.teacher_model2": {"key": "math", "model_path": str(tmp_path / "teacher")}}),
               f"{D}.teacher_models.teacher_model2", "unknown key")
+
+
+def test_verl_megatron_example_distillation_keys_pass(make, tmp_path):
+    """The `distillation.*` part of verl's examples/on_policy_distillation_trainer/run_qwen3_8b_megatron.sh
+    (teacher on its own pool of 4 GPUs, TP 2, forward_kl_topk without task rewards), verbatim."""
+    from megarl.config.read import typed_config
+
+    write_model(tmp_path / "teacher")
+    cfg = make({
+        "model_engine": "megatron", "distillation.enabled": True, "distillation.n_gpus_per_node": 4,
+        "distillation.nnodes": 1, f"{T}.model_path": str(tmp_path / "teacher"),
+        f"{T}.inference.tensor_model_parallel_size": 2, f"{T}.inference.name": "vllm",
+        f"{T}.inference.gpu_memory_utilization": 0.4, f"{T}.inference.max_model_len": 1024 + 2048 + 1,
+        f"{LOSS}.loss_mode": "forward_kl_topk", f"{LOSS}.topk": 64, f"{LOSS}.use_task_rewards": False,
+        f"{LOSS}.use_policy_gradient": False, f"{LOSS}.loss_max_clamp": 10.0, f"{LOSS}.log_prob_min_clamp": -10.0,
+    })
+    no_issues(cfg)
+    loss = typed_config(cfg).distillation.distillation_loss
+    assert (loss.topk, loss.use_task_rewards, loss.loss_max_clamp, loss.log_prob_min_clamp) == (64, False, 10.0, -10.0)
