@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from megarl.config.errors import Issue
-from megarl.config.rules.model import model_fields, read_hf_config, weights
+from megarl.config.rules.model import model_dir, read_hf_config
 from megarl.config.rules.roles import ACTOR, TEACHER_ROLE
 from megarl.config.rules.view import View
 
@@ -52,12 +52,9 @@ def teacher(v: View) -> Iterator[Issue]:
     if world % tp:
         yield Issue(f"{INFER}.tensor_model_parallel_size", tp, f"does not divide {where} = {world}",
                     f"choose a TP size dividing {world}")
-    hf, issue = read_hf_config(v, TEACHER_ROLE.model_path, None)
-    if issue is not None:
-        yield issue
+    hf = yield from model_dir(v, TEACHER_ROLE)
+    if hf is None:
         return
-    yield from model_fields(v, TEACHER_ROLE, hf)
-    yield from weights(v, TEACHER_ROLE)
     student, _ = read_hf_config(v, ACTOR.model_path, ACTOR.override_config)
     if student is not None and student.get("vocab_size") != hf.get("vocab_size"):
         yield Issue(TEACHER_ROLE.model_path, v.get(TEACHER_ROLE.model_path),
