@@ -86,7 +86,7 @@ def test_vllm_only_teacher_settings_are_accepted(distil):
 
 def test_a_second_teacher_is_refused(distil, tmp_path):
     issue_for(distil({f"{D}.teacher_models.teacher_model2": {"key": "math", "model_path": str(tmp_path / "teacher")}}),
-              f"{D}.teacher_models.teacher_model2", "unknown key")
+              f"{D}.teacher_models.teacher_model2", "one teacher", "teacher_key")
 
 
 def test_verl_megatron_example_distillation_keys_pass(make, tmp_path):

@@ -26,8 +26,10 @@ def make_teacher(out_dir: str) -> str:
     return out_dir
 
 
-@pytest.mark.parametrize("loss_mode", ["forward_kl_topk", pytest.param("k3", marks=pytest.mark.extended)])
-def test_teacher_kl_falls(tmp_path_factory, tmp_path, loss_mode):
+@pytest.mark.parametrize("loss_mode, teacher_nodes", [("forward_kl_topk", 0), ("k3", 0), ("forward_kl_topk", 1)],
+                         ids=["forward_kl_topk-colocated", "k3-colocated", "forward_kl_topk-own-pool"])
+def test_teacher_kl_falls(tmp_path_factory, tmp_path, loss_mode, teacher_nodes):
+    """teacher_nodes: distillation.nnodes (0: on the trainer's slots; 1: its own Ray pool of one slot)."""
     teacher = make_teacher(str(tmp_path_factory.mktemp("teacher")))
     T = "distillation.teacher_models.teacher_model"
     cfg = demo_config(tmp_path_factory.mktemp("demo"), tmp_path, [
@@ -37,6 +39,7 @@ def test_teacher_kl_falls(tmp_path_factory, tmp_path, loss_mode):
         f"{T}.inference.dtype=float32", f"{T}.inference.max_num_seqs=4",
         f"distillation.distillation_loss.loss_mode={loss_mode}", "distillation.distillation_loss.topk=8",
         "distillation.distillation_loss.use_task_rewards=false",
+        f"distillation.nnodes={teacher_nodes}", "distillation.n_gpus_per_node=1",
     ])
     from megarl.trainer import run_ppo
 
