@@ -21,7 +21,7 @@ import torch
 
 from megarl.algorithms.agg import Denominator, agg_loss
 from megarl.algorithms.kl import kl_penalty
-from megarl.algorithms.policy_losses_ppo import compute_policy_loss_vanilla
+from megarl.algorithms.policy_loss_base import get_policy_loss
 
 if TYPE_CHECKING:
     from megarl.config.schema.actor import ActorConfig
@@ -61,7 +61,7 @@ def distillation_objective(
     if config.loss_max_clamp is not None:
         token_losses = token_losses.clamp(-config.loss_max_clamp, config.loss_max_clamp)
     if config.use_policy_gradient:
-        loss, pg = compute_policy_loss_vanilla(
+        loss, pg = get_policy_loss(config.policy_loss_mode)(  # vanilla: the one verl supports here
             old_log_prob, log_prob, -token_losses.detach(), response_mask, loss_agg_mode, pg_config,
             global_denominator, rollout_is_weights,
         )

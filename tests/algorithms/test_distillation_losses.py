@@ -43,10 +43,10 @@ def test_loss_modes_differ():
     assert len(set(values.values())) == 4
 
 
-def _objective(losses, mask, **values):
+def _objective(losses, mask, logp_value: float = 0.0, **values):
     cfg = loss_config(**values)
     old = torch.zeros_like(losses)
-    logp = torch.zeros_like(losses, requires_grad=True)
+    logp = torch.full_like(losses, logp_value, requires_grad=True)
     loss, metrics = distillation_objective(
         losses, mask, cfg, "token-mean", GlobalDenominator.from_mask(mask),
         pg_config=actor(clip_ratio=cfg.clip_ratio, clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high,
@@ -76,6 +76,18 @@ def test_policy_gradient_uses_minus_loss_as_advantage():
     torch.testing.assert_close(logp.grad, losses.detach() * mask / 5)
     assert losses.grad is None or not losses.grad.any()  # the advantage is detached
     assert "distillation/pg_clipfrac" in metrics
+
+
+def test_policy_gradient_clips_with_the_distillation_clip_ratios():
+    """ratio e^0.5 ~ 1.65 with advantage -loss > 0 (losses < 0): PPO takes min(r, 1 + clip_ratio_high) x A."""
+    losses = torch.full((2, 3), -1.0)
+    mask = torch.ones(2, 3)
+    ratio = torch.tensor(0.5).exp().item()
+    for high in (0.2, 0.4):
+        loss, metrics, _ = _objective(losses, mask, 0.5, use_policy_gradient=True, loss_max_clamp=None,
+                                      clip_ratio=0.2, clip_ratio_low=0.2, clip_ratio_high=high)
+        assert loss.item() == pytest.approx(-min(ratio, 1 + high))
+        assert metrics["distillation/pg_clipfrac"] == 1.0
 
 
 def test_task_rewards_and_coef_combine_as_verl():
