@@ -96,6 +96,8 @@ def test_verl_megatron_example_distillation_keys_pass(make, tmp_path):
 
     write_model(tmp_path / "teacher")
     cfg = make({
+        "algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 1,  # the advantages go unused
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 8,  # the fixture's mini-batch at n=1
         "model_engine": "megatron", "distillation.enabled": True, "distillation.n_gpus_per_node": 4,
         "distillation.nnodes": 1, f"{T}.model_path": str(tmp_path / "teacher"),
         f"{T}.inference.tensor_model_parallel_size": 2, f"{T}.inference.name": "vllm",
@@ -106,3 +108,8 @@ def test_verl_megatron_example_distillation_keys_pass(make, tmp_path):
     no_issues(cfg)
     loss = typed_config(cfg).distillation.distillation_loss
     assert (loss.topk, loss.use_task_rewards, loss.loss_max_clamp, loss.log_prob_min_clamp) == (64, False, 10.0, -10.0)
+
+
+def test_grpo_group_of_one_is_refused_while_the_task_reward_counts(distil):
+    over = {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 1}
+    issue_for(distil({**over, f"{LOSS}.use_task_rewards": True}), "actor_rollout_ref.rollout.n", "group of >= 2")
