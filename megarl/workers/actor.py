@@ -31,7 +31,7 @@ from megarl.config.schema.distillation import DistillationConfig
 from megarl.models.lora import adapters_disabled
 from megarl.protocol import DataProto
 from megarl.workers.megatron.engine import MicroBatchSpec
-from megarl.workers.megatron.inputs import next_token_labels, response_mask_of, to_response
+from megarl.workers.megatron.inputs import next_token_labels, response_mask_of, response_values, to_response
 from megarl.workers.megatron.offload import PARAMS
 from megarl.workers.megatron.ppo_loop import run_ppo_update, update_inputs
 from megarl.workers.megatron.vocab_parallel import vocab_parallel_log_probs_and_entropy, vocab_parallel_token_stats
@@ -189,7 +189,7 @@ class ActorWorker(MegatronWorker):
         mask = t["response_mask"]
         stats = {}
         if self.distillation.uses_topk():
-            response_logits = to_response(logits, mb.inputs, log_prob.shape[1])  # [b, R, vocab / tp]
+            response_logits = response_values(logits, mb.inputs, log_prob.shape[1])  # [b, R, vocab / tp]
             kl, student_mass, teacher_mass = vocab_parallel_forward_kl_topk(
                 response_logits, t["teacher_logprobs"], t["teacher_ids"], temperature=temperature,
                 log_prob_min_clamp=loss_cfg.log_prob_min_clamp,

@@ -259,6 +259,23 @@ def to_response(per_position: torch.Tensor, inputs: MicroBatchInputs, response_l
     return full[:, seq_len - response_length - 1 : seq_len - 1]
 
 
+def response_values(per_position: torch.Tensor, inputs: MicroBatchInputs, response_length: int) -> torch.Tensor:
+    """:func:`to_response` for wide per-position values (`[b, L, vocab / tp]` logits): reads the response
+    positions alone, without the `[b, S, ...]` buffer of the whole rows; differentiable."""
+    if inputs.cp_index is not None:
+        return to_response(per_position, inputs, response_length)
+    valid = inputs.valid_mask
+    seq_len = valid.shape[1]
+    ordinal = (valid.flatten().cumsum(0) - 1).view_as(valid)  # i-th valid token of the rows, row-major
+    window = slice(seq_len - response_length - 1, seq_len - 1)
+    wanted = valid[:, window]
+    source = inputs.token_mask.flatten().nonzero().squeeze(1)  # where the i-th valid token sits in the layout
+    flat = per_position.reshape(-1, *per_position.shape[2:])
+    out = per_position.new_zeros((valid.shape[0], response_length) + per_position.shape[2:])
+    out[wanted] = flat[source[ordinal[:, window][wanted]]]
+    return out
+
+
 def at_last_token(per_position: torch.Tensor, inputs: MicroBatchInputs) -> torch.Tensor:
     """Per-position values of this rank's tokens (as :func:`to_response`) -> `[b]`: each row's value
     at its last valid token (a sequence classifier's score, e.g. a reward model's)."""
