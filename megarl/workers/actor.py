@@ -23,9 +23,9 @@ from megarl.algorithms import (
     compute_kl_loss,
     get_policy_loss,
 )
-from megarl.config.schema.actor import ActorRolloutRefConfig
 from megarl.algorithms.distillation import combine_with_policy_loss, distillation_objective, estimator_losses
 from megarl.config.read import replaced
+from megarl.config.schema.actor import ActorRolloutRefConfig
 from megarl.config.schema.algorithm import RolloutCorrectionConfig
 from megarl.config.schema.distillation import DistillationConfig
 from megarl.models.lora import adapters_disabled
