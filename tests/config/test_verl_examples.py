@@ -99,9 +99,6 @@ KNOWN: dict[str, dict[str, str]] = {
         "actor_rollout_ref.actor.megatron.override_transformer_config.use_fused_mhc":
             "the script needs the Megatron-LM commit it names (DeepSeek-V4 fields); megatron-core 0.16 has no such field",
     },
-    "on_policy_distillation_trainer/run_qwen3_8b_megatron.sh": {
-        "actor_rollout_ref.rollout.n": "follows from distillation (refused): it samples one response per prompt",
-    },
 }
 # verl features megarl lacks and verl_compat/accepted_keys.py does not list (script -> key -> what is missing).
 GAPS: dict[str, dict[str, str]] = {
@@ -111,7 +108,8 @@ GAPS: dict[str, dict[str, str]] = {
 }
 
 # Keys whose values name the script author's files: pointed at local assets.
-MODEL_KEYS = ("actor_rollout_ref.model.path", "critic.model.path", "actor_rollout_ref.model.tokenizer_path", "data.tokenizer")
+MODEL_KEYS = ("actor_rollout_ref.model.path", "critic.model.path", "actor_rollout_ref.model.tokenizer_path", "data.tokenizer",
+              "distillation.teacher_models.teacher_model.model_path")
 DIR_KEYS = ("trainer.default_local_dir", "trainer.rollout_data_dir", "trainer.validation_data_dir",
             "actor_rollout_ref.actor.megatron.dist_checkpointing_path", "actor_rollout_ref.ref.megatron.dist_checkpointing_path",
             "critic.megatron.dist_checkpointing_path")
