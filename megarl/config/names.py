@@ -56,6 +56,10 @@ ROLLOUT_RS_OPTIONS: tuple[str, ...] = ROLLOUT_RS_RATIO_OPTIONS + (
 ROLLOUT_CORR_LOSS_TYPES: tuple[str, ...] = ("ppo_clip", "reinforce")
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+# distillation.distillation_loss.loss_mode: verl's single-sample estimators of the per-token reverse KL
+# (student vs teacher log-prob of the sampled token) and its top-k forward KL
+DISTILLATION_ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+DISTILLATION_LOSS_MODES = DISTILLATION_ESTIMATORS + ("forward_kl_topk",)
 TRUNCATIONS = ("error", "left", "right", "middle")
 CHECKPOINT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
 OPTIMIZERS = ("adam", "sgd")

@@ -17,6 +17,7 @@ from megarl.config.rules import (
     agent,
     algorithm,
     batch,
+    distillation,
     engines,
     model,
     optim,
@@ -43,6 +44,7 @@ RULES: tuple[Rule, ...] = (
     *reward_model.RULES,
     *rollout_parallel.RULES,
     *router_replay.RULES,
+    *distillation.RULES,
     model.run,
 )
 

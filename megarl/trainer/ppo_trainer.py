@@ -5,7 +5,8 @@ One step (``train_step``), phase by phase:
     rollout (megarl.trainer.rollout_stage): weight sync (when the actor changed) -> n responses per
       prompt (vLLM) [+ one greedy per prompt: remax] -> rewards (rule / custom scorers, or a learned
       reward model)
-    -> old log-prob (actor) -> ref log-prob -> values (critic) [-> rewards scored in the background]
+    -> old log-prob (actor) -> ref log-prob -> teacher log-probs (distillation) -> values (critic)
+      [-> rewards scored in the background]
     -> advantages on the controller (+ in-reward KL)
     -> critic update -> actor update (after trainer.critic_warmup steps)
     -> metrics; then validation / checkpoint (``fit``)
@@ -50,6 +51,7 @@ SHUTDOWN_TIMEOUT_S = 120.0
 ACTOR_CLS = "megarl.workers.hybrid:ActorRolloutRefWorker"
 CRITIC_CLS = "megarl.workers.critic:CriticWorker"
 REWARD_MODEL_CLS = "megarl.workers.reward_model:RewardModelWorker"
+TEACHER_CLS = "megarl.workers.teacher:TeacherWorker"
 _ENV_PREFIXES = ("VLLM_", "NCCL_", "MEGARL_", "HF_", "TORCH_", "GLOO_", "CUDA_DEVICE_MAX_CONNECTIONS", "OMP_NUM_THREADS",
                  "TOKENIZERS_PARALLELISM", "PYTHONPATH")
 
@@ -128,6 +130,8 @@ class RayPPOTrainer:
         self.pool: ResourcePool | None = None
         self.actor: WorkerGroup | None = None
         self.critic: WorkerGroup | None = None
+        self.teacher: WorkerGroup | None = None
+        self.teacher_pool: ResourcePool | None = None
         root = os.path.expanduser(cfg.trainer.default_local_dir)
         self.ckpt_root = root
         self.resume_path, self.resume_state = self._plan_resume()
@@ -164,7 +168,9 @@ class RayPPOTrainer:
         self.device = resolve_device(cfg)
         use_gpu = self.device == "cuda"
         nnodes, per_node = int(cfg.trainer.nnodes), int(cfg.trainer.n_gpus_per_node)
-        groups = 1 + int(self.use_critic) + int(self.rollout.uses_reward_model)
+        distillation = cfg.distillation if cfg.distillation.enabled else None
+        teacher_colocated = distillation is not None and distillation.nnodes == 0
+        groups = 1 + int(self.use_critic) + int(self.rollout.uses_reward_model) + int(teacher_colocated)
         # CPU runs share this machine's cores: small fractional reservations per rank.
         cpus_per_slot = 1.0 if use_gpu else 0.5
         self.pool = create_resource_pool(nnodes, per_node, use_gpu, cpus_per_slot)
@@ -182,7 +188,7 @@ class RayPPOTrainer:
         self.actor = WorkerGroup("actor_rollout_ref", ACTOR_CLS, (arr,),
                                  {"role": role, "device": self.device,
                                   "rollout_correction": cfg.algorithm.rollout_correction,
-                                  "reward": self.rollout.stream_spec},
+                                  "reward": self.rollout.stream_spec, "distillation": distillation},
                                  self.pool.placements,
                                  share_cpu, share_gpu, env,
                                  layout=ParallelLayout.from_megatron_config(arr.actor.megatron, world),
@@ -198,13 +204,29 @@ class RayPPOTrainer:
                 share_cpu, share_gpu, env,
                 layout=ParallelLayout(world_size=world, tp=rm.rollout.tensor_model_parallel_size,
                                       pp=rm.rollout.pipeline_model_parallel_size))
-        # Critic and reward model first: their worlds must exist before vLLM grabs memory on GPUs.
-        for group in (self.critic, self.reward_model):
+        if distillation is not None:
+            self.teacher = self._teacher_group(distillation, share_cpu, share_gpu, env, cpus_per_slot)
+        # Critic, reward model and teacher first: their worlds must exist before vLLM grabs memory on GPUs.
+        for group in (self.critic, self.reward_model, self.teacher):
             if group is not None:
                 group.call_all("init_model")
         self.actor.call_all("init_model")
         self.rollout.attach(self.actor, self.reward_model)
         self.phase = "start"
+
+    def _teacher_group(self, distillation, share_cpu: float, share_gpu: float, env: dict[str, str],
+                       cpus_per_slot: float) -> WorkerGroup:
+        """The distillation teacher: on the trainer's slots (distillation.nnodes=0, verl's default), or
+        on its own pool of distillation.nnodes x n_gpus_per_node slots (whole slots then)."""
+        placements = self.pool.placements
+        if distillation.nnodes > 0:
+            self.teacher_pool = create_resource_pool(distillation.nnodes, distillation.n_gpus_per_node,
+                                                     self.pool.use_gpu, cpus_per_slot, prefix="distillation")
+            placements = self.teacher_pool.placements
+            share_cpu, share_gpu = cpus_per_slot, (1.0 if self.pool.use_gpu else 0.0)
+        tp = distillation.teacher_models.teacher_model.inference.tensor_model_parallel_size
+        return WorkerGroup("teacher", TEACHER_CLS, (distillation,), {"device": self.device}, placements,
+                           share_cpu, share_gpu, env, layout=ParallelLayout(world_size=len(placements), tp=tp))
 
     def close(self, graceful: bool = True) -> None:
         """Release workers, placement groups, loggers. ``graceful``: ask the actor group to shut
@@ -219,7 +241,7 @@ class RayPPOTrainer:
         self.tracking.close()
 
     def _release_workers(self, graceful: bool) -> None:
-        for group in (self.actor, self.critic, self.reward_model):
+        for group in (self.actor, self.critic, self.reward_model, self.teacher):
             if group is not None:
                 if graceful and group is self.actor:
                     try:
@@ -227,8 +249,9 @@ class RayPPOTrainer:
                     except Exception as error:
                         print(f"[megarl] {group.name}.shutdown: {error}", flush=True)
                 group.shutdown()
-        if self.pool is not None:
-            self.pool.release()
+        for pool in (self.pool, self.teacher_pool):
+            if pool is not None:
+                pool.release()
 
     # ------------------------------------------------------------------ one step
     def train_step(self, prompts: DataProto, prompts_iter: Iterator[DataProto]) -> dict[str, float]:
@@ -247,7 +270,8 @@ class RayPPOTrainer:
         return metrics
 
     def _log_probs_and_values(self, batch: DataProto, timings: dict[str, float]) -> dict[str, float]:
-        """Old log-probs (actor; the rollout's own in bypass mode), reference log-probs, values."""
+        """Old log-probs (actor; the rollout's own in bypass mode), reference log-probs, the teacher's
+        log-probs (distillation), values."""
         metrics: dict[str, float] = {}
         with self._phase("old_log_prob", timings):
             if self.cfg.algorithm.rollout_correction.bypass_mode:
@@ -257,6 +281,9 @@ class RayPPOTrainer:
         if self.use_reference:
             with self._phase("ref", timings):
                 metrics.update(_merge(batch, self.actor.call_dp("compute_ref_log_prob", batch)))
+        if self.teacher is not None:
+            with self._phase("teacher", timings):
+                _merge(batch, self.teacher.call_dp("compute_teacher_log_prob", batch))
         if self.use_critic:
             with self._phase("values", timings):
                 _merge(batch, self.critic.call_dp("compute_values", batch))

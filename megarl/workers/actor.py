@@ -25,23 +25,27 @@ from megarl.algorithms import (
     compute_kl_loss,
     get_policy_loss,
 )
+from megarl.algorithms.distillation import combine_with_policy_loss, distillation_objective, estimator_losses
+from megarl.config.read import replaced
 from megarl.config.schema.actor import ActorRolloutRefConfig
 from megarl.config.schema.algorithm import RolloutCorrectionConfig
+from megarl.config.schema.distillation import DistillationConfig
 from megarl.models.lora import adapters_disabled
 from megarl.protocol import DataProto
 from megarl.workers.megatron.engine import MicroBatchSpec
-from megarl.workers.megatron.inputs import next_token_labels, response_mask_of, to_response
+from megarl.workers.megatron.inputs import next_token_labels, response_mask_of, response_values, to_response
 from megarl.workers.megatron.offload import PARAMS
 from megarl.workers.megatron.ppo_loop import run_ppo_update, update_inputs
 from megarl.workers.megatron.router_replay import RECORD, REPLAY
 from megarl.workers.megatron.vocab_parallel import vocab_parallel_log_probs_and_entropy, vocab_parallel_token_stats
+from megarl.workers.megatron.vocab_topk import vocab_parallel_forward_kl_topk
 from megarl.workers.megatron.worker_base import MegatronWorker
 
 __all__ = ["ActorWorker"]
 
 _ROLES = ("actor", "ref")
 # Metrics that are shares of a global-denominator loss: summed over micro-batches and DP.
-_SHARE_KEYS = ("actor/pg_loss", "actor/entropy", "actor/kl_loss")
+_SHARE_KEYS = ("actor/pg_loss", "actor/entropy", "actor/kl_loss", "distillation/loss")
 
 
 class ActorWorker(MegatronWorker):
@@ -54,6 +58,9 @@ class ActorWorker(MegatronWorker):
         rollout_correction: `algorithm.rollout_correction`, which the policy loss
             `actor.policy_loss.loss_mode=bypass_mode` reads (its IS / rejection keys and
             loss_type); only that loss mode needs it.
+        distillation: the `distillation` section when enabled: the teacher's log-probs in the batch
+            (megarl.workers.teacher) give a per-token loss joined to the policy loss
+            (megarl.algorithms.distillation); None = no distillation.
     """
 
     def __init__(
@@ -62,12 +69,14 @@ class ActorWorker(MegatronWorker):
         role: str = "actor",
         device: str | None = None,
         rollout_correction: RolloutCorrectionConfig | None = None,
+        distillation: DistillationConfig | None = None,
     ) -> None:
         if role not in _ROLES:
             raise ValueError(f"ActorWorker role must be one of {_ROLES}, got {role!r}")
         self.config = config
         self.role = role
         self.rollout_correction = rollout_correction
+        self.distillation = distillation
         trainable = role == "actor"
         node = config.actor if trainable else config.ref
         self.replay_mode = node.megatron.router_replay.mode  # disabled | R2 | R3 (megarl.workers.megatron.router_replay)
@@ -241,6 +250,37 @@ class ActorWorker(MegatronWorker):
             )
         return functools.partial(fn, rollout_correction=self.rollout_correction)
 
+    def _distillation_loss(self, logits, mb, log_prob, temperature: float, denominator):
+        """This micro-batch's share of the distillation loss and its metrics: per-token losses
+        `[b, R]` from the teacher's log-probs in `mb.tensors` (estimator: the sampled token's
+        `teacher_logprobs` `[b, R]`; forward_kl_topk: `teacher_logprobs` / `teacher_ids` `[b, R, k]`
+        against the student's vocab-parallel logits), then `distillation_objective`."""
+        actor, loss_cfg = self.config.actor, self.distillation.distillation_loss
+        t = mb.tensors
+        mask = t["response_mask"]
+        stats = {}
+        if self.distillation.uses_topk():
+            response_logits = response_values(logits, mb.inputs, log_prob.shape[1])  # [b, R, vocab / tp]
+            kl, student_mass, teacher_mass = vocab_parallel_forward_kl_topk(
+                response_logits, t["teacher_logprobs"], t["teacher_ids"], temperature=temperature,
+                log_prob_min_clamp=loss_cfg.log_prob_min_clamp,
+            )
+            token_losses = kl.clamp_min(0.0)  # top-k mass below 1 can make the sum negative (verl clamps too)
+            valid = mask.bool()
+            stats["distillation/student_mass"] = student_mass[valid].mean().item() if valid.any() else 0.0
+            stats["distillation/teacher_mass"] = teacher_mass[valid].mean().item() if valid.any() else 0.0
+        else:
+            token_losses = estimator_losses(log_prob, t["teacher_logprobs"], loss_cfg.loss_mode)
+        pg_config = replaced(actor, clip_ratio=loss_cfg.clip_ratio, clip_ratio_low=loss_cfg.clip_ratio_low,
+                             clip_ratio_high=loss_cfg.clip_ratio_high)
+        loss, objective_stats = distillation_objective(
+            token_losses, mask, loss_cfg, actor.loss_agg_mode, denominator, pg_config=pg_config,
+            old_log_prob=t["old_log_probs"], log_prob=log_prob, rollout_is_weights=t.get("rollout_is_weights"),
+        )
+        stats.update(objective_stats)
+        stats["distillation/loss"] = loss.item()
+        return loss, stats
+
     def update_policy(self, data: DataProto) -> dict[str, float]:
         """PPO: ppo_epochs x mini-batches x micro-batches (gradient accumulation).
 
@@ -274,10 +314,14 @@ class ActorWorker(MegatronWorker):
         kl_loss_coef = float(actor.kl_loss_coef)
         kl_loss_type = actor.kl_loss_type
         loss_scale_factor = actor.loss_scale_factor
+        distil = self.distillation
+        teacher_keys = () if distil is None else ("teacher_logprobs",) + (("teacher_ids",) if distil.uses_topk() else ())
         tensors = update_inputs(
-            data, ("old_log_probs", "advantages") + (("ref_log_prob",) if use_kl_loss else ()),
+            data, ("old_log_probs", "advantages") + (("ref_log_prob",) if use_kl_loss else ()) + teacher_keys,
             ("rollout_is_weights",), method="update_policy",
-            hints={"ref_log_prob": "actor.use_kl_loss needs the reference log-probs"},
+            hints={"ref_log_prob": "actor.use_kl_loss needs the reference log-probs",
+                   "teacher_logprobs": "distillation.enabled needs the teacher's log-probs (TeacherWorker)",
+                   "teacher_ids": "forward_kl_topk needs the teacher's top-k ids (TeacherWorker)"},
         )
 
         def make_loss_fn(denominator):
@@ -309,6 +353,10 @@ class ActorWorker(MegatronWorker):
                     stats["actor/kl_loss"] = kl_loss.item()
                 loss = combine_actor_loss(pg_loss, entropy_loss, entropy_coeff, kl_loss, kl_loss_coef)
                 stats["actor/pg_loss"] = pg_loss.item()
+                if distil is not None:
+                    distil_loss, distil_stats = self._distillation_loss(logits, mb, log_prob, temperature, denominator)
+                    loss = combine_with_policy_loss(loss, distil_loss, distil.distillation_loss)
+                    stats.update(distil_stats)
                 return loss, stats
 
             return loss_fn

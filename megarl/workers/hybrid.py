@@ -38,6 +38,7 @@ from megarl.utils.gpu_memory import phase_memory
 from megarl.weight_sync import log_prob_gap
 
 if TYPE_CHECKING:
+    from megarl.config.schema.distillation import DistillationConfig
     from megarl.reward.managers import RewardSpec
     from megarl.weight_sync.colocated import ColocatedSync
 
@@ -57,6 +58,8 @@ class ActorRolloutRefWorker:
             ``policy_loss.loss_mode=bypass_mode`` (see :class:`ActorWorker`).
         reward: the reward spec when training samples are scored in the agent loop as they finish
             (``reward.launch_reward_fn_async`` with ``rollout.mode=async``; see RolloutWorker).
+        distillation: the ``distillation`` section when enabled (the actor's loss reads it; see
+            :class:`ActorWorker`); None otherwise.
     """
 
     def __init__(
@@ -66,6 +69,7 @@ class ActorRolloutRefWorker:
         device: str | None = None,
         rollout_correction: RolloutCorrectionConfig | None = None,
         reward: RewardSpec | None = None,
+        distillation: DistillationConfig | None = None,
     ) -> None:
         if role not in ROLES:
             raise ValueError(f"ActorRolloutRefWorker role must be one of {ROLES}, got {role!r}")
@@ -79,7 +83,8 @@ class ActorRolloutRefWorker:
         self.config = config
         self.role = role
         self.device = device
-        self.actor = ActorWorker(config, role="actor", device=device, rollout_correction=rollout_correction)
+        self.actor = ActorWorker(config, role="actor", device=device, rollout_correction=rollout_correction,
+                                 distillation=distillation)
         # With LoRA the reference is the actor's base model (adapters off): no second model.
         want_ref = role == "actor_rollout_ref" and not self.actor.uses_lora
         self.ref = ActorWorker(config, role="ref", device=device) if want_ref else None

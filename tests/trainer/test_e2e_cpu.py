@@ -237,6 +237,15 @@ NOT_EXERCISED_HERE = {
             *(f"reward.reward_model.rollout.{k}" for k in ("dtype", "free_cache_engine", "tensor_model_parallel_size",
                                                             "pipeline_model_parallel_size", "max_model_len", "max_num_seqs",
                                                             "prompt_length", "response_length"))),
+    **_keys("only with distillation.enabled (tests/workers/test_teacher.py, tests/algorithms/test_distillation_losses.py, "
+            "tests/config/test_distillation_config.py; extended: tests/trainer/test_e2e_distillation.py)",
+            "distillation.nnodes", "distillation.n_gpus_per_node", "distillation.teacher_models.teacher_model.model_path",
+            *(f"distillation.distillation_loss.{k}" for k in (
+                "loss_mode", "topk", "use_task_rewards", "distillation_loss_coef", "loss_max_clamp", "log_prob_min_clamp",
+                "use_policy_gradient", "policy_loss_mode", "clip_ratio", "clip_ratio_low", "clip_ratio_high")),
+            *(f"distillation.teacher_models.teacher_model.inference.{k}" for k in (
+                "dtype", "free_cache_engine", "tensor_model_parallel_size", "max_model_len", "max_num_seqs",
+                "prompt_length", "response_length", "temperature"))),
     **_keys("only with megatron's distributed optimizer, which runs on CUDA only (tests/workers/test_checkpoint_format.py; "
             "tests/gpu/test_gpu_e2e.py saves and resumes with both formats)",
             *(f"{role}.megatron.{k}" for role in (A, "critic") for k in ("dist_ckpt_optim_fully_reshardable",

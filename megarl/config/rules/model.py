@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 from megarl.config.errors import Issue
@@ -128,6 +128,18 @@ def model_fields(v: View, role: Role, hf: dict[str, Any]) -> Iterator[Issue]:
     if missing:
         yield Issue(role.model_path, v.get(role.model_path), f"{where} lacks {', '.join(missing)}",
                     "use the config.json that came with the model (megarl builds the Megatron model from these fields)")
+
+
+def model_dir(v: View, role: Role) -> Generator[Issue, None, dict[str, Any] | None]:
+    """Issues of a role's HF dir (config.json readable, its fields, weights); returns the config.json
+    (None when unreadable): `hf = yield from model_dir(v, role)`."""
+    hf, issue = read_hf_config(v, role.model_path, role.override_config)
+    if issue is not None:
+        yield issue
+        return None
+    yield from model_fields(v, role, hf)
+    yield from weights(v, role)
+    return hf
 
 
 @needs_files("model weights (*.safetensors in each model dir)")

@@ -37,6 +37,9 @@ _ONE_IMPL = "megarl has one trainer/worker implementation"
 _LOADER = "megarl tokenizes the dataset once in the driver"
 _MBRIDGE = "megarl always converts HF <-> Megatron one way (megarl/models/converters; per tensor the names mbridge maps, checked in tests/models/test_mbridge_names.py): verl's choice of bridge (mbridge or Megatron-Bridge) selects an implementation, not a result"
 _ROLLOUT_PAR = "megarl's vLLM replicas are tensor- (and expert-) parallel only"
+_TEACHER_VLLM = ("vLLM engine setting of verl's teacher server; megarl computes the teacher's log-probs with a "
+                 "Megatron-Core forward (distillation.teacher_models.teacher_model.inference: tensor_model_parallel_size, "
+                 "dtype, max_num_seqs, free_cache_engine)")
 _DEPRECATED_MB = "deprecated global micro-batch size; set the *_per_gpu key instead (per rank)"
 
 
@@ -211,7 +214,19 @@ RULES: tuple[CompatRule, ...] = tuple(
     + _rules("refuse", "not implemented in megarl's trainer",
              "trainer.v1.*", "algorithm.use_pf_ppo", "algorithm.pf_ppo.*",
              "algorithm.filter_groups.max_inflight_gen_batches")
-    + _rules("refuse", "distillation is not implemented in megarl", "distillation.*")
+    + _rules("ignore", "megarl runs one teacher (verl routes rows among several by teacher_key; its single "
+             "teacher is keyed 'default' with pool / TP-size replicas, as megarl's)",
+             "distillation.teacher_key", "distillation.teacher_models.teacher_model.key", "distillation.teacher_models.teacher_model.num_replicas")
+    + _rules("ignore", _TEACHER_VLLM,
+             "distillation.teacher_models.teacher_model.inference.name", "distillation.teacher_models.teacher_model.inference.gpu_memory_utilization", "distillation.teacher_models.teacher_model.inference.enforce_eager",
+             "distillation.teacher_models.teacher_model.inference.cudagraph_capture_sizes", "distillation.teacher_models.teacher_model.inference.max_num_batched_tokens",
+             "distillation.teacher_models.teacher_model.inference.load_format", "distillation.teacher_models.teacher_model.inference.engine_kwargs", "distillation.teacher_models.teacher_model.inference.enable_chunked_prefill",
+             "distillation.teacher_models.teacher_model.inference.enable_prefix_caching", "distillation.teacher_models.teacher_model.inference.disable_log_stats",
+             "distillation.teacher_models.teacher_model.inference.skip_tokenizer_init")
+    + _rules("refuse", "the teacher's Megatron-Core forward is tensor parallel (inference.tensor_model_parallel_size) "
+             "and data parallel over the rest of its pool", "distillation.teacher_models.teacher_model.inference.data_parallel_size",
+             "distillation.teacher_models.teacher_model.inference.expert_parallel_size")
+    + _rules("refuse", _MM, "distillation.teacher_models.teacher_model.inference.limit_images")
     + _rules("refuse", "verl's transfer queue has no counterpart in megarl (the controller moves DataProto through Ray)",
              "transfer_queue.*")
     + _rules("refuse", "verl's rollout skip/dump manager has no counterpart in megarl (use trainer.rollout_data_dir)",

@@ -290,13 +290,30 @@ def next_token_labels(inputs: MicroBatchInputs) -> torch.Tensor:
 
 
 def to_response(per_position: torch.Tensor, inputs: MicroBatchInputs, response_length: int) -> torch.Tensor:
-    """Per-position values of this rank's tokens (`[b, L]` / `[1, T]`; under context parallelism
+    """Per-position values of this rank's tokens (`[b, L, ...]` / `[1, T, ...]`; under context parallelism
     `[b, L / cp]` / `[1, T / cp]`, all-gathered over the CP group first, differentiably: see
     megarl.parallel.context_parallel) -> `[b, response_length]` (0 where padded), identical on
     every CP rank."""
     full = _original_layout(per_position, inputs)
     seq_len = full.shape[1]
     return full[:, seq_len - response_length - 1 : seq_len - 1]
+
+
+def response_values(per_position: torch.Tensor, inputs: MicroBatchInputs, response_length: int) -> torch.Tensor:
+    """:func:`to_response` for wide per-position values (`[b, L, vocab / tp]` logits): reads the response
+    positions alone, without the `[b, S, ...]` buffer of the whole rows; differentiable."""
+    if inputs.cp_index is not None:
+        return to_response(per_position, inputs, response_length)
+    valid = inputs.valid_mask
+    seq_len = valid.shape[1]
+    ordinal = (valid.flatten().cumsum(0) - 1).view_as(valid)  # i-th valid token of the rows, row-major
+    window = slice(seq_len - response_length - 1, seq_len - 1)
+    wanted = valid[:, window]
+    source = inputs.token_mask.flatten().nonzero().squeeze(1)  # where the i-th valid token sits in the layout
+    flat = per_position.reshape(-1, *per_position.shape[2:])
+    out = per_position.new_zeros((valid.shape[0], response_length) + per_position.shape[2:])
+    out[wanted] = flat[source[ordinal[:, window][wanted]]]
+    return out
 
 
 def at_last_token(per_position: torch.Tensor, inputs: MicroBatchInputs) -> torch.Tensor:
@@ -315,6 +332,6 @@ def _original_layout(per_position: torch.Tensor, inputs: MicroBatchInputs) -> to
     if inputs.cp_index is not None:
         per_position = gather_tokens_from_cp(per_position, inputs.cp_index, inputs.cp_group)
     valid = inputs.valid_mask
-    full = per_position.new_zeros(valid.shape)
+    full = per_position.new_zeros(valid.shape + per_position.shape[2:])  # trailing dims: top-k, vocab slice
     full[valid] = per_position[inputs.token_mask]
     return full

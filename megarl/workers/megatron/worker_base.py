@@ -19,7 +19,27 @@ from megarl.workers.megatron.checkpoint import load_checkpoint, save_checkpoint
 from megarl.workers.megatron.engine import MegatronEngine
 from megarl.workers.megatron.offload import ALL, PARAMS, Offloader
 
-__all__ = ["MegatronWorker"]
+__all__ = ["MegatronWorker", "forward_only_megatron", "forward_only_model"]
+
+
+def forward_only_megatron(tp: int, pp: int, dtype: str, param_offload: bool) -> MegatronInferConfig:
+    """The `megatron` node of a model verl serves with vLLM (reward model, distillation teacher):
+    TP and PP as given, data parallel over the rest of its world, parameters in `dtype` and offloaded
+    between calls with `param_offload`; no other parallelism (a forward draws no random numbers)."""
+    return MegatronInferConfig(
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+        virtual_pipeline_model_parallel_size=None, context_parallel_size=1, expert_model_parallel_size=1,
+        expert_tensor_parallel_size=None, sequence_parallel=False, use_dist_checkpointing=False,
+        dist_checkpointing_path=None, param_offload=param_offload, use_remove_padding=False, seed=0, dtype=dtype,
+        override_transformer_config={},
+    )
+
+
+def forward_only_model(model_path: str) -> ModelConfig:
+    """The `model` node of such a model: padded rows (every layer spec, CPU included), no overrides,
+    no custom code."""
+    return ModelConfig(path=model_path, tokenizer_path=None, trust_remote_code=False, override_config={},
+                       use_remove_padding=False)
 
 
 class MegatronWorker:
