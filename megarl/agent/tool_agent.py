@@ -135,6 +135,7 @@ class ToolAgentLoop(AgentLoopBase):
         response: list[int] = []
         mask: list[int] = []
         log_probs: list[float] = []
+        versions: list[int] = []
         assistant_turns = user_turns = malformed = interaction_errors = 0
         results: list[CallResult] = []
         while True:
@@ -144,6 +145,7 @@ class ToolAgentLoop(AgentLoopBase):
             response += out.token_ids
             mask += [1] * len(out.token_ids)
             log_probs += out.log_probs or [0.0] * len(out.token_ids)
+            versions += out.versions
             assistant_turns += 1
             if (len(response) >= self.response_length
                     or (self.max_assistant_turns and assistant_turns >= self.max_assistant_turns)
@@ -181,6 +183,7 @@ class ToolAgentLoop(AgentLoopBase):
             response += observation
             mask += [0] * len(observation)
             log_probs += [0.0] * len(observation)
+            versions += [-1] * len(observation)
             user_turns += 1
         metrics = {
             "agent/assistant_turns": float(assistant_turns), "agent/user_turns": float(user_turns),
@@ -191,4 +194,5 @@ class ToolAgentLoop(AgentLoopBase):
             metrics["agent/tool_latency_s"] = sum(r.seconds for r in results) / len(results)
         return AgentLoopOutput(prompt_ids=prompt_ids, response_ids=response, response_mask=mask,
                                response_logprobs=log_probs, num_turns=assistant_turns + user_turns + 1,
-                               metrics=metrics, extra={"tool_rewards": [r.reward for r in results]}), interaction_errors
+                               metrics=metrics, extra={"tool_rewards": [r.reward for r in results]},
+                               response_versions=versions if len(versions) == len(response) else None), interaction_errors

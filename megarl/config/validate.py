@@ -23,6 +23,7 @@ from megarl.config.rules import (
     parallel,
     reward_model,
     trainer,
+    trainer_v1,
 )
 from megarl.config.rules.view import Skip, View, has_module
 from megarl.config.schema.root import MegaRLConfig
@@ -35,6 +36,7 @@ RULES: tuple[Rule, ...] = (
     *algorithm.RULES,
     *optim.RULES,
     *trainer.RULES,
+    *trainer_v1.RULES,
     *verl_compat.RULES,
     *engines.RULES,
     *agent.RULES,

@@ -339,11 +339,13 @@ class RolloutWorker:
         for i, ids in enumerate(token_lists):
             if not ids:
                 raise ValueError(f"prompt row {i} has no tokens (attention_mask all zero)")
+        version = int(prompts.meta_info.get("policy_version", -1))  # the weights' version, stamped on every token
         if self.agents is not None:
+            self.async_engine.version = version
             out = self._generate_agent_loops(prompts, token_lists, params,
                                              self.stream_reward if not validate else None)
         else:
-            out = self._generate_batched(prompts, token_lists, params)
+            out = self._generate_batched(prompts, token_lists, params, version)
         meta = {**prompts.meta_info, **out.meta_info}
         meta["temperature"] = params.temperature if params.temperature > 0 else 1.0
         meta["do_sample"] = params.temperature > 0
@@ -353,7 +355,7 @@ class RolloutWorker:
             self.sleep()
         return out
 
-    def _generate_batched(self, prompts, token_lists: list[list[int]], params):
+    def _generate_batched(self, prompts, token_lists: list[list[int]], params, version: int):
         """rollout.mode=sync: one ``LLM.generate`` over the batch."""
         from vllm.inputs import TokensPrompt
 
@@ -367,7 +369,8 @@ class RolloutWorker:
                 tokens = list(completion.token_ids)
                 log_probs = ([step[tok].logprob for step, tok in zip(completion.logprobs, tokens)]
                              if completion.logprobs is not None else [0.0] * len(tokens))
-                outputs.append(AgentLoopOutput(ids, tokens, [1] * len(tokens), log_probs, num_turns=2))
+                outputs.append(AgentLoopOutput(ids, tokens, [1] * len(tokens), log_probs, num_turns=2,
+                                               response_versions=[version] * len(tokens)))
         out = trajectories_to_batch(prompts, outputs, params.n, params.max_tokens, self.pad_token_id,
                                     self.calculate_log_probs)
         out.meta_info.pop("metrics")  # single-turn: nothing the agent metrics would add
@@ -397,6 +400,7 @@ class RolloutWorker:
         from megarl.agent.base import AgentContext
         from megarl.agent.batch import trajectories_to_batch
         from megarl.protocol import to_object_array
+        from megarl.workers.async_engine import sample_with_versions
 
         n = params.n
         one = params.clone()
@@ -409,7 +413,7 @@ class RolloutWorker:
         for i, ids in enumerate(token_lists):
             loop = self._agent_loop(str(names[i]), ctx, i)
             sample = {k: v[i] for k, v in columns.items()}
-            runs = [loop.run(ids, sample) for _ in range(n)]
+            runs = [sample_with_versions(loop.run(ids, sample)) for _ in range(n)]
             coroutines += [stream.scored(run, sample) for run in runs] if stream is not None else runs
         if stream is not None:
             stream.start_batch()
