@@ -210,13 +210,13 @@ RULES: tuple[CompatRule, ...] = tuple(
              "actor_rollout_ref.actor.calculate_entropy")
     + _rules("refuse", "not implemented in megarl's data loader",
              "data.gen_batch_size")
-    + _rules("refuse", "verl's sync mode has no options", "trainer.v1.sync")
+    + _rules("refuse", "verl's sync mode has no options", "trainer.v1.sync*")
     + _rules("refuse", "lending the trainer's GPUs to generation between steps (verl's hybrid switch) is not implemented: "
              "megarl's separate_async has no rollout replicas on the trainer's GPUs", "trainer.v1.separate_async.hybrid_rollout.enable_switch")
     + _rules("ignore", "verl reads it only with trainer.v1.separate_async.hybrid_rollout.enable_switch=true, which megarl refuses",
              "trainer.v1.separate_async.hybrid_rollout.*")
     + _rules("refuse", "megarl's sampler is built in (admission control and batch selection, megarl.trainer.v1); "
-             "a custom ReplayBuffer class has no counterpart", "trainer.v1.sampler.custom_sampler.*", "trainer.v1.sampler.sampler_kwargs")
+             "a custom ReplayBuffer class has no counterpart", "trainer.v1.sampler.custom_sampler.*", "trainer.v1.sampler.sampler_kwargs*")
     + _rules("refuse", "megarl's rollout has no failed groups to refill: a sample whose agent loop raises stops the step "
              "with its error", "trainer.v1.sampler.sync_refill_failed_groups")
     + _rules("refuse", "not implemented in megarl's trainer",
