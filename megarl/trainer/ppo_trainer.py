@@ -370,9 +370,10 @@ class RayPPOTrainer:
                 "step": [self.global_step] * len(batch)}
         if "reward_baselines" in batch.batch.keys():  # remax: the greedy response's score
             rows["reward_baseline"] = batch.batch["reward_baselines"].tolist()
-        if "rollout_versions" in batch.batch.keys():  # the policy version of each row's oldest generated token
+        if "rollout_versions" in batch.batch.keys():  # the policy versions of each row's oldest and newest tokens
             versions = batch.batch["rollout_versions"]
             rows["oldest_version"] = versions.masked_fill(versions < 0, 2**62).min(-1).values.tolist()
+            rows["newest_version"] = versions.max(-1).values.tolist()
         dump_generations(os.path.expanduser(directory), self.global_step, rows)
 
     # ------------------------------------------------------------------ validation

@@ -34,5 +34,6 @@ class ColocatedEngines:
         for result in results:
             finished.update(result["groups"])
         metrics = mean_metrics([r["metrics"] for r in results])
+        metrics["timing_s/gen_engine"] = metrics.pop("timing/generate_s")
         metrics["rollout/interrupted_requests"] = float(sum(r["interrupted"] for r in results))
         return finished, metrics
