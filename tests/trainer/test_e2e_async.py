@@ -132,3 +132,25 @@ def test_separate_async_long_tail_within_the_bound(demo_dir, tmp_path):
     lags = _check_bound(tmp_path / "run", metrics, bound=1)
     assert 1 in lags
     assert all(m["weight_push/tensors"] > 0 for step, m in metrics.items() if step > 1)
+
+
+@pytest.mark.extended  # a resumed async run (tests/trainer/test_v1_sampler.py checks the resume point itself)
+def test_resumed_colocate_async_trains_the_same_prompts(demo_dir, tmp_path):
+    """A checkpoint of an async run stores where admission restarts: resumed at step 2, the run trains
+    at steps 3 and 4 the prompts the uninterrupted run trained there (those in flight at the checkpoint
+    are generated again, so only the prompts are compared, not the samples)."""
+    import shutil
+
+    overrides = ["trainer.total_training_steps=4", "trainer.test_freq=-1", "trainer.save_freq=2",
+                 f"{V1}.trainer_mode=colocate_async", f"{V1}.sampler.max_off_policy_threshold=3",
+                 f"{V1}.colocate_async.num_warmup_batches=2", f"{V1}.sampler.max_off_policy_strategy=wait"]
+    _run(demo_dir, tmp_path / "whole", overrides)
+    resumed = tmp_path / "resumed"
+    (resumed / "ckpt").mkdir(parents=True)
+    shutil.copytree(tmp_path / "whole" / "ckpt" / "global_step_2", resumed / "ckpt" / "global_step_2")
+    (resumed / "ckpt" / "latest_checkpointed_iteration.txt").write_text("2")
+    metrics = _run(demo_dir, resumed, overrides)
+    assert sorted(metrics) == [3, 4]
+    for step in (3, 4):
+        assert (sorted(r["input"] for r in read_rollouts(resumed, step))
+                == sorted(r["input"] for r in read_rollouts(tmp_path / "whole", step)))
