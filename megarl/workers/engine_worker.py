@@ -129,9 +129,9 @@ class EngineWorker:
         deadline = time.monotonic() + wait_s
         while True:
             self._check()
-            groups = self._on_engine_thread(self.session.take_finished)
+            groups, generating = self._on_engine_thread(lambda: (self.session.take_finished(), self.session.unfinished))
             if groups or time.monotonic() >= deadline:
-                return {"groups": groups, "metrics": {"rollout/groups_generating": float(self.session.unfinished)}}
+                return {"groups": groups, "metrics": {"rollout/groups_generating": float(generating)}}
             time.sleep(_POLL_S)
 
     # ------------------------------------------------------------------ weights

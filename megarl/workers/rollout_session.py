@@ -37,6 +37,8 @@ class RolloutSession:
         self._n: dict[bool, int] = {}  # samples per prompt (rollout.n / val_kwargs.n)
         self._loops: dict[tuple[str, bool], Any] = {}  # agent loop instances per (name, validate)
         self._tasks: dict[int, list[asyncio.Task]] = {}  # gid -> the group's sample tasks
+        self._left: dict[int, int] = {}  # gid -> its tasks not done yet (kept by their done-callbacks)
+        self._failed: BaseException | None = None  # the first sample that raised
         self._validation: set[int] = set()  # gids submitted with validate=True
 
     def _context(self, validate: bool) -> AgentContext:
@@ -76,20 +78,21 @@ class RolloutSession:
             sample = {k: v[i] for k, v in columns.items()}
             self._tasks[gid] = [self.loop.create_task(sample_with_versions(loop.run(tokens, sample)))
                                 for _ in range(self._n[validate])]
+            self._left[gid] = len(self._tasks[gid])
+            for task in self._tasks[gid]:
+                task.add_done_callback(lambda t, gid=gid: self._task_done(gid, t))
             if validate:
                 self._validation.add(gid)
 
-    def _done(self, gid: int) -> bool:
-        tasks = self._tasks.get(gid)
-        return tasks is None or all(t.done() for t in tasks)
+    def _task_done(self, gid: int, task: asyncio.Task) -> None:
+        if gid in self._left:
+            self._left[gid] -= 1
+        if not task.cancelled() and task.exception() is not None and self._failed is None:
+            error = task.exception()
+            self._failed = RuntimeError(f"group {gid}: an agent loop failed: {type(error).__name__}: {error}")
 
-    def _failure(self) -> BaseException | None:
-        for gid, tasks in self._tasks.items():
-            for task in tasks:
-                if task.done() and not task.cancelled() and task.exception() is not None:
-                    return RuntimeError(f"group {gid}: an agent loop failed: {type(task.exception()).__name__}: "
-                                        f"{task.exception()}")
-        return None
+    def _done(self, gid: int) -> bool:
+        return self._left.get(gid, 0) == 0
 
     def run_until(self, gids: Collection[int], count: int, extra: Callable[[], bool] | None = None) -> None:
         """Step the engine until ``count`` of ``gids`` are finished (groups no longer here count as
@@ -98,14 +101,14 @@ class RolloutSession:
 
         def done() -> bool:
             finished = sum(self._done(g) for g in gids)
-            return (finished >= count or finished == len(gids) or self._failure() is not None
+            return (finished >= count or finished == len(gids) or self._failed is not None
                     or (extra is not None and extra()))
 
-        self.engine.resume()
-        self.loop.run_until_complete(self.engine.drive(done))
-        failure = self._failure()
-        if failure is not None:
-            raise failure
+        if not done():
+            self.engine.resume()
+            self.loop.run_until_complete(self.engine.drive(done))
+        if self._failed is not None:
+            raise self._failed
 
     def pause(self) -> int:
         """Interrupt every request in flight (partial rollout); returns how many."""
@@ -113,6 +116,8 @@ class RolloutSession:
 
     def _pop(self, gids: Collection[int]) -> dict[int, list[AgentLoopOutput]]:
         out = {gid: [t.result() for t in self._tasks.pop(gid)] for gid in gids}
+        for gid in gids:
+            del self._left[gid]
         self._validation.difference_update(gids)
         return out
 
@@ -132,11 +137,13 @@ class RolloutSession:
     @property
     def unfinished(self) -> int:
         """Groups still generating (or waiting to resume)."""
-        return sum(not self._done(g) for g in self._tasks)
+        return sum(left > 0 for left in self._left.values())
 
     def cancel(self, gids: Collection[int]) -> None:
         """Drop these groups (evicted): their tasks are cancelled and their requests aborted."""
         tasks = [t for gid in gids for t in self._tasks.pop(gid, [])]
+        for gid in gids:
+            self._left.pop(gid, None)
         for task in tasks:
             task.cancel()
         if tasks and not self.loop.is_running():
