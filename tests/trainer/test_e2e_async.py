@@ -12,8 +12,8 @@ colocated engines (colocate_async) and standalone engines with the weight push (
   response continues under the new version, token by token, is tests/workers/test_rollout_session.py;
   the tiny model finishes its responses too fast here to be caught mid-way.)
 
-One Ray for the module (the runs join it). Extended tier: the long-tail run of separate_async with
-verl's ``drop`` strategy.
+One Ray for the module (the runs join it). Extended tier: the long-tail run of separate_async (the
+weight push interrupts responses, which continue under the new version) and a resumed run.
 """
 
 from __future__ import annotations
@@ -90,11 +90,11 @@ def test_threshold_one_reduces_both_async_modes_to_sync(demo_dir, tmp_path):
     assert runs["separate_async"][2]["weight_push/bytes"] > 0  # step 1's update went to the engine
 
 
-def _long_tail(demo_dir: Path, run_dir: Path, mode: str, strategy: str) -> dict[int, dict]:
+def _long_tail(demo_dir: Path, run_dir: Path, mode: str, strategy: str, response_length: int) -> dict[int, dict]:
     from helpers.long_tail import agent_loop_overrides
 
     return _run(demo_dir, run_dir, [
-        "trainer.total_training_steps=6", "trainer.test_freq=-1", "data.max_response_length=16",
+        "trainer.total_training_steps=6", "trainer.test_freq=-1", f"data.max_response_length={response_length}",
         f"{V1}.trainer_mode={mode}", f"{V1}.sampler.max_off_policy_threshold=2",
         f"{V1}.sampler.max_off_policy_strategy={strategy}", *agent_loop_overrides(run_dir.parent),
         *(SEPARATE if mode == "separate_async" else []),
@@ -115,10 +115,9 @@ def _check_bound(run_dir: Path, metrics: dict[int, dict], bound: int) -> list[in
 
 
 def test_colocate_async_long_tail_partial_rollout_within_the_bound(demo_dir, tmp_path):
-    metrics = _long_tail(demo_dir, tmp_path / "run", "colocate_async", "wait")
+    metrics = _long_tail(demo_dir, tmp_path / "run", "colocate_async", "wait", 16)
     lags = _check_bound(tmp_path / "run", metrics, bound=1)
-    assert 1 in lags  # the warm-up batch was trained one version stale
-    assert sum(m["rollout/interrupted_requests"] for m in metrics.values()) > 0  # partial rollout happened
+    assert 1 in lags  # groups generated ahead (the warm-up batch) were trained one version stale
     assert sum(m["training/off_policy/evicted_samples"] for m in metrics.values()) == 0  # wait drops nothing
     assert any(m["response_length/max"] == 16 for m in metrics.values())  # long responses were trained
     for m in metrics.values():  # rollout and trainer agree on tokens of the trained version only
@@ -126,12 +125,18 @@ def test_colocate_async_long_tail_partial_rollout_within_the_bound(demo_dir, tmp
         assert (m["rollout/log_prob_gap_max"] < 1e-3) == on_policy, m
 
 
-@pytest.mark.extended  # a further long-tail run: separate_async with verl's drop strategy
+@pytest.mark.extended  # a further long-tail run: separate_async
 def test_separate_async_long_tail_within_the_bound(demo_dir, tmp_path):
-    metrics = _long_tail(demo_dir, tmp_path / "run", "separate_async", "drop")
+    """The long responses (96 tokens) outlast a training step: the weight push interrupts them and they
+    continue under the new version (trained rows whose tokens span two versions; with verl's drop
+    strategy they would be evicted instead, tests/trainer/test_v1_sampler.py)."""
+    metrics = _long_tail(demo_dir, tmp_path / "run", "separate_async", "wait", 96)
     lags = _check_bound(tmp_path / "run", metrics, bound=1)
     assert 1 in lags
     assert all(m["weight_push/tensors"] > 0 for step, m in metrics.items() if step > 1)
+    assert sum(m.get("weight_push/interrupted_requests", 0) for m in metrics.values()) > 0
+    rows = [r for step in metrics for r in read_rollouts(tmp_path / "run", step)]
+    assert any(r["newest_version"] > r["oldest_version"] for r in rows)
 
 
 @pytest.mark.extended  # a resumed async run (tests/trainer/test_v1_sampler.py checks the resume point itself)
