@@ -76,24 +76,28 @@ def test_threshold_one_reduces_both_async_modes_to_sync(demo_dir, tmp_path):
     for mode in ("colocate_async", "separate_async"):
         metrics = runs[mode]
         assert sorted(metrics) == [1, 2, 3] and "training/off_policy/groups_in_flight" in metrics[1]
-        for step in (1, 2, 3):
-            want = {k: v for k, v in reference[step].items() if not k.startswith(NOT_COMPARED)}
-            got = {k: v for k, v in metrics[step].items() if not k.startswith(NOT_COMPARED)}
-            assert got == want, (mode, step, {k: (want.get(k), got.get(k)) for k in set(want) | set(got)
-                                              if want.get(k) != got.get(k)})
-            rows = [(r["input"], r["output"], r["score"], r["oldest_version"])
-                    for r in read_rollouts(tmp_path / dirs[mode], step)]
-            assert rows == [(r["input"], r["output"], r["score"], r["oldest_version"])
-                            for r in read_rollouts(tmp_path / "sync", step)]
-            assert {r[3] for r in rows} == {step - 1}
+        _compare_with_sync(tmp_path, reference, metrics, dirs[mode])
         assert metrics[3]["training/off_policy/staleness_hist/0"] == 16 and "val/reward/mean" in metrics[3]
     assert runs["separate_async"][2]["weight_push/bytes"] > 0  # step 1's update went to the engine
 
 
-def _long_tail(demo_dir: Path, run_dir: Path, mode: str, strategy: str, response_length: int) -> dict[int, dict]:
+def _compare_with_sync(tmp_path: Path, reference: dict[int, dict], metrics: dict[int, dict], run: str) -> None:
+    for step in reference:
+        want = {k: v for k, v in reference[step].items() if not k.startswith(NOT_COMPARED)}
+        got = {k: v for k, v in metrics[step].items() if not k.startswith(NOT_COMPARED)}
+        assert got == want, (run, step, {k: (want.get(k), got.get(k)) for k in set(want) | set(got)
+                                         if want.get(k) != got.get(k)})
+        rows = [(r["input"], r["output"], r["score"], r["oldest_version"]) for r in read_rollouts(tmp_path / run, step)]
+        assert rows == [(r["input"], r["output"], r["score"], r["oldest_version"])
+                        for r in read_rollouts(tmp_path / "sync", step)]
+        assert {r[3] for r in rows} == {step - 1}
+
+
+def _long_tail(demo_dir: Path, run_dir: Path, mode: str, strategy: str, response_length: int,
+               extra: tuple[str, ...] = ()) -> dict[int, dict]:
     from helpers.long_tail import agent_loop_overrides
 
-    return _run(demo_dir, run_dir, [
+    return _run(demo_dir, run_dir, [*extra,
         "trainer.total_training_steps=6", "trainer.test_freq=-1", f"data.max_response_length={response_length}",
         f"{V1}.trainer_mode={mode}", f"{V1}.sampler.max_off_policy_threshold=2",
         f"{V1}.sampler.max_off_policy_strategy={strategy}", *agent_loop_overrides(run_dir.parent),
@@ -127,10 +131,12 @@ def test_colocate_async_long_tail_partial_rollout_within_the_bound(demo_dir, tmp
 
 @pytest.mark.extended  # a further long-tail run: separate_async
 def test_separate_async_long_tail_within_the_bound(demo_dir, tmp_path):
-    """The long responses (96 tokens) outlast a training step: the weight push interrupts them and they
-    continue under the new version (trained rows whose tokens span two versions; with verl's drop
-    strategy they would be evicted instead, tests/trainer/test_v1_sampler.py)."""
-    metrics = _long_tail(demo_dir, tmp_path / "run", "separate_async", "wait", 96)
+    """The engine generates two requests at a time, so a step's samples take longer than a training
+    step: each weight push interrupts requests mid-response and they continue under the new version
+    (trained rows whose tokens span two versions; with verl's drop strategy the long ones would be
+    evicted instead, tests/trainer/test_v1_sampler.py)."""
+    metrics = _long_tail(demo_dir, tmp_path / "run", "separate_async", "wait", 96,
+                         ("actor_rollout_ref.rollout.max_num_seqs=2",))
     lags = _check_bound(tmp_path / "run", metrics, bound=1)
     assert 1 in lags
     assert all(m["weight_push/tensors"] > 0 for step, m in metrics.items() if step > 1)
