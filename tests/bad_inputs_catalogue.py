@@ -242,6 +242,16 @@ CASES: tuple[Case, ...] = (
     Case("more_cpu_ranks_than_cpus", ("trainer.device=cpu", "ray_kwargs.ray_init.num_cpus=2", "trainer.n_gpus_per_node=8",
                                       f"{A}.ppo_micro_batch_size_per_gpu=8"),
          "trainer.n_gpus_per_node", ("8 CPU ranks reserve 4 CPUs (0.5 each) but ray_kwargs.ray_init.num_cpus has 2", "<= 4")),
+    # trainer.v1 (verl's V1 trainer modes)
+    Case("warmup_beyond_the_staleness_threshold",
+         ("trainer.v1.trainer_mode=colocate_async", "trainer.v1.sampler.max_off_policy_threshold=1"),
+         "trainer.v1.colocate_async.num_warmup_batches",
+         ("beyond trainer.v1.sampler.max_off_policy_threshold=1", "set trainer.v1.colocate_async.num_warmup_batches <= 0"),
+         readme=True),
+    Case("separate_async_without_a_rollout_pool",
+         ("trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.hybrid_engine=false",
+          f"{R}.checkpoint_engine.backend=nccl", "trainer.v1.separate_async.parameter_sync_step=2"),
+         f"{R}.nnodes", ("standalone rollout pool", f"set {R}.nnodes >= 1")),
     # model directory
     Case("model_dir_missing", (f"{MODEL}={{dir}}/nope",), MODEL,
          ("model directory does not exist", "huggingface-cli download"), subprocess=True, readme=True),
