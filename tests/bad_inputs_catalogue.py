@@ -252,6 +252,11 @@ CASES: tuple[Case, ...] = (
          ("trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.hybrid_engine=false",
           f"{R}.checkpoint_engine.backend=nccl", "trainer.v1.separate_async.parameter_sync_step=2"),
          f"{R}.nnodes", ("standalone rollout pool", f"set {R}.nnodes >= 1")),
+    Case("separate_async_engines_beyond_the_cpus",
+         ("trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.hybrid_engine=false", f"{R}.nnodes=1",
+          f"{R}.n_gpus_per_node=4", f"{R}.checkpoint_engine.backend=nccl", "trainer.v1.separate_async.parameter_sync_step=2",
+          "trainer.device=cpu", "ray_kwargs.ray_init.num_cpus=2"),
+         f"{R}.n_gpus_per_node", ("5 CPU ranks reserve 2.5 CPUs", "the separate_async engines' 4", f"set {R}.n_gpus_per_node <= 3")),
     # model directory
     Case("model_dir_missing", (f"{MODEL}={{dir}}/nope",), MODEL,
          ("model directory does not exist", "huggingface-cli download"), subprocess=True, readme=True),
