@@ -13,7 +13,8 @@ colocated engines (colocate_async) and standalone engines with the weight push (
   the tiny model finishes its responses too fast here to be caught mid-way.)
 
 One Ray for the module (the runs join it). Extended tier: the long-tail run of separate_async (the
-weight push interrupts responses, which continue under the new version) and a resumed run.
+weight push interrupts responses, which continue under the new version), a resumed run, and a hanging
+reward stopped by reward.phase_timeout as in sync.
 """
 
 from __future__ import annotations
@@ -165,3 +166,25 @@ def test_resumed_colocate_async_trains_the_same_prompts(demo_dir, tmp_path):
     for step in (3, 4):
         assert (sorted(r["input"] for r in read_rollouts(resumed, step))
                 == sorted(r["input"] for r in read_rollouts(tmp_path / "whole", step)))
+
+
+@pytest.mark.extended  # a further case of tests/fault/test_reward_phase_e2e.py's bound (~40 s): the async modes' path
+def test_async_reward_phase_has_syncs_bound(demo_dir, tmp_path):
+    """The async modes score the sampler's batch through sync's reward path: reward.num_workers scoring
+    processes, the whole phase bounded by reward.phase_timeout, rows left named (tests/fault/
+    test_reward_phase_e2e.py has sync's run through the driver)."""
+    import re
+
+    from megarl.reward.managers import RewardError
+
+    reward_file = tmp_path / "hang.py"
+    reward_file.write_text("import time\n\ndef hang(data_source, solution_str, ground_truth, extra_info):\n"
+                           "    time.sleep(10**6)\n")
+    with pytest.raises(RewardError) as caught:
+        _run(demo_dir, tmp_path / "run", [
+            "trainer.total_training_steps=1", f"{V1}.trainer_mode=colocate_async",
+            f"custom_reward_function.path={reward_file}", "custom_reward_function.name=hang",
+            "reward.timeout=600", "reward.phase_timeout=2", "reward.num_workers=2"])
+    message = str(caught.value)
+    assert "reward.phase_timeout=2 s" in message and re.search(r"16 of 16 rows were not scored in time: rows 0 ", message), message
+    assert caught.value.megarl_context.phase == "reward"
