@@ -8,7 +8,8 @@ colocated engines (colocate_async) and standalone engines with the weight push (
 * On a long-tail workload (1 in 8 prompts 8x longer, tests/helpers/long_tail.py) with a warm-up
   batch and threshold 2, requests are interrupted at weight updates (partial rollout), samples are
   trained one version stale, and no trained row is older than the bound: the check reads the trained
-  batch's dump (the oldest token's version of each row), not the metric. (That an interrupted
+  batch's dump (the oldest token's version of each row), not the metric. Token-level TIS
+  (algorithm.rollout_correction.rollout_is=token) weighs the stale tokens only. (That an interrupted
   response continues under the new version, token by token, is tests/workers/test_rollout_session.py;
   the tiny model finishes its responses too fast here to be caught mid-way.)
 
@@ -120,7 +121,8 @@ def _check_bound(run_dir: Path, metrics: dict[int, dict], bound: int) -> list[in
 
 
 def test_colocate_async_long_tail_partial_rollout_within_the_bound(demo_dir, tmp_path):
-    metrics = _long_tail(demo_dir, tmp_path / "run", "colocate_async", "wait", 16)
+    metrics = _long_tail(demo_dir, tmp_path / "run", "colocate_async", "wait", 16,
+                         ("algorithm.rollout_correction.rollout_is=token",))
     lags = _check_bound(tmp_path / "run", metrics, bound=1)
     assert 1 in lags  # groups generated ahead (the warm-up batch) were trained one version stale
     assert sum(m["training/off_policy/evicted_samples"] for m in metrics.values()) == 0  # wait drops nothing
@@ -128,6 +130,9 @@ def test_colocate_async_long_tail_partial_rollout_within_the_bound(demo_dir, tmp
     for m in metrics.values():  # rollout and trainer agree on tokens of the trained version only
         on_policy = m["training/off_policy/off_policy_token_fraction"] == 0
         assert (m["rollout/log_prob_gap_max"] < 1e-3) == on_policy, m
+        # TIS weights pi_old / pi_rollout per token, from each token's own rollout log-prob: 1 on policy only
+        weights = (m["rollout_corr/rollout_is_min"], m["rollout_corr/rollout_is_max"])
+        assert all(abs(w - 1) < 1e-3 for w in weights) == on_policy, m
 
 
 @pytest.mark.extended  # a further long-tail run: separate_async
