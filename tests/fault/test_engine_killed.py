@@ -23,7 +23,7 @@ def test_engine_killed_stops_the_run_naming_it(tmp_path):
     try:
         pid = int(driver.wait_for(r"\[megarl\] worker group rollout_engine: rank pids \[(\d+)\]").group(1))
         driver.wait_for(r"\[megarl\] step 2/1000")  # the engine generates the next batches while the trainer trains
-        kill_worker_and_expect_its_name(driver, pid, "rollout_engine")
+        kill_worker_and_expect_its_name(driver, pid, "rollout_engine", 7)  # README: a worker failed
         assert "[megarl] step 1000/1000" not in driver.text()
     finally:
         if driver.proc.poll() is None or alive(driver.ray_pids(), grace_s=0):

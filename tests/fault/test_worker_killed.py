@@ -17,7 +17,7 @@ def test_worker_killed_mid_step_stops_the_run_naming_it(tmp_path):
     try:
         pid = int(driver.wait_for(r"\[megarl\] worker group actor_rollout_ref: rank pids \[(\d+)\]").group(1))
         driver.wait_for(r"\[megarl\] step 1/1000")  # training: the kill lands in a later step
-        kill_worker_and_expect_its_name(driver, pid, "actor_rollout_ref")
+        kill_worker_and_expect_its_name(driver, pid, "actor_rollout_ref", 7)  # README: a worker failed
         assert "[megarl] step 1000/1000" not in driver.text()
     finally:
         if driver.proc.poll() is None or alive(driver.ray_pids(), grace_s=0):
