@@ -14,8 +14,8 @@ colocated engines (colocate_async) and standalone engines with the weight push (
   the tiny model finishes its responses too fast here to be caught mid-way.)
 
 One Ray for the module (the runs join it). Extended tier: the long-tail run of separate_async (the
-weight push interrupts responses, which continue under the new version), a resumed run, and a hanging
-reward stopped by reward.phase_timeout as in sync.
+weight push interrupts responses, which continue under the new version) and a resumed run. A hanging
+reward is stopped by reward.phase_timeout as in sync (~20 s in the module).
 """
 
 from __future__ import annotations
@@ -173,7 +173,6 @@ def test_resumed_colocate_async_trains_the_same_prompts(demo_dir, tmp_path):
                 == sorted(r["input"] for r in read_rollouts(tmp_path / "whole", step)))
 
 
-@pytest.mark.extended  # a further case of tests/fault/test_reward_phase_e2e.py's bound (~40 s): the async modes' path
 def test_async_reward_phase_has_syncs_bound(demo_dir, tmp_path):
     """The async modes score the sampler's batch through sync's reward path: reward.num_workers scoring
     processes, the whole phase bounded by reward.phase_timeout, rows left named (tests/fault/
