@@ -54,7 +54,9 @@ def register(name: str) -> Callable[[type], type]:
 @dataclass
 class TokenOutput:
     """One finished request: the sampled tokens and their log-probs (``[]`` when the engine
-    returned none), and vLLM's finish reason (``"stop"`` | ``"length"`` | ``"abort"``).
+    returned none), vLLM's finish reason (``"stop"`` | ``"length"`` | ``"abort"``) and the policy
+    version of the weights that sampled each token (a request resumed across a weight update spans
+    several; ``[]`` when the engine does not know its version).
     ``routed_experts``: with ``rollout.enable_rollout_routing_replay``, the experts each position of
     prompt + tokens was routed to, ``[len(prompt) + len(tokens) - 1, MoE layers, top-k]`` int16 (-1: none
     computed; the last token has no row); None otherwise."""
@@ -63,6 +65,7 @@ class TokenOutput:
     log_probs: list[float]
     finish_reason: str | None
     routed_experts: np.ndarray | None = None
+    versions: list[int] = field(default_factory=list)
 
 
 class Engine(Protocol):
@@ -94,7 +97,10 @@ class AgentLoopOutput:
     """One trajectory. ``response_ids``: every token after the prompt, model turns and
     observations in the order the engine saw them; ``response_mask``: 1 for model tokens,
     0 for observation tokens; ``response_logprobs``: the engine's log-prob of each model
-    token, 0.0 for observation tokens (same length as ``response_ids``). ``num_turns``:
+    token, 0.0 for observation tokens (same length as ``response_ids``); ``response_versions``:
+    the policy version that sampled each model token (``TokenOutput.versions``), -1 for
+    observation tokens (None: the loop does not report them; the rollout then stamps its model
+    tokens with the oldest version the sample's requests saw). ``num_turns``:
     user + assistant + tool turns (verl's count); ``metrics``: per-sample numbers averaged
     into ``agent/*``; ``extra``: non-tensor columns added to the sample (e.g. ``tool_rewards``).
     ``routed_experts``: the experts vLLM routed each position of prompt + response to, by position from the
@@ -109,6 +115,7 @@ class AgentLoopOutput:
     metrics: dict[str, float] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
     routed_experts: np.ndarray | None = None
+    response_versions: list[int] | None = None
 
 
 def keep_first_routes(earlier: np.ndarray | None, turn: np.ndarray | None) -> np.ndarray | None:

@@ -18,7 +18,9 @@ def trajectories_to_batch(prompts: Any, outputs: list[AgentLoopOutput], n: int, 
     Returns a DataProto of ``B * n`` rows: ``prompts`` ``[B*n, P]`` (the input rows, left-padded),
     ``responses`` / ``response_mask`` / ``rollout_log_probs`` ``[B*n, R]`` right-padded with the pad
     id / 0 / 0.0 (responses longer than R are cut), ``input_ids`` / ``attention_mask`` /
-    ``position_ids`` ``[B*n, P+R]``; non-tensor columns repeated per sample plus ``__num_turns__``
+    ``position_ids`` ``[B*n, P+R]``; ``rollout_versions`` ``[B*n, R]`` int64, the policy version of each
+    model token (-1 on observations and padding), when every output reports its versions;
+    non-tensor columns repeated per sample plus ``__num_turns__``
     and each loop's ``extra`` columns; meta_info ``metrics``: ``agent/num_turns/{mean,max,min}`` and
     the mean of each per-sample metric over the samples that report it. With ``route_shape`` (MoE layers,
     top-k; the rollout recorded routes): ``routed_experts`` ``[B*n, P+R, MoE layers, top-k]`` int16 aligned
@@ -34,6 +36,8 @@ def trajectories_to_batch(prompts: Any, outputs: list[AgentLoopOutput], n: int, 
     responses = torch.full((rows, response_length), pad_token_id, dtype=input_ids.dtype)
     response_mask = torch.zeros((rows, response_length), dtype=attention_mask.dtype)
     log_probs = torch.zeros((rows, response_length), dtype=torch.float32)
+    with_versions = all(out.response_versions is not None for out in outputs)
+    versions = torch.full((rows, response_length), -1, dtype=torch.int64)
     for row, out in enumerate(outputs):
         if not len(out.response_ids) == len(out.response_mask) == len(out.response_logprobs):
             raise ValueError(f"agent loop output {row}: response_ids, response_mask and response_logprobs differ in length")
@@ -41,6 +45,10 @@ def trajectories_to_batch(prompts: Any, outputs: list[AgentLoopOutput], n: int, 
         responses[row, :length] = torch.tensor(out.response_ids[:length], dtype=input_ids.dtype)
         response_mask[row, :length] = torch.tensor(out.response_mask[:length], dtype=attention_mask.dtype)
         log_probs[row, :length] = torch.tensor(out.response_logprobs[:length], dtype=torch.float32)
+        if with_versions:
+            if len(out.response_versions) != len(out.response_ids):
+                raise ValueError(f"agent loop output {row}: response_versions and response_ids differ in length")
+            versions[row, :length] = torch.tensor(out.response_versions[:length], dtype=torch.int64)
     # every response token is attended (observations included); response_mask says which are trained
     lengths = torch.tensor([min(len(o.response_ids), response_length) for o in outputs])
     response_attn = (torch.arange(response_length)[None, :] < lengths[:, None]).to(attention_mask.dtype)
@@ -80,6 +88,7 @@ def trajectories_to_batch(prompts: Any, outputs: list[AgentLoopOutput], n: int, 
             "position_ids": torch.cat([prompt_pos, response_pos], dim=1),
             **({"rollout_log_probs": log_probs} if with_log_probs else {}),
             **routes,
+            **({"rollout_versions": versions} if with_versions else {}),
         },
         non_tensors=non_tensors,
         meta_info={"metrics": metrics},

@@ -136,6 +136,7 @@ class ToolAgentLoop(AgentLoopBase):
         mask: list[int] = []
         log_probs: list[float] = []
         routes = None
+        versions: list[int] = []
         assistant_turns = user_turns = malformed = interaction_errors = 0
         results: list[CallResult] = []
         while True:
@@ -146,6 +147,7 @@ class ToolAgentLoop(AgentLoopBase):
             response += out.token_ids
             mask += [1] * len(out.token_ids)
             log_probs += out.log_probs or [0.0] * len(out.token_ids)
+            versions += out.versions
             assistant_turns += 1
             if (len(response) >= self.response_length
                     or (self.max_assistant_turns and assistant_turns >= self.max_assistant_turns)
@@ -183,6 +185,7 @@ class ToolAgentLoop(AgentLoopBase):
             response += observation
             mask += [0] * len(observation)
             log_probs += [0.0] * len(observation)
+            versions += [-1] * len(observation)
             user_turns += 1
         metrics = {
             "agent/assistant_turns": float(assistant_turns), "agent/user_turns": float(user_turns),
@@ -194,4 +197,5 @@ class ToolAgentLoop(AgentLoopBase):
         return AgentLoopOutput(prompt_ids=prompt_ids, response_ids=response, response_mask=mask,
                                response_logprobs=log_probs, num_turns=assistant_turns + user_turns + 1,
                                metrics=metrics, extra={"tool_rewards": [r.reward for r in results]},
-                               routed_experts=routes), interaction_errors
+                               routed_experts=routes,
+                               response_versions=versions if len(versions) == len(response) else None), interaction_errors

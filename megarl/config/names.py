@@ -80,6 +80,8 @@ RESUME_MODES = ("auto", "disable", "resume_path")
 NAN_POLICIES = ("stop", "skip")  # trainer.nan_policy (megarl.utils.nonfinite)
 LOAD_FORMATS = ("dummy", "auto")
 ROUTER_REPLAY_MODES = ("disabled", "R2", "R3")  # *.megatron.router_replay.mode (verl's EngineRouterReplayConfig)
+TRAINER_MODES = ("sync", "colocate_async", "separate_async")  # trainer.v1.trainer_mode (megarl.trainer.v1)
+OFF_POLICY_STRATEGIES = ("drop", "wait")  # trainer.v1.sampler.max_off_policy_strategy
 
 
 def join(names: Iterable[str]) -> str:

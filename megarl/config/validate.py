@@ -26,6 +26,7 @@ from megarl.config.rules import (
     rollout_parallel,
     router_replay,
     trainer,
+    trainer_v1,
 )
 from megarl.config.rules.view import Skip, View, has_module
 from megarl.config.schema.root import MegaRLConfig
@@ -38,6 +39,7 @@ RULES: tuple[Rule, ...] = (
     *algorithm.RULES,
     *optim.RULES,
     *trainer.RULES,
+    *trainer_v1.RULES,
     *verl_compat.RULES,
     *engines.RULES,
     *agent.RULES,

@@ -89,6 +89,7 @@ class ActorRolloutRefWorker:
         want_ref = role == "actor_rollout_ref" and not self.actor.uses_lora
         self.ref = ActorWorker(config, role="ref", device=device) if want_ref else None
         self.rollout = None
+        self.session = None  # the async trainer modes' groups (megarl.workers.rollout_session)
         self.reward = reward
         self.weight_sync: ColocatedSync | None = None
         sync_cfg = config.rollout.weight_sync
@@ -143,6 +144,66 @@ class ActorRolloutRefWorker:
         out.meta_info["metrics"] = {**out.meta_info.get("metrics", {}), **metrics}
         return out
 
+    # ------------------------------------------------------------------ async trainer modes
+    def _session(self):
+        """This replica's groups across calls (trainer.v1 colocate_async); at rollout TP > 1 on its leader."""
+        if self.session is None:
+            from megarl.workers.rollout_session import RolloutSession
+
+            self.session = RolloutSession(self.rollout)
+        return self.session
+
+    def _follows(self) -> bool:
+        """A rollout TP rank other than its replica's leader: it repeats the leader's engine operations."""
+        return self.rollout.tp_channel is not None and not self.rollout.tp_channel.leads
+
+    def pad_token_id(self) -> int:
+        """The id the rollout pads responses with."""
+        return self.rollout.pad_token_id
+
+    def submit_groups(self, prompts: DataProto, gids: list[int]) -> None:
+        """New groups for this replica (``rollout.n`` samples of each prompt row); they start generating at
+        the next :meth:`advance`."""
+        if not self._follows():
+            self._session().submit(prompts, gids)
+
+    def cancel_groups(self, gids: list[int]) -> None:
+        """Stop generating these groups (evicted by the sampler)."""
+        if not self._follows() and gids:
+            self._session().cancel(gids)
+
+    def advance(self, version: int, gids: list[int], count: int) -> dict[str, Any]:
+        """After syncing the weights if they changed: generate until ``count`` of ``gids`` are finished
+        (policy ``version`` stamped on every token), then interrupt what is still generating (it resumes
+        at the next advance) and let the engine sleep. Collective over the world, like generate_sequences.
+
+        Returns ``{"groups": {gid: samples}, "interrupted": requests paused, "metrics": {...}}``."""
+        metrics = self.sync_weights()
+        start = time.perf_counter()
+        self.rollout.wake_up()
+        if self._follows():
+            from megarl.workers.engine_mirror import follow
+
+            result = follow(self.rollout.llm.llm_engine, self.rollout.tp_channel)
+        else:
+            leader = self.rollout.leader_engine
+            session = self._session()
+            session.engine.version = version
+            try:
+                session.run_until(gids, count)
+                interrupted = session.pause()
+                result = {"groups": session.take_finished(), "interrupted": interrupted}
+            except BaseException as exc:
+                if leader is not None:
+                    leader.end_batch(failure=f"{type(exc).__name__}: {exc}")
+                raise
+            if leader is not None:
+                leader.end_batch(result)
+        metrics["timing/generate_s"] = time.perf_counter() - start
+        if self.rollout.free_cache_engine:
+            self.rollout.sleep()
+        return {**result, "metrics": metrics}
+
     # ------------------------------------------------------------------ training
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """``old_log_probs``, ``entropys`` ``[B, R]`` (R2: and ``routed_experts``, see ActorWorker); when ``data``
@@ -187,6 +248,9 @@ class ActorRolloutRefWorker:
         return meta
 
     def shutdown(self) -> None:
+        if self.session is not None:
+            self.session.close()
+            self.session = None
         if self.rollout is not None:
             self.rollout.shutdown()
             self.rollout = None

@@ -363,11 +363,13 @@ class RolloutWorker:
                 raise ValueError(f"prompt row {i} has no tokens (attention_mask all zero)")
         # routes of training batches only: validation replays nothing
         route_shape = self.routes.shape if self.routes is not None and not validate else None
+        version = int(prompts.meta_info.get("policy_version", -1))  # the weights' version, stamped on every token
         if self.agents is not None:
+            self.async_engine.version = version
             out = self._generate_agent_loops(prompts, token_lists, params,
                                              self.stream_reward if not validate else None, route_shape)
         else:
-            out = self._generate_batched(prompts, token_lists, params, route_shape)
+            out = self._generate_batched(prompts, token_lists, params, route_shape, version)
         if self.routes is not None:
             self.routes.clear()
         meta = {**prompts.meta_info, **out.meta_info}
@@ -379,7 +381,8 @@ class RolloutWorker:
             self.sleep()
         return out
 
-    def _generate_batched(self, prompts, token_lists: list[list[int]], params, route_shape: tuple[int, int] | None):
+    def _generate_batched(self, prompts, token_lists: list[list[int]], params, route_shape: tuple[int, int] | None,
+                          version: int):
         """rollout.mode=sync: one ``LLM.generate`` over the batch."""
         from vllm.inputs import TokensPrompt
 
@@ -398,7 +401,7 @@ class RolloutWorker:
                     name = request.request_id if params.n == 1 else f"{completion.index}_{request.request_id}"
                     routes = self.routes.take(name, len(ids) + len(tokens))
                 outputs.append(AgentLoopOutput(ids, tokens, [1] * len(tokens), log_probs, num_turns=2,
-                                               routed_experts=routes))
+                                               routed_experts=routes, response_versions=[version] * len(tokens)))
         out = trajectories_to_batch(prompts, outputs, params.n, params.max_tokens, self.pad_token_id,
                                     self.calculate_log_probs, route_shape)
         metrics = out.meta_info.pop("metrics")  # single-turn: nothing the agent metrics would add
@@ -433,6 +436,7 @@ class RolloutWorker:
         from megarl.agent.base import AgentContext
         from megarl.agent.batch import trajectories_to_batch
         from megarl.protocol import to_object_array
+        from megarl.workers.async_engine import sample_with_versions
 
         n = params.n
         one = params.clone()
@@ -445,7 +449,7 @@ class RolloutWorker:
         for i, ids in enumerate(token_lists):
             loop = self._agent_loop(str(names[i]), ctx, i)
             sample = {k: v[i] for k, v in columns.items()}
-            runs = [loop.run(ids, sample) for _ in range(n)]
+            runs = [sample_with_versions(loop.run(ids, sample)) for _ in range(n)]
             coroutines += [stream.scored(run, sample) for run in runs] if stream is not None else runs
         if stream is not None:
             stream.start_batch()

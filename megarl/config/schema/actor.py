@@ -160,6 +160,8 @@ class AgentConfig(Section):
 class RolloutConfig(Section):
     name: Literal["vllm"] = spec(note="megarl generates with vLLM only (no sglang/hf rollout)")
     mode: str = spec(choices=ROLLOUT_MODES)
+    nnodes: int = spec(ge=0)
+    n_gpus_per_node: int = spec(ge=1)
     temperature: float = spec(gt=0)
     top_k: int = spec(ge=-1)
     top_p: float = spec(gt=0, le=1)
@@ -197,7 +199,7 @@ class RolloutConfig(Section):
 
 @dataclass
 class ActorRolloutRefConfig(Section):
-    hybrid_engine: Literal[True] = spec(note="megarl colocates actor, reference and rollout (hybrid engine) only")
+    hybrid_engine: bool = spec()
     model: PolicyModelConfig = spec()
     actor: ActorConfig = spec()
     ref: RefConfig = spec()

@@ -78,7 +78,7 @@ RULES: tuple[CompatRule, ...] = tuple(
              "actor_rollout_ref.rollout.disable_log_stats", "actor_rollout_ref.rollout.layered_summon",
              "actor_rollout_ref.rollout.multi_stage_wake_up", "actor_rollout_ref.rollout.skip_tokenizer_init",
              "actor_rollout_ref.rollout.scheduling_policy", "actor_rollout_ref.rollout.moe_load_balance_metrics_interval",
-             "actor_rollout_ref.rollout.n_gpus_per_node", "actor_rollout_ref.rollout.qat",
+             "actor_rollout_ref.rollout.qat",
              "actor_rollout_ref.rollout.engine_kwargs.sglang",
              "actor_rollout_ref.rollout.engine_kwargs.trtllm")
     + _rules("ignore", "megarl runs each replica's samples as coroutines of one event loop in the rollout worker "
@@ -87,7 +87,7 @@ RULES: tuple[CompatRule, ...] = tuple(
              "actor_rollout_ref.ref.megatron.use_distributed_optimizer", "actor_rollout_ref.ref.megatron.optimizer_offload",
              "actor_rollout_ref.ref.megatron.forward_only", "actor_rollout_ref.ref.rollout_n")
     + _rules("ignore", _ONE_IMPL,
-             "trainer.use_v1", "trainer.esi_redundant_time", "trainer.ray_wait_register_center_timeout",
+             "trainer.esi_redundant_time", "trainer.ray_wait_register_center_timeout",
              "sandbox_fusion.max_concurrent", "sandbox_fusion.memory_limit_mb",
              "reward.sandbox_fusion.max_concurrent", "reward.sandbox_fusion.memory_limit_mb")
     # ---- accepted at verl's default only
@@ -170,10 +170,14 @@ RULES: tuple[CompatRule, ...] = tuple(
              "reward.reward_manager.source", "reward.reward_manager.module.*")
     + _rules("refuse", "sandboxed code execution is not implemented in megarl", "sandbox_fusion.*", "reward.sandbox_fusion.*")
     + _rules("refuse", _ROLLOUT_PAR,
-             "actor_rollout_ref.rollout.pipeline_model_parallel_size", "actor_rollout_ref.rollout.nnodes",
+             "actor_rollout_ref.rollout.pipeline_model_parallel_size",
              "actor_rollout_ref.rollout.disaggregation.*")
+    + [CompatRule("actor_rollout_ref.rollout.checkpoint_engine.backend", "refuse",
+                  "megarl's weight sync is its own bucketed resharding (size: rollout.weight_sync.bucket_size_mb); nccl "
+                  "(what verl's trainer.v1.trainer_mode=separate_async requires) is megarl's broadcast to the standalone "
+                  "engines over a process group (NCCL on GPU, gloo with trainer.device=cpu)", accepted=("nccl",))]
     + _rules("refuse", "megarl's weight sync is its own bucketed resharding (size: rollout.weight_sync.bucket_size_mb)",
-             "actor_rollout_ref.rollout.checkpoint_engine.backend", "actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs",
+             "actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs",
              "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module")
     + _rules("refuse", "not implemented in megarl's vLLM rollout",
              "actor_rollout_ref.rollout.full_determinism", "actor_rollout_ref.rollout.logprobs_mode",
@@ -211,8 +215,17 @@ RULES: tuple[CompatRule, ...] = tuple(
              "actor_rollout_ref.actor.calculate_entropy")
     + _rules("refuse", "not implemented in megarl's data loader",
              "data.gen_batch_size")
+    + _rules("refuse", "verl's sync mode has no options", "trainer.v1.sync*")
+    + _rules("refuse", "lending the trainer's GPUs to generation between steps (verl's hybrid switch) is not implemented: "
+             "megarl's separate_async has no rollout replicas on the trainer's GPUs", "trainer.v1.separate_async.hybrid_rollout.enable_switch")
+    + _rules("ignore", "verl reads it only with trainer.v1.separate_async.hybrid_rollout.enable_switch=true, which megarl refuses",
+             "trainer.v1.separate_async.hybrid_rollout.*")
+    + _rules("refuse", "megarl's sampler is built in (admission control and batch selection, megarl.trainer.v1); "
+             "a custom ReplayBuffer class has no counterpart", "trainer.v1.sampler.custom_sampler.*", "trainer.v1.sampler.sampler_kwargs*")
+    + _rules("refuse", "megarl's rollout has no failed groups to refill: a sample whose agent loop raises stops the step "
+             "with its error", "trainer.v1.sampler.sync_refill_failed_groups")
     + _rules("refuse", "not implemented in megarl's trainer",
-             "trainer.v1.*", "algorithm.use_pf_ppo", "algorithm.pf_ppo.*",
+             "algorithm.use_pf_ppo", "algorithm.pf_ppo.*",
              "algorithm.filter_groups.max_inflight_gen_batches")
     + _rules("ignore", "megarl runs one teacher (verl routes rows among several by teacher_key; its single "
              "teacher is keyed 'default' with pool / TP-size replicas, as megarl's)",
