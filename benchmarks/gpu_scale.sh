@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Issue 31's scale runs: one device call on a machine where ../shared/gpu-stack put vLLM + Ray + megatron-core
+# Issue 31's and 35's scale runs: one device call on a machine where ../shared/gpu-stack put vLLM + Ray + megatron-core
 # in /tmp/site and transformer-engine in /tmp/site-te. Runs the named steps from the repo root, logs under $OUT:
 #   bash benchmarks/gpu_scale.sh model7b e2e05_tp2        (build the 7B directory; a quick 0.5B TP=2 run)
 #   bash benchmarks/gpu_scale.sh e2e7b_tp2 baselines      (5 GRPO steps at 7B, TP=2, 2 GPUs; sync baselines)
+#   bash benchmarks/gpu_scale.sh model30b plan30b48 e2e30b_r3   (issue 35, 4 GPUs; then e2e30b in a call of its own)
 # Steps:
 #   model7b     a random Qwen2.5-7B-shaped policy (real vocabulary, padded demo tokenizer) in /tmp/q7b, built on the GPU
 #   e2e05_tp2   2 GRPO steps of the 0.5B shape with actor TP=2 and one vLLM TP=2 replica (shard-to-shard sync)
@@ -10,6 +11,15 @@
 #               tokens, offload as verl's 7B Megatron scripts set it; the launch plan of the same command first
 #   e2e7b_tp2_optim  the same with only the optimizer state offloaded (parameters and gradients stay on the GPUs)
 #   baselines   same-run copy and NCCL all-gather of one rank's 7B share (benchmarks/bench_sync_baselines.py)
+#   model30b    a random Qwen3-30B-A3B-shaped policy (128 experts top 8, real vocabulary) in /tmp/q30b with
+#               MOE30B_LAYERS (default 24) of its 48 layers, built on the GPU, and the 48-layer config in /tmp/q30b48:
+#               its plan (plan30b48) is refused on 4 x 80 GiB (fp32 Adam state of 30.5B parameters over 4 ranks, 85 GiB
+#               a GPU; megarl has no CPU optimizer), 24 layers plan at 69 GiB. 2 GPUs: MOE30B_GPUS=2 MOE30B_LAYERS=12
+#   plan30b48   the launch plan of the full 48-layer shape (what it needs per phase)
+#   e2e30b_r3   5 GRPO steps of /tmp/q30b on MOE30B_GPUS (default 4) GPUs with R3 routing replay: actor TP=4 (verl's
+#               30B script) with EP over the GPUs, ETP=1; one vLLM replica with TP = EP over the GPUs (expert-local
+#               weight sync); offload as verl's 30B scripts set it; the launch plan of the same command first
+#   e2e30b      the same without routing replay (the log-prob gap to compare)
 #   tests2      the 2-GPU tests: direct sync (shard to shard, gathered into vLLM), TP=2 paths
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -23,6 +33,19 @@ SCALE7B=(actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 actor_rol
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16
   actor_rollout_ref.actor.megatron.optimizer_offload=true actor_rollout_ref.ref.megatron.param_offload=true
   actor_rollout_ref.actor.use_kl_loss=true actor_rollout_ref.actor.kl_loss_coef=0.001 trainer.total_training_steps=5)
+
+MOE30B_GPUS=${MOE30B_GPUS:-4}
+MOE30B=(actor_rollout_ref.actor.megatron.tensor_model_parallel_size="$MOE30B_GPUS"
+  actor_rollout_ref.actor.megatron.expert_model_parallel_size="$MOE30B_GPUS" actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1
+  actor_rollout_ref.rollout.tensor_model_parallel_size="$MOE30B_GPUS" actor_rollout_ref.rollout.expert_parallel_size="$MOE30B_GPUS"
+  actor_rollout_ref.actor.megatron.param_offload=true actor_rollout_ref.actor.megatron.optimizer_offload=true
+  actor_rollout_ref.ref.megatron.param_offload=true
+  actor_rollout_ref.rollout.gpu_memory_utilization=0.5
+  data.train_batch_size=16 data.max_prompt_length=64 data.max_response_length=1024 actor_rollout_ref.rollout.n=8
+  actor_rollout_ref.actor.ppo_mini_batch_size=16 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2
+  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16
+  actor_rollout_ref.actor.use_kl_loss=true actor_rollout_ref.actor.kl_loss_coef=0.001 trainer.total_training_steps=5)
+R3=(actor_rollout_ref.actor.megatron.router_replay.mode=R3 actor_rollout_ref.rollout.enable_rollout_routing_replay=true)
 
 for step in "$@"; do
   echo "=== $step $(date -u +%T)"
@@ -42,6 +65,15 @@ for step in "$@"; do
                actor_rollout_ref.rollout.gpu_memory_utilization=0.5 ;;
     e2e7b_tp2_optim) plan_e2e e2e7b_tp2_optim /tmp/q7b 2 "${SCALE7B[@]}" actor_rollout_ref.rollout.gpu_memory_utilization=0.45
              run_e2e e2e7b_tp2_optim /tmp/q7b 2 540 "${SCALE7B[@]}" actor_rollout_ref.rollout.gpu_memory_utilization=0.45 ;;
+    model30b) [ -f /tmp/q30b/config.json ] || timeout 420 python3 benchmarks/grpo_model_dir.py /tmp/q30b --30b \
+               --layers "${MOE30B_LAYERS:-24}" > "$OUT/model30b.log" 2>&1
+             echo rc $?; python3 benchmarks/grpo_model_dir.py /tmp/q30b48 --30b --config-only >> "$OUT/model30b.log" 2>&1
+             ls /tmp/q30b | head; du -sh /tmp/q30b ;;
+    plan30b48) plan_e2e plan30b48 /tmp/q30b48 "$MOE30B_GPUS" "${MOE30B[@]}" "${R3[@]}" ;;
+    e2e30b_r3) plan_e2e e2e30b_r3 /tmp/q30b "$MOE30B_GPUS" "${MOE30B[@]}" "${R3[@]}"
+             run_e2e e2e30b_r3 /tmp/q30b "$MOE30B_GPUS" 570 "${MOE30B[@]}" "${R3[@]}" ;;
+    e2e30b)  plan_e2e e2e30b /tmp/q30b "$MOE30B_GPUS" "${MOE30B[@]}"
+             run_e2e e2e30b /tmp/q30b "$MOE30B_GPUS" 570 "${MOE30B[@]}" ;;
     baselines) timeout 120 torchrun --nproc_per_node=2 benchmarks/bench_sync_baselines.py --model /tmp/q7b --tp 2 \
                > "$OUT/baselines.log" 2>&1; echo rc $?; grep -E "baseline|Error" "$OUT/baselines.log" ;;
     tests2)  timeout 420 python3 -m pytest -q -m gpu tests/gpu/test_vllm_direct_sync.py tests/gpu/test_gpu_paths.py -rA \

@@ -1,6 +1,6 @@
 """Write a random Qwen2.5-0.5B-shaped policy with the demo tokenizer (issue 23's GRPO run).
 
-  MEGARL_DEMO_DIR=/tmp/demo python benchmarks/grpo_model_dir.py /tmp/q05 [--config-only] [--moe | --llama | --7b]
+  MEGARL_DEMO_DIR=/tmp/demo python benchmarks/grpo_model_dir.py /tmp/q05 [--config-only] [--moe | --llama | --7b | --30b [--layers N]]
 
 Builds the demo assets (tokenizer, data) if missing, then saves a randomly initialised
 Qwen2 of Qwen2.5-0.5B's shape (vocabulary = the demo tokenizer's) in bf16 with the tokenizer
@@ -11,6 +11,8 @@ side: verl 0.9.1's agent loop picks its token builder by ``model_type``, and its
 tokenizer where "\\n" is one token, which the demo tokenizer does not have. ``--7b``: Qwen2.5-7B's shape
 with its real vocabulary size (152,064; the demo tokenizer padded with ``<reserved_k>`` entries, so every
 id the random policy samples decodes), untied embeddings (issue 31's scale runs; built on the GPU).
+``--30b``: Qwen3-30B-A3B's shape (48 layers, 128 experts top 8, its real vocabulary 151,936, untied; issue 35;
+built on the GPU, 61 GB in bf16); ``--layers N`` keeps N of its layers (what fits 4 or 2 GPUs' training state).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ def main() -> None:
     for split in ("train.parquet", "val.parquet"):
         build_asset(split)
     tok = transformers.AutoTokenizer.from_pretrained(demo_model)
-    vocab = QWEN25_7B_VOCAB if "--7b" in sys.argv else len(tok)
+    vocab = QWEN25_7B_VOCAB if "--7b" in sys.argv else QWEN3_30B_VOCAB if "--30b" in sys.argv else len(tok)
     common = dict(vocab_size=vocab, max_position_embeddings=1024, rope_theta=1e6, rms_norm_eps=1e-6,
                   tie_word_embeddings=True, bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id,
                   pad_token_id=tok.pad_token_id, dtype="bfloat16")
@@ -40,6 +42,13 @@ def main() -> None:
         cfg = transformers.Qwen3MoeConfig(
             hidden_size=896, intermediate_size=2432, moe_intermediate_size=1216, num_hidden_layers=12,
             num_attention_heads=14, num_key_value_heads=2, head_dim=64, num_experts=8, num_experts_per_tok=2,
+            norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], **common)
+    elif "--30b" in sys.argv:
+        layers = int(sys.argv[sys.argv.index("--layers") + 1]) if "--layers" in sys.argv else 48
+        common.update(tie_word_embeddings=False, max_position_embeddings=40960)
+        cfg = transformers.Qwen3MoeConfig(
+            hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_hidden_layers=layers,
+            num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
             norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], **common)
     elif "--7b" in sys.argv:
         common.update(tie_word_embeddings=False, max_position_embeddings=32768)
@@ -67,6 +76,7 @@ def main() -> None:
 
 
 QWEN25_7B_VOCAB = 152064
+QWEN3_30B_VOCAB = 151936
 
 
 def pad_tokenizer(path, size: int) -> None:

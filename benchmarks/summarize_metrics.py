@@ -5,7 +5,8 @@
 Per step: the step's phases (``timing_s/*``, s), device memory per phase (``memory/*``, GiB:
 ``*_peak_gib`` = torch's allocator peak in that phase, ``*_device_used_gib`` = the whole GPU,
 vLLM's pool included), the weight sync (seconds, GB/s, path) and tokens per second per GPU:
-all prompt + response tokens of the step / (step seconds x GPUs), the figure NeMo-RL publishes.
+all prompt + response tokens of the step / (step seconds x GPUs), the figure NeMo-RL publishes; an MoE
+run's ``moe/*`` (expert load, router entropy) and ``router_replay/*`` metrics.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ def summary(metrics: dict, gpus: int) -> dict:
     for key in ("response_length/mean", "rollout/log_prob_gap_mean", "rollout/log_prob_gap_max", "actor/grad_norm"):
         if key in metrics:
             out[key] = round(metrics[key], 4)
+    moe = {k: round(v, 4) for k, v in metrics.items() if k.startswith(("moe/", "router_replay/"))}
+    if moe:
+        out["moe"] = moe
     return out
 
 

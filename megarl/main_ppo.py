@@ -37,8 +37,10 @@ from megarl.config import (
     validate_config,
 )
 from megarl.config.compose import finish_compose
+from megarl.config.config_options import take_config_options
 from megarl.config.demo_profile import demo_banner
 from megarl.config.errors import no_value
+from megarl.config.rules.engines import attention_notice
 from megarl.config.read import to_dict
 from megarl.config.verl_compat.check import compat_notices
 from megarl.plan.gate import memory_gate
@@ -77,8 +79,9 @@ def prepare(cfg: DictConfig) -> MegaRLConfig:
     except ValueError as error:  # a demo path the builder does not know; names the key
         raise ConfigError([Issue("demo assets", no_value(), str(error), "point the key at your own file or at a demo asset")]) from error
     validate_config(cfg, RUNTIME_RULES)
-    for notice in compat_notices(cfg):
-        print(f"megarl: {notice}", flush=True)
+    for notice in [*compat_notices(cfg), attention_notice(cfg)]:
+        if notice:
+            print(f"megarl: {notice}", flush=True)
     refused = memory_gate(resolve_config(cfg))
     typed = typed_config(cfg)
     try:
@@ -124,31 +127,14 @@ def main(cfg: DictConfig) -> None:
         os._exit(code)  # the cleanup ran; Ray's exit hooks would wait on a cluster that may be gone
 
 
-def verl_config_path(argv: list[str]) -> list[str]:
-    """`argv` with verl's `--config-path=config` (verl's own verl/trainer/config, which its
-    Megatron scripts pass next to `--config-name=ppo_megatron_trainer.yaml`) pointing at megarl's
-    config dir instead; Hydra would look for megarl/config/ and find no config there."""
-    out, i = [], 0
-    while i < len(argv):
-        if argv[i] == "--config-path=config":
-            out.append(f"--config-path={CONFIG_DIR}")
-        elif argv[i] in ("--config-path", "-cp") and i + 1 < len(argv) and argv[i + 1] == "config":
-            out += [argv[i], CONFIG_DIR]
-            i += 1
-        else:
-            out.append(argv[i])
-        i += 1
-    return out
-
-
 def cli() -> None:
     exit_on_sigterm()  # SIGTERM (scancel, a time limit, torchrun) unwinds like Ctrl-C, then exit code 143
     if "--dry-run" in sys.argv[1:]:  # the launch plan only (megarl.plan), nothing starts
         from megarl.plan.__main__ import main as plan_main
 
         sys.exit(plan_main([a for a in sys.argv[1:] if a != "--dry-run"]))
-    sys.argv[1:] = verl_config_path(sys.argv[1:])
-    issues = check_override_keys(sys.argv[1:])
+    sys.argv[1:], issues = take_config_options(sys.argv[1:])  # Hydra then composes megarl's own config
+    issues += check_override_keys(sys.argv[1:])
     if issues:
         _fail(ConfigError(issues))
     main()

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
+import numpy as np
 from omegaconf import OmegaConf
 
 from megarl.config.files import resolve_file
@@ -53,11 +54,18 @@ def register(name: str) -> Callable[[type], type]:
 @dataclass
 class TokenOutput:
     """One finished request: the sampled tokens and their log-probs (``[]`` when the engine
-    returned none), and vLLM's finish reason (``"stop"`` | ``"length"`` | ``"abort"``)."""
+    returned none), vLLM's finish reason (``"stop"`` | ``"length"`` | ``"abort"``) and the policy
+    version of the weights that sampled each token (a request resumed across a weight update spans
+    several; ``[]`` when the engine does not know its version).
+    ``routed_experts``: with ``rollout.enable_rollout_routing_replay``, the experts each position of
+    prompt + tokens was routed to, ``[len(prompt) + len(tokens) - 1, MoE layers, top-k]`` int16 (-1: none
+    computed; the last token has no row); None otherwise."""
 
     token_ids: list[int]
     log_probs: list[float]
     finish_reason: str | None
+    routed_experts: np.ndarray | None = None
+    versions: list[int] = field(default_factory=list)
 
 
 class Engine(Protocol):
@@ -89,9 +97,15 @@ class AgentLoopOutput:
     """One trajectory. ``response_ids``: every token after the prompt, model turns and
     observations in the order the engine saw them; ``response_mask``: 1 for model tokens,
     0 for observation tokens; ``response_logprobs``: the engine's log-prob of each model
-    token, 0.0 for observation tokens (same length as ``response_ids``). ``num_turns``:
+    token, 0.0 for observation tokens (same length as ``response_ids``); ``response_versions``:
+    the policy version that sampled each model token (``TokenOutput.versions``), -1 for
+    observation tokens (None: the loop does not report them; the rollout then stamps its model
+    tokens with the oldest version the sample's requests saw). ``num_turns``:
     user + assistant + tool turns (verl's count); ``metrics``: per-sample numbers averaged
-    into ``agent/*``; ``extra``: non-tensor columns added to the sample (e.g. ``tool_rewards``)."""
+    into ``agent/*``; ``extra``: non-tensor columns added to the sample (e.g. ``tool_rewards``).
+    ``routed_experts``: the experts vLLM routed each position of prompt + response to, by position from the
+    prompt's first token (``[<= len(prompt) + len(response), MoE layers, top-k]`` int16, -1 where none; see
+    :func:`keep_first_routes` for several turns), or None (not recorded: Megatron routes natively)."""
 
     prompt_ids: list[int]
     response_ids: list[int]
@@ -100,6 +114,21 @@ class AgentLoopOutput:
     num_turns: int
     metrics: dict[str, float] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    routed_experts: np.ndarray | None = None
+    response_versions: list[int] | None = None
+
+
+def keep_first_routes(earlier: np.ndarray | None, turn: np.ndarray | None) -> np.ndarray | None:
+    """The routes of a sample after one more model turn: ``turn`` covers that turn's request (prompt and
+    everything so far, from position 0); a position keeps the rows of the first turn that computed it (those
+    its next tokens were sampled with; a later turn may recompute it). Shapes as ``AgentLoopOutput.routed_experts``."""
+    if turn is None or earlier is None:
+        return earlier if turn is None else turn
+    out = turn.copy()
+    n = min(len(earlier), len(out))
+    known = (earlier[:n] >= 0).all(axis=(1, 2))
+    out[:n][known] = earlier[:n][known]
+    return out
 
 
 class AgentLoopBase(ABC):

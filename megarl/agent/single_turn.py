@@ -13,4 +13,5 @@ class SingleTurnAgentLoop(AgentLoopBase):
         tokens = out.token_ids
         log_probs = out.log_probs or [0.0] * len(tokens)
         return AgentLoopOutput(prompt_ids=prompt_ids, response_ids=tokens, response_mask=[1] * len(tokens),
-                               response_logprobs=log_probs, num_turns=2)
+                               response_logprobs=log_probs, num_turns=2, routed_experts=out.routed_experts,
+                               response_versions=out.versions)

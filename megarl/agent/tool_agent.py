@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from megarl.agent.base import AgentContext, AgentLoopBase, AgentLoopOutput
+from megarl.agent.base import AgentContext, AgentLoopBase, AgentLoopOutput, keep_first_routes
 from megarl.agent.interactions import load_interactions
 from megarl.agent.tool_call import CallResult, call_tool, run_bounded, truncate
 from megarl.agent.tool_parser import FunctionCall, make_tool_parser
@@ -135,15 +135,19 @@ class ToolAgentLoop(AgentLoopBase):
         response: list[int] = []
         mask: list[int] = []
         log_probs: list[float] = []
+        routes = None
+        versions: list[int] = []
         assistant_turns = user_turns = malformed = interaction_errors = 0
         results: list[CallResult] = []
         while True:
             params = self.ctx.sampling_params.clone()
             params.max_tokens = self.response_length - len(response)
             out = await self.ctx.engine.generate(prompt_ids + response, params)
+            routes = keep_first_routes(routes, out.routed_experts)
             response += out.token_ids
             mask += [1] * len(out.token_ids)
             log_probs += out.log_probs or [0.0] * len(out.token_ids)
+            versions += out.versions
             assistant_turns += 1
             if (len(response) >= self.response_length
                     or (self.max_assistant_turns and assistant_turns >= self.max_assistant_turns)
@@ -181,6 +185,7 @@ class ToolAgentLoop(AgentLoopBase):
             response += observation
             mask += [0] * len(observation)
             log_probs += [0.0] * len(observation)
+            versions += [-1] * len(observation)
             user_turns += 1
         metrics = {
             "agent/assistant_turns": float(assistant_turns), "agent/user_turns": float(user_turns),
@@ -191,4 +196,6 @@ class ToolAgentLoop(AgentLoopBase):
             metrics["agent/tool_latency_s"] = sum(r.seconds for r in results) / len(results)
         return AgentLoopOutput(prompt_ids=prompt_ids, response_ids=response, response_mask=mask,
                                response_logprobs=log_probs, num_turns=assistant_turns + user_turns + 1,
-                               metrics=metrics, extra={"tool_rewards": [r.reward for r in results]}), interaction_errors
+                               metrics=metrics, extra={"tool_rewards": [r.reward for r in results]},
+                               routed_experts=routes,
+                               response_versions=versions if len(versions) == len(response) else None), interaction_errors

@@ -18,13 +18,19 @@ from megarl.config.files import CONFIG_YAML
 from megarl.config.schema.root import MegaRLConfig
 
 
+@functools.cache
+def _parser():
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create()
+
+
 def _syntax_issue(arg: str) -> Issue | None:
     """An issue when Hydra's override grammar cannot parse `arg` (else Hydra exits with its own text)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
     try:
-        OverridesParser.create().parse_overrides([arg])
+        _parser().parse_overrides([arg])
     except OverrideParseException as exc:
         key = arg.split("=", 1)[0].strip() or arg
         why = str(exc).splitlines()[0]

@@ -56,6 +56,10 @@ ROLLOUT_RS_OPTIONS: tuple[str, ...] = ROLLOUT_RS_RATIO_OPTIONS + (
 ROLLOUT_CORR_LOSS_TYPES: tuple[str, ...] = ("ppo_clip", "reinforce")
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+# distillation.distillation_loss.loss_mode: verl's single-sample estimators of the per-token reverse KL
+# (student vs teacher log-prob of the sampled token) and its top-k forward KL
+DISTILLATION_ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+DISTILLATION_LOSS_MODES = DISTILLATION_ESTIMATORS + ("forward_kl_topk",)
 TRUNCATIONS = ("error", "left", "right", "middle")
 CHECKPOINT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
 OPTIMIZERS = ("adam", "sgd")
@@ -75,6 +79,9 @@ DEVICES = ("auto", "cpu", "cuda")
 RESUME_MODES = ("auto", "disable", "resume_path")
 NAN_POLICIES = ("stop", "skip")  # trainer.nan_policy (megarl.utils.nonfinite)
 LOAD_FORMATS = ("dummy", "auto")
+ROUTER_REPLAY_MODES = ("disabled", "R2", "R3")  # *.megatron.router_replay.mode (verl's EngineRouterReplayConfig)
+TRAINER_MODES = ("sync", "colocate_async", "separate_async")  # trainer.v1.trainer_mode (megarl.trainer.v1)
+OFF_POLICY_STRATEGIES = ("drop", "wait")  # trainer.v1.sampler.max_off_policy_strategy
 
 
 def join(names: Iterable[str]) -> str:

@@ -17,12 +17,16 @@ from megarl.config.rules import (
     agent,
     algorithm,
     batch,
+    distillation,
     engines,
     model,
     optim,
     parallel,
     reward_model,
+    rollout_parallel,
+    router_replay,
     trainer,
+    trainer_v1,
 )
 from megarl.config.rules.view import Skip, View, has_module
 from megarl.config.schema.root import MegaRLConfig
@@ -35,10 +39,14 @@ RULES: tuple[Rule, ...] = (
     *algorithm.RULES,
     *optim.RULES,
     *trainer.RULES,
+    *trainer_v1.RULES,
     *verl_compat.RULES,
     *engines.RULES,
     *agent.RULES,
     *reward_model.RULES,
+    *rollout_parallel.RULES,
+    *router_replay.RULES,
+    *distillation.RULES,
     model.run,
 )
 

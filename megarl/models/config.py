@@ -21,6 +21,8 @@ from megatron.core import parallel_state
 from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
 from megarl.compat.megatron_core.cpu import cpu_transformer_settings
+from megarl.config.rules.engines import FLASH_ATTN_MODULES, attention_backend_that_runs
+from megarl.config.rules.view import has_module
 from megarl.models.gemma3 import (
     GEMMA3_MODEL_TYPES,
     check_gemma3_supported,
@@ -179,6 +181,11 @@ def hf_to_transformer_config(
     # and slices per sequence, twice per layer), and weight gradients accumulated by the wgrad
     # GEMM into DDP's fp32 main_grad (no bf16 wgrad + add_ per micro-batch; see megarl.compat.transformer_engine).
     te_kernels = resolved_impl == "transformer_engine" and model_type not in GEMMA3_MODEL_TYPES
+    backend = overrides.get("attention_backend")
+    if backend is not None:  # verl's flash without flash-attn: TE's fused attention (the driver printed why)
+        runs = attention_backend_that_runs(backend.name, te_runs=te_kernels,
+                                           has_flash=any(has_module(m) for m in FLASH_ATTN_MODULES))
+        overrides["attention_backend"] = type(backend)[runs]
     if model_type in MLA_MODEL_TYPES:
         check_mla_supported(hf_config, resolved_impl)
     if overrides.get("moe_grouped_gemm") and not grouped_gemm:

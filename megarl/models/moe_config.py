@@ -44,7 +44,8 @@ from typing import Any
 
 from megarl.compat.megatron_core.cpu import MOE_DISPATCHER_ON_CPU
 
-__all__ = ["MOE_MODEL_TYPES", "check_moe_supported", "moe_layer_pattern", "moe_transformer_kwargs", "num_experts"]
+__all__ = ["MOE_MODEL_TYPES", "check_moe_supported", "moe_layer_pattern", "moe_layers", "moe_transformer_kwargs",
+           "num_experts"]
 
 MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "glm4_moe", "deepseek_v3")
 # Families routed like DeepSeek-V3 (sigmoid + score-correction bias, groups, scaling, shared experts)
@@ -64,6 +65,12 @@ def moe_layer_pattern(hf_config) -> list[int]:
     dense = set(getattr(hf_config, "mlp_only_layers", None) or ())
     step = getattr(hf_config, "decoder_sparse_step", 1) or 1
     return [int(i not in dense and (i + 1) % step == 0) for i in range(hf_config.num_hidden_layers)]
+
+
+def moe_layers(hf_config) -> list[int]:
+    """Decoder index of each MoE layer, in order: the layer axis of recorded routes (vLLM's ``layer_id``,
+    megatron's ``TopKRouter.layer_number - 1``)."""
+    return [i for i, moe in enumerate(moe_layer_pattern(hf_config)) if moe]
 
 
 def check_moe_supported(hf_config) -> None:

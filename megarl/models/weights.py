@@ -7,7 +7,7 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -198,10 +198,11 @@ def _broadcast_full(tensors: list[torch.Tensor] | None, count: int, src_stage: i
     return out
 
 
-def _gather_shard(entry: ParamSource, param: torch.Tensor, ep_rank: int) -> list[torch.Tensor]:
-    """Every TP (or ETP) rank's shard of ``entry``, after fetching the owner's expert."""
+def _gather_shard(entry: ParamSource, param: torch.Tensor, from_owner: bool = True) -> list[torch.Tensor]:
+    """Every TP (or ETP) rank's shard of ``entry``, after fetching the owner's expert (``from_owner``; else
+    this rank holds it)."""
     shard = param.detach()
-    if entry.ep_rank is not None and parallel_state.get_expert_model_parallel_world_size() > 1:
+    if from_owner and entry.ep_rank is not None and parallel_state.get_expert_model_parallel_world_size() > 1:
         ep_group = parallel_state.get_expert_model_parallel_group()
         shard = shard.clone()
         dist.broadcast(shard, src=dist.get_process_group_ranks(ep_group)[entry.ep_rank], group=ep_group)
@@ -222,7 +223,7 @@ def _gather_shard(entry: ParamSource, param: torch.Tensor, ep_rank: int) -> list
 
 @torch.no_grad()
 def export_hf_weights(
-    chunks: Sequence[torch.nn.Module], hf_config
+    chunks: Sequence[torch.nn.Module], hf_config, experts: Collection[int] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(hf_name, full_tensor)`` for every HF parameter, in a fixed order.
 
@@ -233,6 +234,11 @@ def export_hf_weights(
     is not yielded (HF ties it to ``model.embed_tokens.weight``); a critic yields its value
     head as ``score.weight``. Tensors are fresh or detached views: copy before changing
     the model.
+
+    ``experts``: the routed experts (global ids) this rank wants, all of them its own (a consumer whose
+    experts are sharded like this rank's, e.g. vLLM with expert parallelism): only those experts are
+    yielded, from this rank's parameters without a collective over the expert-parallel group (still
+    gathered over expert TP); ValueError when one lives on another rank or pipeline stage.
     """
     meta = _meta(chunks)
     models = [unwrap_chunk(c) for c in chunks]
@@ -246,12 +252,21 @@ def export_hf_weights(
     for entry in plan:
         if not entry.export:
             continue
+        own = experts is not None and entry.expert is not None
+        if own and entry.expert not in experts:
+            continue
+        if own and (entry.ep_rank != ep_rank or entry.pp_rank != pp_rank):
+            raise ValueError(f"expert {entry.expert} of layer {entry.layer} lives on expert-parallel rank {entry.ep_rank}, "
+                             f"pipeline stage {entry.pp_rank}; this rank is {ep_rank}, stage {pp_rank}")
         full = None
         if entry.pp_rank == pp_rank:
             param = find_param(params[entry.vp_stage], entry.mcore_name)
             if param is None:
                 raise ValueError(f"megatron parameter {entry.mcore_name!r} (chunk {entry.vp_stage}) not found")
-            full = from_shards(entry.kind, _gather_shard(entry, param, ep_rank), dims)
+            full = from_shards(entry.kind, _gather_shard(entry, param, from_owner=not own), dims)
+            if own:
+                yield from zip(entry.hf_names, full)
+                continue
         if pp_size > 1:
             full = _broadcast_full(full, len(entry.hf_names), entry.pp_rank, device)
         yield from zip(entry.hf_names, full)

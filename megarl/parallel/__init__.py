@@ -8,6 +8,8 @@ can use :class:`ParallelLayout` without loading them.
 
 from __future__ import annotations
 
+import datetime
+import math
 import os
 import random
 from typing import TYPE_CHECKING, Any
@@ -29,7 +31,8 @@ def _device_type(device: str | torch.device) -> str:
     return device_type
 
 
-def init_distributed(megatron_cfg: Any, device: str | torch.device, *, seed: int) -> ParallelLayout:
+def init_distributed(megatron_cfg: Any, device: str | torch.device, *, seed: int,
+                     timeout_s: int | None = None) -> ParallelLayout:
     """Initialise torch.distributed and megatron's model-parallel groups (idempotent).
 
     Reads ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` (and ``LOCAL_RANK`` on
@@ -40,6 +43,8 @@ def init_distributed(megatron_cfg: Any, device: str | torch.device, *, seed: int
     :meth:`ParallelLayout.from_megatron_config` of ``megatron_cfg`` over the world (verl's
     ``*.megatron`` parallel-size keys; the data-parallel size is what remains). Also seeds
     torch/python RNGs from ``seed`` (the role's ``megatron.seed``), see :func:`set_seed`.
+    ``timeout_s``: how long a collective may wait before it fails (verl's ``nccl_timeout``), for the
+    default group and megatron's model-parallel groups (whole minutes, rounded up); None: torch's default.
 
     Returns:
         The layout the groups were built from.
@@ -63,7 +68,8 @@ def init_distributed(megatron_cfg: Any, device: str | torch.device, *, seed: int
 
     if not dist.is_initialized():
         use_route_to_master()  # across machines: gloo / NCCL on the interface that reaches MASTER_ADDR
-        dist.init_process_group(backend="gloo" if device_type == "cpu" else "nccl")
+        timeout = {} if timeout_s is None else {"timeout": datetime.timedelta(seconds=timeout_s)}
+        dist.init_process_group(backend="gloo" if device_type == "cpu" else "nccl", **timeout)
     layout = ParallelLayout.from_megatron_config(megatron_cfg or {}, dist.get_world_size())
     layout.validate()
 
@@ -72,7 +78,8 @@ def init_distributed(megatron_cfg: Any, device: str | torch.device, *, seed: int
         if current != layout:
             raise ValueError(f"model parallel already initialised as {current}, asked for {layout}")
     else:
-        parallel_state.initialize_model_parallel(**layout.megatron_sizes(), order=MEGATRON_ORDER)
+        minutes = {} if timeout_s is None else {"distributed_timeout_minutes": math.ceil(timeout_s / 60)}
+        parallel_state.initialize_model_parallel(**layout.megatron_sizes(), order=MEGATRON_ORDER, **minutes)
     set_seed(seed, device_type)
     return layout
 

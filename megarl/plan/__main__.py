@@ -16,8 +16,11 @@ import argparse
 import sys
 
 from hydra.errors import HydraException
+from omegaconf import OmegaConf
 
-from megarl.config import ConfigError, check_override_keys, check_schema, load_config, resolve_config, validate_config
+from megarl.config import ConfigError, Issue, check_override_keys, check_schema, load_config, resolve_config, validate_config
+from megarl.config.config_options import take_config_options
+from megarl.config.rules.engines import attention_notice
 from megarl.config.rules.view import FILE_CHECKS, has_module
 from megarl.plan.stack import GPU_LOCK, in_gpu_stack
 from megarl.preflight import RUNTIME_RULES
@@ -25,9 +28,10 @@ from megarl.preflight import RUNTIME_RULES
 EXIT_REFUSED = 2
 
 
-def plan_text(overrides: list[str]) -> tuple[str, bool]:
-    """(the plan as text, whether it fits). Raises ConfigError for a bad config."""
-    from megarl.config.read import typed_config
+def plan_text(overrides: list[str]) -> tuple[str, list[Issue]]:
+    """(the plan as text, its issues: empty when it fits). Raises ConfigError for a bad config."""
+    from megarl.config.read import to_typed
+    from megarl.config.schema.root import MegaRLConfig
     from megarl.data.demo import ensure_demo_assets
     from megarl.plan.build import build_plan, gpu_memory_gib, host_memory_gib
     from megarl.plan.report import format_plan
@@ -46,10 +50,11 @@ def plan_text(overrides: list[str]) -> tuple[str, bool]:
         installed = in_gpu_stack
         notes.append(f"GPU packages judged against the stack megarl ships ({GPU_LOCK.name}; this machine has no GPU)")
     validate_config(cfg, RUNTIME_RULES, installed=installed, files=False)
+    notes += [n for n in [attention_notice(cfg, installed)] if n]
     resolved = resolve_config(cfg)
-    trainer = typed_config(resolved).trainer
+    trainer = to_typed(MegaRLConfig, OmegaConf.to_container(resolved)).trainer  # resolved already
     plan = build_plan(resolved, gpu_memory_gib(trainer.memory_plan, trainer.device), host_memory_gib(trainer.memory_plan, trainer.device))
-    return format_plan(plan, notes=notes), not plan.issues
+    return format_plan(plan, notes=notes), plan.issues
 
 
 def _local_gpu() -> bool:
@@ -59,23 +64,24 @@ def _local_gpu() -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv, option_issues = take_config_options(sys.argv[1:] if argv is None else argv)
+    if option_issues:
+        print(f"megarl: {ConfigError(option_issues)}", file=sys.stderr)
+        return EXIT_REFUSED
     parser = argparse.ArgumentParser(prog="python -m megarl.plan", description=__doc__.splitlines()[0])
     parser.add_argument("--gpu-memory-gib", type=float, default=None,
                         help="memory of one GPU (= trainer.memory_plan.gpu_memory_gib; default: that key)")
     parser.add_argument("overrides", nargs="*", help="config overrides, as for megarl.main_ppo")
-    args, rest = parser.parse_known_args(argv)
-    unknown = [a for a in rest if not a.startswith("--config-name")]  # main_ppo's own flag is accepted
-    if unknown:
-        parser.error(f"unrecognised arguments: {' '.join(unknown)}")
+    args = parser.parse_args(argv)
     if args.gpu_memory_gib is not None:
         args.overrides.append(f"trainer.memory_plan.gpu_memory_gib={args.gpu_memory_gib}")
     try:
-        text, fits = plan_text(args.overrides)
+        text, issues = plan_text(args.overrides)
     except (ConfigError, ValueError, HydraException) as error:
         print(f"megarl: {error}", file=sys.stderr)
         return EXIT_REFUSED
     print(text)
-    return 0 if fits else EXIT_REFUSED
+    return EXIT_REFUSED if issues else 0
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ measured peak can be set beside each one:
 
 * ``init``: the Megatron roles are built in turn (critic, actor, reference: the trainer's order)
   before vLLM starts, each whole (parameters, gradients, optimizer state) and then offloaded
-  per its ``param_offload`` (parameters and gradients) / ``optimizer_offload``; the peak is the
+  per its ``param_offload`` (parameters and gradients) / ``grad_offload`` (gradients) /
+  ``optimizer_offload``; the peak is the
   role being built beside what the ones built before it keep.
 * ``sync`` (weights into vLLM): the actor's parameters on the device (onloaded when
   ``param_offload``; its gradients and optimizer state stay where they are between phases),
@@ -68,14 +69,19 @@ class RolePlan:
     params: ParamCount
     memory: RankMemory
     param_offload: bool
+    grad_offload: bool  # megatron.grad_offload (verl <= 0.8): the gradients alone
     optimizer_offload: bool
+
+    @property
+    def grads_offloaded(self) -> bool:
+        return self.param_offload or self.grad_offload
 
     def kept(self, *, params_onloaded: bool = False) -> dict[str, int]:
         """Bytes this role keeps on the GPU between its phases, by part (zero parts left out);
         ``params_onloaded``: its parameters on the device whatever ``param_offload`` says."""
         m = self.memory
         parts = {"params": m.params if params_onloaded or not self.param_offload else 0,
-                 "grads": 0 if self.param_offload else m.grads,
+                 "grads": 0 if self.grads_offloaded else m.grads,
                  "optimizer": 0 if self.optimizer_offload else m.optimizer}
         return {f"{self.role.name} {part}": size for part, size in parts.items() if size}
 
@@ -88,7 +94,8 @@ class RolePlan:
     def offloaded(self) -> int:
         """Bytes it keeps in (page-locked) host memory between phases, per GPU."""
         m = self.memory
-        return (m.params + m.grads if self.param_offload else 0) + (m.optimizer if self.optimizer_offload else 0)
+        return ((m.params if self.param_offload else 0) + (m.grads if self.grads_offloaded else 0)
+                + (m.optimizer if self.optimizer_offload else 0))
 
     def whole(self) -> dict[str, int]:
         m = self.memory
@@ -224,6 +231,7 @@ def build_plan(cfg: DictConfig, gpu_memory_gib: float, host_memory_gib: float | 
         roles[role.name] = RolePlan(
             role, layout, params, rank_memory(params, layout, _setup(cfg, role)),
             param_offload=bool(value_at(cfg, f"{role.megatron}.param_offload")),
+            grad_offload=trainable and bool(value_at(cfg, f"{role.megatron}.grad_offload")),
             optimizer_offload=trainable and bool(value_at(cfg, f"{role.megatron}.optimizer_offload")),
         )
     rollout = "actor_rollout_ref.rollout"

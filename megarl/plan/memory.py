@@ -14,12 +14,18 @@ layout (:class:`~megarl.parallel.layout.ParallelLayout`). The model of each term
 * activations saved for backward, per token of a micro-batch (``tokens / cp`` per rank),
   2 bytes each (bf16) per decoder layer: attention block = norm input + norm output
   (``/tp`` with sequence parallelism) + q, k, v + attention output (``/tp``); MLP block = norm
-  input + norm output + gate/up output + SwiGLU output (``/tp``); MoE layers count the routed
-  experts' ``top-k`` copies (``/etp``) and the shared expert. Full recompute keeps only each
-  layer's input plus one layer's activations. The first pipeline stage holds ``pp``
-  micro-batches in flight (1F1B), so ``layers/pp x pp`` layers' worth in total.
-* logits: ``tokens x vocab/tp`` in bf16 saved + one fp32 working copy (the log-softmax),
-  6 bytes per element (critic: a value head, no vocabulary logits).
+  input + norm output + gate/up output + SwiGLU output (``/tp``). An MoE layer's experts see
+  ``k x etp / tp`` (sequence parallelism) or ``k`` token copies per token (each token's ``top-k``
+  experts; expert-TP ranks gather their TP group's tokens): per copy the permuted hidden state that
+  feeds the expert GEMMs (``hidden``, whole on every expert-TP rank) plus its gate/up and SwiGLU
+  outputs (``3 x moe_intermediate / etp``); plus the shared expert (``/tp``). Full recompute keeps
+  only each layer's input plus one layer's activations. Under 1F1B stage ``i`` holds ``pp - i``
+  micro-batches in flight: the first stage ``pp x layers/pp`` layers' worth, the last stage one
+  micro-batch's ``layers/pp`` layers and the logits; the peak is the larger of the two.
+* the MoE token dispatcher's buffers, while one layer runs (any pass): the all-to-all's send and
+  receive copies of the permuted hidden states, ``2 x hidden`` per token copy.
+* logits (last stage): ``tokens x vocab/tp`` in bf16 saved + one fp32 working copy (the
+  log-softmax), 6 bytes per element (critic: a value head, no vocabulary logits).
 * forward-only passes (old log-prob, reference): one layer's activations + the logits; the
   actor's old log-prob pass also takes the entropy: 12 bytes per logit.
 * host memory (offload): every offloaded byte has an exact page-locked host copy for the run
@@ -110,20 +116,26 @@ def activation_bytes(p: ParamCount, layout: ParallelLayout, setup: TrainSetup, t
     v_out = (s.kv_heads + s.heads) * s.v_dim  # v, attention output
     attention = 2 * s.hidden / norm_div + (q_k + v_out) / tp
     dense_mlp = 2 * s.hidden / norm_div + 3 * s.ffn / tp
-    moe_mlp = 2 * s.hidden / norm_div + (3 * s.expert_ffn * s.experts_per_token) / etp + 3 * s.shared_expert_ffn / tp
+    copies = s.experts_per_token * etp / norm_div  # expert token copies on this rank per token
+    moe_mlp = 2 * s.hidden / norm_div + copies * (s.hidden + 3 * s.expert_ffn / etp) + 3 * s.shared_expert_ffn / tp
+    dispatcher = 2 * copies * s.hidden if s.moe_layers else 0
     dense_layers = s.layers - s.moe_layers
     per_layer_avg = attention + (dense_layers * dense_mlp + s.moe_layers * moe_mlp) / s.layers
-    per_layer_max = attention + (moe_mlp if s.moe_layers and moe_mlp > dense_mlp else dense_mlp)
-    layers_in_flight = -(-s.layers // layout.pp) * layout.pp  # first stage: pp micro-batches of layers/pp
-    if not train:
-        layer_elems = per_layer_max
-    elif setup.recompute_full:
-        layer_elems = layers_in_flight * s.hidden / norm_div + per_layer_max
-    else:
-        layer_elems = layers_in_flight * per_layer_avg
+    per_layer_max = attention + max((moe_mlp,) * bool(s.moe_layers) + (dense_mlp,) * bool(dense_layers))
     logit_bytes = LOGIT_BYTES_FORWARD_ENTROPY if setup.forward_entropy and not train else LOGIT_BYTES
     logits = 0 if setup.value_head else t * s.vocab / tp * logit_bytes
-    return int(t * layer_elems * ACT_BYTES + logits)
+    if not train:
+        return int(t * (per_layer_max + dispatcher) * ACT_BYTES + logits)
+    stage_layers = -(-s.layers // layout.pp)
+
+    def stage(micro_batches: int) -> float:
+        """Saved activations of a stage holding `micro_batches` in flight, bytes."""
+        layers = micro_batches * stage_layers
+        elems = layers * s.hidden / norm_div + per_layer_max if setup.recompute_full else layers * per_layer_avg
+        return t * (elems + dispatcher) * ACT_BYTES
+
+    first, last = stage(layout.pp), stage(1) + logits  # one stage when pp = 1: both terms at once
+    return int(max(first, last) if layout.pp > 1 else last)
 
 
 def rank_memory(p: ParamCount, layout: ParallelLayout, setup: TrainSetup) -> RankMemory:

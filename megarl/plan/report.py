@@ -39,7 +39,7 @@ def format_plan(plan: Plan, notes: tuple[str, ...] | list[str] = ()) -> str:
                f"{'offloaded between phases':>26}{'act train':>11}{'act fwd':>9}")
     for name, r in plan.roles.items():
         m = r.memory
-        offload = (m.params + m.grads if r.param_offload else 0) + (m.optimizer if r.optimizer_offload else 0)
+        offload = r.offloaded
         out.append(f"  {name:<8}{r.params.total / 1e9:>10.3f}{_g(m.params):>9}{_g(m.grads):>8}{_g(m.optimizer):>8}"
                    f"{_g(m.optimizer_full):>16}{_g(offload):>26}{_g(m.activations_train):>11}{_g(m.activations_forward):>9}")
     v = plan.vllm

@@ -4,8 +4,11 @@ One step (``train_step``), phase by phase:
 
     rollout (megarl.trainer.rollout_stage): weight sync (when the actor changed) -> n responses per
       prompt (vLLM) [+ one greedy per prompt: remax] -> rewards (rule / custom scorers, or a learned
-      reward model)
-    -> old log-prob (actor) -> ref log-prob -> values (critic) [-> rewards scored in the background]
+      reward model); with trainer.v1's async modes (``train_step_async``) the batch is the one the
+      sampler forms from the groups the engines finished (megarl.trainer.v1: admission control,
+      partial rollout, standalone engines for separate_async)
+    -> old log-prob (actor) -> ref log-prob -> teacher log-probs (distillation) -> values (critic)
+      [-> rewards scored in the background]
     -> advantages on the controller (+ in-reward KL)
     -> critic update -> actor update (after trainer.critic_warmup steps)
     -> metrics; then validation / checkpoint (``fit``)
@@ -41,6 +44,10 @@ from megarl.trainer.resources import ResourcePool, create_resource_pool
 from megarl.trainer.resume_config import check_resume_config, run_record
 from megarl.trainer.resume_fallback import load_with_fallback
 from megarl.trainer.rollout_stage import RolloutStage
+from megarl.trainer.v1.colocated_engines import ColocatedEngines
+from megarl.trainer.v1.sampler import AsyncSampler
+from megarl.trainer.v1.staleness import staleness_metrics
+from megarl.trainer.v1.standalone_engines import StandaloneEngines
 from megarl.trainer.worker_group import WorkerGroup
 from megarl.utils.bounded import CLEANUP_TIMEOUT_S, within
 from megarl.utils.timer import timed
@@ -48,8 +55,10 @@ from megarl.utils.tracking import Tracking, dump_generations
 
 SHUTDOWN_TIMEOUT_S = 120.0
 ACTOR_CLS = "megarl.workers.hybrid:ActorRolloutRefWorker"
+SPLIT_ACTOR_CLS = "megarl.workers.split_actor:SplitActorWorker"  # separate_async: no engine beside the actor
 CRITIC_CLS = "megarl.workers.critic:CriticWorker"
 REWARD_MODEL_CLS = "megarl.workers.reward_model:RewardModelWorker"
+TEACHER_CLS = "megarl.workers.teacher:TeacherWorker"
 _ENV_PREFIXES = ("VLLM_", "NCCL_", "MEGARL_", "HF_", "TORCH_", "GLOO_", "CUDA_DEVICE_MAX_CONNECTIONS", "OMP_NUM_THREADS",
                  "TOKENIZERS_PARALLELISM", "PYTHONPATH")
 
@@ -121,6 +130,9 @@ class RayPPOTrainer:
         self.use_kl_in_reward = bool(cfg.algorithm.use_kl_in_reward)
         self.kl_ctrl = get_kl_controller(cfg.algorithm.kl_ctrl) if self.use_kl_in_reward else None
         self.rollout = RolloutStage(cfg, self.tokenizer, self._phase)
+        self.mode = cfg.trainer.trainer_mode()  # trainer.v1.trainer_mode (sync with use_v1=false)
+        self.sampler: AsyncSampler | None = None  # the async modes' admission and batches
+        self.engines: StandaloneEngines | None = None  # separate_async's engines
         self.reward_model: WorkerGroup | None = None
         self.global_step = 0
         self.phase = "start"
@@ -128,6 +140,8 @@ class RayPPOTrainer:
         self.pool: ResourcePool | None = None
         self.actor: WorkerGroup | None = None
         self.critic: WorkerGroup | None = None
+        self.teacher: WorkerGroup | None = None
+        self.teacher_pool: ResourcePool | None = None
         root = os.path.expanduser(cfg.trainer.default_local_dir)
         self.ckpt_root = root
         self.resume_path, self.resume_state = self._plan_resume()
@@ -157,14 +171,17 @@ class RayPPOTrainer:
 
     # ------------------------------------------------------------------ workers
     def init_workers(self) -> None:
-        """Placement groups, then the colocated actor/rollout/ref group and the critic group."""
+        """Placement groups, then the colocated actor/rollout/ref group and the critic group (with
+        separate_async: the actor/ref group without engines, then the standalone engines' pool)."""
         self.phase = "init_workers"
         cfg = self.cfg
         _verify_initial_dist_checkpoints(cfg, self.use_critic)
         self.device = resolve_device(cfg)
         use_gpu = self.device == "cuda"
         nnodes, per_node = int(cfg.trainer.nnodes), int(cfg.trainer.n_gpus_per_node)
-        groups = 1 + int(self.use_critic) + int(self.rollout.uses_reward_model)
+        distillation = cfg.distillation if cfg.distillation.enabled else None
+        teacher_colocated = distillation is not None and distillation.nnodes == 0
+        groups = 1 + int(self.use_critic) + int(self.rollout.uses_reward_model) + int(teacher_colocated)
         # CPU runs share this machine's cores: small fractional reservations per rank.
         cpus_per_slot = 1.0 if use_gpu else 0.5
         self.pool = create_resource_pool(nnodes, per_node, use_gpu, cpus_per_slot)
@@ -179,14 +196,16 @@ class RayPPOTrainer:
         arr = replaced(arr, actor=replaced(arr.actor, optim=replaced(arr.actor.optim, total_training_steps=steps)))
         critic = replaced(cfg.critic, optim=replaced(cfg.critic.optim, total_training_steps=steps))
         # algorithm.rollout_correction: read by the actor's bypass_mode policy loss
-        self.actor = WorkerGroup("actor_rollout_ref", ACTOR_CLS, (arr,),
+        separate = self.mode == "separate_async"
+        self.actor = WorkerGroup("actor_rollout_ref", SPLIT_ACTOR_CLS if separate else ACTOR_CLS, (arr,),
                                  {"role": role, "device": self.device,
                                   "rollout_correction": cfg.algorithm.rollout_correction,
-                                  "reward": self.rollout.stream_spec},
+                                  "reward": self.rollout.stream_spec, "distillation": distillation},
                                  self.pool.placements,
                                  share_cpu, share_gpu, env,
                                  layout=ParallelLayout.from_megatron_config(arr.actor.megatron, world),
-                                 rollout_layout=ParallelLayout(world_size=world, tp=arr.rollout.tensor_model_parallel_size))
+                                 rollout_layout=None if separate else ParallelLayout(
+                                     world_size=world, tp=arr.rollout.tensor_model_parallel_size))
         if self.use_critic:
             self.critic = WorkerGroup("critic", CRITIC_CLS, (critic,), {"device": self.device},
                                       self.pool.placements, share_cpu, share_gpu, env,
@@ -198,20 +217,42 @@ class RayPPOTrainer:
                 share_cpu, share_gpu, env,
                 layout=ParallelLayout(world_size=world, tp=rm.rollout.tensor_model_parallel_size,
                                       pp=rm.rollout.pipeline_model_parallel_size))
-        # Critic and reward model first: their worlds must exist before vLLM grabs memory on GPUs.
-        for group in (self.critic, self.reward_model):
+        if distillation is not None:
+            self.teacher = self._teacher_group(distillation, share_cpu, share_gpu, env, cpus_per_slot)
+        # Critic, reward model and teacher first: their worlds must exist before vLLM grabs memory on GPUs.
+        for group in (self.critic, self.reward_model, self.teacher):
             if group is not None:
                 group.call_all("init_model")
         self.actor.call_all("init_model")
-        self.rollout.attach(self.actor, self.reward_model)
+        if separate:
+            self.engines = StandaloneEngines(cfg, self.actor, self.device, env)
+            self.engines.init()
+        self.rollout.attach(self.actor, self.reward_model, self.engines)
+        if self.mode != "sync":
+            self.sampler = AsyncSampler(cfg, self.train_loader, self.engines or ColocatedEngines(self.actor))
         self.phase = "start"
+
+    def _teacher_group(self, distillation, share_cpu: float, share_gpu: float, env: dict[str, str],
+                       cpus_per_slot: float) -> WorkerGroup:
+        """The distillation teacher: on the trainer's slots (distillation.nnodes=0, verl's default), or
+        on its own pool of distillation.nnodes x n_gpus_per_node slots (whole slots then)."""
+        placements = self.pool.placements
+        if distillation.nnodes > 0:
+            self.teacher_pool = create_resource_pool(distillation.nnodes, distillation.n_gpus_per_node,
+                                                     self.pool.use_gpu, cpus_per_slot, prefix="distillation")
+            placements = self.teacher_pool.placements
+            share_cpu, share_gpu = cpus_per_slot, (1.0 if self.pool.use_gpu else 0.0)
+        tp = distillation.teacher_models.teacher_model.inference.tensor_model_parallel_size
+        return WorkerGroup("teacher", TEACHER_CLS, (distillation,), {"device": self.device}, placements,
+                           share_cpu, share_gpu, env, layout=ParallelLayout(world_size=len(placements), tp=tp))
 
     def close(self, graceful: bool = True) -> None:
         """Release workers, placement groups, loggers. ``graceful``: ask the actor group to shut
         its engines down first (bounded by SHUTDOWN_TIMEOUT_S); after a failure the worker
         processes are killed at once (ranks may be stuck in a collective with a dead peer). The
         calls to the cluster are bounded (megarl.utils.bounded: it may be going down too)."""
-        within(CLEANUP_TIMEOUT_S + (SHUTDOWN_TIMEOUT_S if graceful else 0), "stopping the workers",
+        graceful_groups = 1 + (self.engines is not None)  # the actor's engines, separate_async's engines
+        within(CLEANUP_TIMEOUT_S + (graceful_groups * SHUTDOWN_TIMEOUT_S if graceful else 0), "stopping the workers",
                self._release_workers, graceful)
         if self.saving_step is not None:  # a failed save: its workers are gone now, remove what they wrote
             ckpt.abort_save(self.ckpt_root, self.saving_step)
@@ -219,7 +260,7 @@ class RayPPOTrainer:
         self.tracking.close()
 
     def _release_workers(self, graceful: bool) -> None:
-        for group in (self.actor, self.critic, self.reward_model):
+        for group in (self.actor, self.critic, self.reward_model, self.teacher):
             if group is not None:
                 if graceful and group is self.actor:
                     try:
@@ -227,8 +268,11 @@ class RayPPOTrainer:
                     except Exception as error:
                         print(f"[megarl] {group.name}.shutdown: {error}", flush=True)
                 group.shutdown()
-        if self.pool is not None:
-            self.pool.release()
+        if self.engines is not None:
+            self.engines.close(graceful, SHUTDOWN_TIMEOUT_S)
+        for pool in (self.pool, self.teacher_pool):
+            if pool is not None:
+                pool.release()
 
     # ------------------------------------------------------------------ one step
     def train_step(self, prompts: DataProto, prompts_iter: Iterator[DataProto]) -> dict[str, float]:
@@ -237,6 +281,19 @@ class RayPPOTrainer:
         timings: dict[str, float] = {}
         start = time.perf_counter()
         batch, metrics = self.rollout.run(prompts, prompts_iter, self.global_step, timings)
+        return self._train(batch, metrics, timings, start)
+
+    def train_step_async(self) -> dict[str, float]:
+        """One step of trainer.v1's colocate_async / separate_async: the sampler's batch (the weight
+        sync or push, admission, generation: megarl.trainer.v1.sampler), then the same PPO step."""
+        timings: dict[str, float] = {}
+        start = time.perf_counter()
+        batch, metrics = self.rollout.run_async(self.sampler, self.global_step, timings)
+        return self._train(batch, metrics, timings, start)
+
+    def _train(self, batch: DataProto, metrics: dict[str, float], timings: dict[str, float],
+               start: float) -> dict[str, float]:
+        """The PPO step on a generated, scored batch; ``start``: the step's start (perf_counter)."""
         metrics.update(self._log_probs_and_values(batch, timings))
         metrics.update(self.rollout.finish(batch, timings))
         metrics.update(self._advantages(batch, timings))
@@ -247,7 +304,8 @@ class RayPPOTrainer:
         return metrics
 
     def _log_probs_and_values(self, batch: DataProto, timings: dict[str, float]) -> dict[str, float]:
-        """Old log-probs (actor; the rollout's own in bypass mode), reference log-probs, values."""
+        """Old log-probs (actor; the rollout's own in bypass mode), reference log-probs, the teacher's
+        log-probs (distillation), values."""
         metrics: dict[str, float] = {}
         with self._phase("old_log_prob", timings):
             if self.cfg.algorithm.rollout_correction.bypass_mode:
@@ -257,6 +315,9 @@ class RayPPOTrainer:
         if self.use_reference:
             with self._phase("ref", timings):
                 metrics.update(_merge(batch, self.actor.call_dp("compute_ref_log_prob", batch)))
+        if self.teacher is not None:
+            with self._phase("teacher", timings):
+                _merge(batch, self.teacher.call_dp("compute_teacher_log_prob", batch))
         if self.use_critic:
             with self._phase("values", timings):
                 _merge(batch, self.critic.call_dp("compute_values", batch))
@@ -308,10 +369,13 @@ class RayPPOTrainer:
         return metrics
 
     def _step_metrics(self, batch: DataProto, timings: dict[str, float], step_s: float) -> dict[str, float]:
-        """Data metrics of the batch, the phases' times and the step's throughput."""
+        """Data metrics of the batch, its staleness (the policy versions of its tokens), the phases'
+        times and the step's throughput."""
         timings["step"] = step_s
         tokens = num_tokens(batch)
-        return {**compute_data_metrics(batch, self.use_critic),
+        staleness = (staleness_metrics(batch.batch["rollout_versions"], self.global_step - 1)
+                     if "rollout_versions" in batch.batch.keys() else {})
+        return {**compute_data_metrics(batch, self.use_critic), **staleness,
                 **{f"timing_s/{k}": v for k, v in timings.items()},
                 "perf/total_num_tokens": float(tokens), "perf/tokens_per_s": tokens / step_s,
                 "perf/tokens_per_s_per_rank": tokens / step_s / self.actor.world_size}
@@ -333,6 +397,10 @@ class RayPPOTrainer:
                 "step": [self.global_step] * len(batch)}
         if "reward_baselines" in batch.batch.keys():  # remax: the greedy response's score
             rows["reward_baseline"] = batch.batch["reward_baselines"].tolist()
+        if "rollout_versions" in batch.batch.keys():  # the policy versions of each row's oldest and newest tokens
+            versions = batch.batch["rollout_versions"]
+            rows["oldest_version"] = versions.masked_fill(versions < 0, 2**62).min(-1).values.tolist()
+            rows["newest_version"] = versions.max(-1).values.tolist()
         dump_generations(os.path.expanduser(directory), self.global_step, rows)
 
     # ------------------------------------------------------------------ validation
@@ -376,9 +444,11 @@ class RayPPOTrainer:
         if self.critic is not None:
             self.critic.call_all("save_checkpoint", str(path / "critic"), step)
         pause_point("save_checkpoint", step)
+        feed = self.sampler.state() if self.sampler is not None else None  # async: the oldest untrained prompt
         ckpt.write_trainer_state(path, {
             "global_step": step,
-            "dataloader": self.train_loader.state_dict(),
+            "dataloader": self.train_loader.state_dict() if feed is None else feed["loader"],
+            "dataloader_skip": 0 if feed is None else feed["skip"],
             "kl_coef": None if self.kl_ctrl is None else self.kl_ctrl.value,
             "rng": ckpt.rng_state(),
         })
@@ -419,13 +489,17 @@ class RayPPOTrainer:
             path, older_state = load_with_fallback(path, self.cfg.trainer.resume_mode == "auto", groups, self._plan_resume)
             state = older_state or state
             self.resume_path = path
-        self.train_loader.load_state_dict(state["dataloader"])
+        self.global_step = int(state["global_step"])
+        if self.sampler is not None:
+            self.sampler.load_state({"loader": state["dataloader"], "skip": int(state.get("dataloader_skip", 0))},
+                                    self.global_step)
+        else:
+            self.train_loader.load_state_dict(state["dataloader"])
         # The adaptive controller continues from its stored value; a fixed one takes the config's
         # kl_coef (a change is listed by check_resume_config).
         if self.kl_ctrl is not None and state.get("kl_coef") is not None and self.cfg.algorithm.kl_ctrl.type == "adaptive":
             self.kl_ctrl.value = float(state["kl_coef"])
         ckpt.set_rng_state(state["rng"])
-        self.global_step = int(state["global_step"])
         print(f"[megarl] resumed from {path} (step {self.global_step})", flush=True)
 
     # ------------------------------------------------------------------ the loop
@@ -442,29 +516,39 @@ class RayPPOTrainer:
             last.update(val)
         if t.val_only:  # verl: the validation before training (val_before_train) is the whole run
             return last
-        test_freq, save_freq = int(t.test_freq), int(t.save_freq)
-        total_epochs = int(t.total_epochs)
-        while self.global_step < self.total_steps and self.train_loader.sampler.epoch < total_epochs:
+        if self.sampler is not None:  # async modes: the sampler takes the prompts, epoch after epoch
+            while self.global_step < self.total_steps:
+                self.global_step += 1
+                step_start = time.perf_counter()
+                last = self._end_step(self.train_step_async(), step_start)
+            return last
+        while self.global_step < self.total_steps and self.train_loader.sampler.epoch < int(t.total_epochs):
             prompts_iter = iter(self.train_loader)
             for prompts in prompts_iter:
                 self.global_step += 1
                 step_start = time.perf_counter()
-                metrics = self.train_step(prompts, prompts_iter)
-                is_last = self.global_step >= self.total_steps
-                if self.val_loader is not None and test_freq > 0 and (is_last or self.global_step % test_freq == 0):
-                    with self._phase("validate"), timed("testing", metrics_t := {}):
-                        metrics.update(self.validate())
-                    metrics["timing_s/testing"] = metrics_t["testing"]
-                if save_freq > 0 and (is_last or self.global_step % save_freq == 0):
-                    with self._phase("save_checkpoint", metrics_t := {}):
-                        self.save_checkpoint()
-                    metrics["timing_s/save_checkpoint"] = metrics_t["save_checkpoint"]
-                metrics["timing_s/step"] = time.perf_counter() - step_start  # verl's: validation and checkpoint included
-                metrics["training/global_step"] = float(self.global_step)
-                metrics["training/epoch"] = float(self.train_loader.sampler.epoch)
-                with self._phase("log_metrics"):
-                    self.tracking.log(metrics, step=self.global_step)
-                last = metrics
-                if is_last:
+                last = self._end_step(self.train_step(prompts, prompts_iter), step_start)
+                if self.global_step >= self.total_steps:
                     return last
         return last
+
+    def _end_step(self, metrics: dict[str, float], step_start: float) -> dict[str, float]:
+        """Validation and checkpoint when due (trainer.test_freq / save_freq, and after the last step),
+        then the step's metrics logged; returns them. ``step_start``: perf_counter() at the step's start."""
+        t = self.cfg.trainer
+        test_freq, save_freq = int(t.test_freq), int(t.save_freq)
+        is_last = self.global_step >= self.total_steps
+        if self.val_loader is not None and test_freq > 0 and (is_last or self.global_step % test_freq == 0):
+            with self._phase("validate"), timed("testing", metrics_t := {}):
+                metrics.update(self.validate())
+            metrics["timing_s/testing"] = metrics_t["testing"]
+        if save_freq > 0 and (is_last or self.global_step % save_freq == 0):
+            with self._phase("save_checkpoint", metrics_t := {}):
+                self.save_checkpoint()
+            metrics["timing_s/save_checkpoint"] = metrics_t["save_checkpoint"]
+        metrics["timing_s/step"] = time.perf_counter() - step_start  # verl's: validation and checkpoint included
+        metrics["training/global_step"] = float(self.global_step)
+        metrics["training/epoch"] = float(self.train_loader.sampler.epoch)
+        with self._phase("log_metrics"):
+            self.tracking.log(metrics, step=self.global_step)
+        return metrics

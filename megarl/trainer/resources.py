@@ -36,13 +36,15 @@ class ResourcePool:
             ray.util.remove_placement_group(pg)
 
 
-def create_resource_pool(nnodes: int, slots_per_node: int, use_gpu: bool, cpus_per_slot: float) -> ResourcePool:
+def create_resource_pool(nnodes: int, slots_per_node: int, use_gpu: bool, cpus_per_slot: float,
+                         prefix: str = "trainer") -> ResourcePool:
     """Reserve ``nnodes`` placement groups of ``slots_per_node`` bundles; raise a clear error
-    (naming trainer.nnodes / trainer.n_gpus_per_node) when the cluster cannot hold them."""
+    (naming <prefix>.nnodes / <prefix>.n_gpus_per_node, the keys that sized the pool) when the
+    cluster cannot hold them."""
     from ray.util.placement_group import placement_group
 
     bundle = {"CPU": cpus_per_slot, **({"GPU": 1} if use_gpu else {})}
-    pins = _node_pins(nnodes, slots_per_node, bundle) if nnodes > 1 else [{}]
+    pins = _node_pins(nnodes, slots_per_node, bundle, prefix) if nnodes > 1 else [{}]
     groups = [placement_group([{**bundle, **(pin if i == 0 else {})} for i in range(slots_per_node)], strategy="STRICT_PACK")
               for pin in pins]
     ready = [pg.ready() for pg in groups]
@@ -51,7 +53,7 @@ def create_resource_pool(nnodes: int, slots_per_node: int, use_gpu: bool, cpus_p
         for pg in groups:
             ray.util.remove_placement_group(pg)
         raise RuntimeError(
-            f"Ray cannot place trainer.nnodes={nnodes} x trainer.n_gpus_per_node={slots_per_node} "
+            f"Ray cannot place {prefix}.nnodes={nnodes} x {prefix}.n_gpus_per_node={slots_per_node} "
             f"bundles of {bundle} within {PLACEMENT_TIMEOUT_S:.0f} s; cluster resources: "
             f"{ray.cluster_resources()}"
         )
@@ -59,7 +61,7 @@ def create_resource_pool(nnodes: int, slots_per_node: int, use_gpu: bool, cpus_p
     return ResourcePool(groups, placements, use_gpu, cpus_per_slot)
 
 
-def _node_pins(nnodes: int, slots_per_node: int, bundle: dict[str, float]) -> list[dict[str, float]]:
+def _node_pins(nnodes: int, slots_per_node: int, bundle: dict[str, float], prefix: str) -> list[dict[str, float]]:
     """One ``{"node:<ip>": 0.001}`` per placement group: ``nnodes`` alive nodes that can hold
     ``slots_per_node`` bundles, the driver's node first. Raises naming what the cluster has."""
     here = ray.util.get_node_ip_address()
@@ -73,9 +75,9 @@ def _node_pins(nnodes: int, slots_per_node: int, bundle: dict[str, float]) -> li
     fitting.sort(key=lambda ip: ip != here)
     if len(fitting) < nnodes:
         raise RuntimeError(
-            f"trainer.nnodes={nnodes} needs {nnodes} Ray nodes with {slots_per_node} x {bundle} each "
-            f"(trainer.n_gpus_per_node={slots_per_node}); the cluster has {len(fitting)} such node(s) {fitting}"
+            f"{prefix}.nnodes={nnodes} needs {nnodes} Ray nodes with {slots_per_node} x {bundle} each "
+            f"({prefix}.n_gpus_per_node={slots_per_node}); the cluster has {len(fitting)} such node(s) {fitting}"
             + (f" and {len(others)} smaller {others}" if others else "")
-            + ": start the missing nodes (launch/ray_cluster.sh worker) or lower trainer.nnodes"
+            + f": start the missing nodes (launch/ray_cluster.sh worker) or lower {prefix}.nnodes"
         )
     return [{f"node:{ip}": 0.001} for ip in fitting[:nnodes]]

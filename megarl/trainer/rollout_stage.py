@@ -1,7 +1,9 @@
 """The rollout stage of a PPO step: generation and rewards of every kind, one scored batch out.
 
-    prompts -> the actor's weights into the engines when they changed (phase ``weight_sync``)
-      -> rollout.n responses per prompt (vLLM, phase ``gen``)
+    prompts -> the actor's weights into the engines when they changed (phase ``weight_sync``: the
+         colocated sync, or with trainer.v1 separate_async the push to the standalone engines)
+      -> rollout.n responses per prompt (vLLM, phase ``gen``; with the async trainer modes the batch
+         the sampler forms from the groups the engines finished, megarl.trainer.v1.sampler)
       [ReMax: one greedy response per prompt, scored: ``reward_baselines`` (phase ``gen_max``)]
       -> rewards, one of
          * the rule / custom reward manager here (phase ``reward``);
@@ -25,7 +27,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -39,6 +41,10 @@ from megarl.reward.rm_inputs import rm_inputs
 from megarl.trainer.balance import balance_order
 from megarl.trainer.metrics import mean_metrics
 from megarl.trainer.worker_group import WorkerGroup
+
+if TYPE_CHECKING:
+    from megarl.trainer.v1.sampler import AsyncSampler
+    from megarl.trainer.v1.standalone_engines import StandaloneEngines
 
 Phase = Callable[..., AbstractContextManager]  # phase(name, timings): the trainer's named, timed phase
 Scores = tuple[torch.Tensor, dict[str, list[Any]]]  # token_level_scores [B, R], reward extras per row
@@ -81,6 +87,7 @@ class RolloutStage:
                             if launch_async and self.stream_spec is None and not self.filter_groups.enable else None)
         self.actor: WorkerGroup | None = None
         self.reward_model: WorkerGroup | None = None
+        self.engines: StandaloneEngines | None = None
         self._pending: Future[Scores] | None = None
         self._timeouts = 0  # scoring calls cut by reward.timeout since the step began
         self._named_extras: set[str] = set()  # non-numeric reward dict keys, printed once (extra_metrics)
@@ -98,9 +105,11 @@ class RolloutStage:
     def start(self) -> None:
         self.reward_fn.start()
 
-    def attach(self, actor: WorkerGroup, reward_model: WorkerGroup | None) -> None:
-        """The worker groups that generate (actor/rollout) and score (the reward model, if any)."""
-        self.actor, self.reward_model = actor, reward_model
+    def attach(self, actor: WorkerGroup, reward_model: WorkerGroup | None,
+               engines: StandaloneEngines | None = None) -> None:
+        """The worker groups that generate (actor/rollout, or with separate_async the standalone
+        ``engines``) and score (the reward model, if any)."""
+        self.actor, self.reward_model, self.engines = actor, reward_model, engines
 
     def close(self) -> None:
         if self.reward_pool is not None:
@@ -116,6 +125,21 @@ class RolloutStage:
         self._timeouts = 0
         metrics: dict[str, float] = {}
         batch = self._generate(prompts, step, timings, metrics)
+        return self._scored(batch, more_prompts, step, timings, metrics)
+
+    def run_async(self, sampler: AsyncSampler, step: int, timings: dict[str, float]) -> tuple[DataProto, dict[str, float]]:
+        """The async trainer modes: the batch the sampler forms for ``step`` (admission, generation,
+        megarl.trainer.v1.sampler), scored as :meth:`run` scores."""
+        self._timeouts = 0
+        metrics: dict[str, float] = {}
+        self._sync_weights(step - 1, timings, metrics)
+        with self.phase("gen", timings):
+            batch = sampler.next_batch(step, metrics)
+        metrics.update(_gen_metrics(batch))
+        return self._scored(batch, iter(()), step, timings, metrics)
+
+    def _scored(self, batch: DataProto, more_prompts: Iterator[DataProto], step: int, timings: dict[str, float],
+                metrics: dict[str, float]) -> tuple[DataProto, dict[str, float]]:
         if self.reward_pool is None:
             scores, extra = self._score(batch, timings, metrics)
             if self.filter_groups.enable:
@@ -142,17 +166,21 @@ class RolloutStage:
                                      self._named_extras))
         return metrics
 
+    def _sync_weights(self, version: int, timings: dict[str, float] | None, metrics: dict[str, float]) -> None:
+        """The actor's weights (``version``) into the engines when they lack them: the colocated sync, or
+        the push to the standalone engines (separate_async)."""
+        with self.phase("weight_sync", timings):
+            if self.engines is not None:
+                metrics.update(self.engines.push_weights(version))
+            else:
+                metrics.update(mean_metrics(self.actor.call_all("sync_weights")))
+
     def _generate(self, prompts: DataProto, step: int, timings: dict[str, float], metrics: dict[str, float]) -> DataProto:
         _tag(prompts, step)
-        with self.phase("weight_sync", timings):  # the actor's weights into the engines (when they changed)
-            metrics.update(mean_metrics(self.actor.call_all("sync_weights")))
+        self._sync_weights(step - 1, timings, metrics)
         with self.phase("gen", timings):
             batch = self.actor.call_rollout("generate_sequences", prompts, validate=False, do_sample=True)
-        gen_metrics = batch.meta_info.pop("metrics", [])
-        gen_metrics = mean_metrics(gen_metrics if isinstance(gen_metrics, list) else [gen_metrics])
-        if "timing/generate_s" in gen_metrics:
-            gen_metrics["timing_s/gen_engine"] = gen_metrics.pop("timing/generate_s")
-        metrics.update(gen_metrics)
+        metrics.update(_gen_metrics(batch))
         if needs_greedy_baselines(self.algorithm):
             with self.phase("gen_max", timings):
                 batch.batch["reward_baselines"] = self._greedy_baselines(prompts, batch)
@@ -247,18 +275,32 @@ class RolloutStage:
         """One validation batch generated with rollout.val_kwargs and scored: the batch, each row's
         sequence score, and how many scoring calls reward.timeout cut."""
         _tag(prompts, step)
-        self.actor.call_all("sync_weights")
-        out = self.actor.call_rollout("generate_sequences", prompts, validate=True, do_sample=self.val_do_sample)
+        prompts.meta_info["policy_version"] = step  # validated after this step's update
+        self._sync_weights(step, None, {})
+        if self.engines is not None:
+            out = self.engines.validate(prompts, do_sample=self.val_do_sample)
+        else:
+            out = self.actor.call_rollout("generate_sequences", prompts, validate=True, do_sample=self.val_do_sample)
         out.meta_info.pop("metrics", None)
         before = self._timeouts
         token_scores, _ = self._score(out)
         return out, token_scores.sum(-1).tolist(), self._timeouts - before
 
 
+def _gen_metrics(batch: DataProto) -> dict[str, float]:
+    """The generation's metrics, popped from the batch (the engine's time as ``timing_s/gen_engine``)."""
+    metrics = batch.meta_info.pop("metrics", [])
+    metrics = mean_metrics(metrics if isinstance(metrics, list) else [metrics])
+    if "timing/generate_s" in metrics:
+        metrics["timing_s/gen_engine"] = metrics.pop("timing/generate_s")
+    return metrics
+
+
 def _tag(prompts: DataProto, step: int) -> None:
-    """A ``uid`` per prompt (its n responses share it) and the step, on the batch sent to the rollout."""
+    """A ``uid`` per prompt (its n responses share it), the step and the policy version the engines hold
+    (``step - 1``: the weights after the previous step's update), on the batch sent to the rollout."""
     prompts.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
-    prompts.meta_info.update(global_step=step)
+    prompts.meta_info.update(global_step=step, policy_version=step - 1)
 
 
 def _set_scores(batch: DataProto, scores: torch.Tensor, extra: dict[str, list[Any]]) -> None:

@@ -52,9 +52,9 @@ class WorkerHost:
 
     def __init__(self, env: dict[str, str]) -> None:
         gpu_ids = ray.get_gpu_ids()
-        if gpu_ids:
-            # Ray leaves every GPU of the node visible (RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES),
-            # so NCCL and vLLM see real device ids; this rank uses the one Ray assigned.
+        if gpu_ids and os.environ.get("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES") == "1":
+            # Ray leaves every GPU of the node visible, so NCCL and vLLM see real device ids; this
+            # rank uses the one Ray assigned. (Isolated groups see only theirs, as device 0.)
             env = {**env, "LOCAL_RANK": str(int(gpu_ids[0]))}
         os.environ.update(env)
         threads = os.environ.get("OMP_NUM_THREADS")
@@ -113,6 +113,10 @@ class WorkerGroup:
         env: extra environment for every rank (OMP_NUM_THREADS, VLLM_CPU_KVCACHE_SPACE, ...).
         layout: the Megatron layout of the group's model (for :meth:`call_dp`).
         rollout_layout: the vLLM replicas' layout (for :meth:`call_rollout`).
+        max_concurrency: calls a rank runs at once (a worker whose methods are thread-safe, such as
+            megarl.workers.engine_worker, takes more than 1).
+        isolate_gpus: each rank sees only the GPU Ray gave it (CUDA_VISIBLE_DEVICES, as device 0):
+            for processes that are no rank of a shared torch.distributed world (standalone engines).
     """
 
     def __init__(
@@ -128,6 +132,8 @@ class WorkerGroup:
         call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
         layout: ParallelLayout | None = None,
         rollout_layout: ParallelLayout | None = None,
+        max_concurrency: int = 1,
+        isolate_gpus: bool = False,
     ) -> None:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -140,7 +146,8 @@ class WorkerGroup:
         self.rollout_layout = rollout_layout
         self.call_timeout_s = call_timeout_s
         remote = ray.remote(WorkerHost)
-        runtime_env = {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}} if num_gpus > 0 else None
+        runtime_env = ({"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}}
+                       if num_gpus > 0 and not isolate_gpus else None)
         base_env = {k: str(v) for k, v in (env or {}).items()}
         self.hosts: list[Any] = []
         master: tuple[str, int] | None = None
@@ -152,6 +159,7 @@ class WorkerGroup:
                     placement_group=pg, placement_group_bundle_index=bundle
                 ),
                 name=None,
+                max_concurrency=max_concurrency,
             )
             if runtime_env:
                 options["runtime_env"] = runtime_env
@@ -237,6 +245,15 @@ class WorkerGroup:
         """``call_all`` with its own time limit (e.g. a bounded graceful shutdown)."""
         return self._get([h.call.remote(method, *args, **kwargs) for h in self.hosts], method, timeout=timeout_s)
 
+    def start_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """``method(*args)`` started on every rank; wait for it with :meth:`wait_all` (two groups in one
+        collective, e.g. the weight push between the trainer and the standalone engines)."""
+        return [h.call.remote(method, *args, **kwargs) for h in self.hosts]
+
+    def wait_all(self, refs: list[Any], method: str, timeout_s: float | None = None) -> list[Any]:
+        """The per-rank results of :meth:`start_all`; a failure names the rank, as :meth:`call_all`."""
+        return self._get(refs, method, timeout=timeout_s)
+
     def call_dp(self, method: str, data: DataProto, pad: bool = True) -> Any:
         """Megatron DP dispatch (``layout``): chunk ``d`` to every rank of DP group ``d``; returns
         the concatenated DataProto of the output ranks (or their dict results, DP-ordered list)."""
@@ -252,6 +269,20 @@ class WorkerGroup:
                                                                **kwargs)
         rows_per_prompt = len(outputs[collect[0]]) // max(1, len(inputs[collect[0]]))
         return gather(outputs, collect, pad_size * rows_per_prompt)
+
+    def call_replicas(self, method: str, args_per_replica: Sequence[tuple]) -> list[Any]:
+        """``method(*args_per_replica[r])`` on every rank of rollout replica ``r`` (``rollout_layout``);
+        the replicas' first ranks' results in replica order."""
+        if self.rollout_layout is None:
+            raise ValueError(f"worker group {self.name} was built without a rollout_layout; pass it to WorkerGroup")
+        chunk_of_rank, collect = chunk_index(self.rollout_layout)
+        if len(args_per_replica) != self.rollout_layout.dp:
+            raise ValueError(f"{self.name}.{method}: {len(args_per_replica)} argument tuples for {self.rollout_layout.dp} replicas")
+        shared = [[ray.put(arg) for arg in args] for args in args_per_replica]  # once per replica, for all its ranks
+        keep = set(collect)
+        outputs = self._get([h.call.remote(method, *shared[chunk_of_rank[rank]], _keep_result=rank in keep)
+                             for rank, h in enumerate(self.hosts)], method)
+        return [outputs[r] for r in collect]
 
     def _call_chunks(
         self, method: str, data: DataProto, layout: ParallelLayout | None, name: str, pad: bool, **kwargs: Any

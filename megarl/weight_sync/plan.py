@@ -26,7 +26,7 @@ runs in a Megatron rank's process and takes its slice locally; no bytes move for
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 import torch
 
@@ -185,13 +185,15 @@ def plan_for_model(
     rollout_tp: int,
     bucket_size_bytes: int,
     dtype: torch.dtype,
+    experts: Collection[int] | None = None,
 ) -> ReshardPlan:
     """The plan for a megatron model built by ``megarl.models.build_model``.
 
     Tensor order and sources come from ``megarl.models.converters.build_plan`` (the
     export order), shapes from the checkpoint headers in ``hf_dir``; ``dtype`` is the
     rollout engine's dtype (exported tensors are cast to it on the sender);
-    ``world_size``: ranks of the model's Megatron world.
+    ``world_size``: ranks of the model's Megatron world. ``experts``: only these routed experts
+    (global ids; an engine with expert parallelism loads its own), as ``export_hf_weights(experts=...)``.
 
     Raises:
         ValueError: the placement plan names an HF tensor the HF model does not have.
@@ -201,7 +203,7 @@ def plan_for_model(
     shapes = checkpoint_shapes(hf_dir)
     meta, sources = [], {}
     for source in placement_plan(hf_config, transformer_config):
-        if not source.export:
+        if not source.export or (experts is not None and source.expert is not None and source.expert not in experts):
             continue
         for fused_index, name in enumerate(source.hf_names):
             if name not in shapes:

@@ -8,9 +8,10 @@ the engine pulls, so about one bucket (plus the layer vLLM is assembling) is ali
   tensors (the collective export gathered them over TP/PP/EP), the engine lives in
   this process; buckets go straight to it (no copy across processes; on GPU the
   buffers stay on the device).
-* :func:`stream_broadcast` -- replicas on other ranks: the source rank packs,
-  ``torch.distributed.broadcast`` sends each bucket (gloo on CPU, NCCL on GPU) to a
-  group of receivers who know the layout from the same plan.
+* :func:`stream_broadcast` -- replicas in other processes: the source rank packs and
+  broadcasts each bucket (gloo on CPU, NCCL on GPU) to a group of receivers who know the
+  layout from the same plan: a group of this process's world (:class:`WorldGroup`) or the
+  weight-push group to the standalone engines (:class:`megarl.weight_sync.sync_group.SyncGroup`).
 
 Integrity (``weight_sync.integrity_check``): the sender's checksum travels with the
 bucket, the receiver recomputes it on what it got and raises
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Protocol
 
 import torch
 import torch.distributed as dist
@@ -31,6 +32,25 @@ from megarl.weight_sync.integrity import WeightSyncIntegrityError, checksum_pair
 from megarl.weight_sync.plan import ReshardPlan
 
 _END = -1
+
+
+class Broadcaster(Protocol):
+    """The group a stream is broadcast over: this process's ``rank`` in it and its broadcast."""
+
+    rank: int
+
+    def broadcast(self, tensor: torch.Tensor, src: int) -> None: ...
+
+
+class WorldGroup:
+    """A group of this process's torch.distributed world (None: the whole world); global ranks."""
+
+    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
+        self.group = group
+        self.rank = dist.get_rank()
+
+    def broadcast(self, tensor: torch.Tensor, src: int) -> None:
+        dist.broadcast(tensor, src, group=self.group)
 
 
 @dataclass
@@ -99,34 +119,37 @@ def stream_broadcast(
     plan: ReshardPlan,
     *,
     src: int,
-    group: dist.ProcessGroup | None = None,
+    group: Broadcaster | None = None,
     device: torch.device | str = "cpu",
     integrity_check: bool = True,
     stats: SyncStats | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Broadcast the source rank's export, bucket by bucket, to every rank of ``group``.
+    """Broadcast the source rank's export, bucket by bucket, to every rank of ``group``
+    (None: this process's whole world).
 
     Every rank of ``group`` must consume its iterator to the end (the collectives run
     as it is pulled). A receiver whose bucket fails the integrity check stops
     delivering, keeps receiving to the end (so the source does not hang) and then
     raises :class:`WeightSyncIntegrityError`. The source's iterator is pulled between
     the broadcasts, so it must not run collectives the receivers take part in (a
-    collective export must finish first when receivers are in the exporter's groups). ``src`` is a global rank; it passes ``named_tensors``, the others
-    pass ``None``. Each rank, the source included, gets the full stream.
+    collective export must finish first when receivers are in the exporter's groups). ``src`` is
+    the source's rank in ``group``; it passes ``named_tensors``, the others pass ``None``. Each
+    rank, the source included, gets the full stream.
     """
     stats = stats if stats is not None else SyncStats()
     start = time.perf_counter()
     device = torch.device(device)
     header = torch.zeros(3, dtype=torch.int64, device=device)  # bucket index, checksum[2]
-    if dist.get_rank() == src:
+    group = group if group is not None else WorldGroup()
+    if group.rank == src:
         if named_tensors is None:
             raise ValueError("stream_broadcast: the source rank must pass the export")
         packs = pack_stream(named_tensors, plan, with_checksum=integrity_check, live=stats.live)
         for packed in packs:
             header[0] = packed.plan.index
             header[1:] = packed.sender_checksum if integrity_check else 0
-            dist.broadcast(header, src, group=group)
-            dist.broadcast(packed.buffer, src, group=group)
+            group.broadcast(header, src)
+            group.broadcast(packed.buffer, src)
             # The source's own engine gets the packed buffer; only receivers verify.
             packed.sender_checksum = None
             views = _deliver(packed, stats, integrity_check=False)
@@ -134,17 +157,17 @@ def stream_broadcast(
             yield from views
             del views
         header[0] = _END
-        dist.broadcast(header, src, group=group)
+        group.broadcast(header, src)
     else:
         error: WeightSyncIntegrityError | None = None
         while True:
-            dist.broadcast(header, src, group=group)
+            group.broadcast(header, src)
             index = int(header[0])
             if index == _END:
                 break
             bucket = plan.buckets[index]
             buffer = stats.live.track(torch.empty(bucket.nbytes, dtype=torch.uint8, device=device))
-            dist.broadcast(buffer, src, group=group)
+            group.broadcast(buffer, src)
             if error is not None:
                 continue  # keep the collectives in step with the source, deliver nothing
             packed = PackedBucket(bucket, buffer, header[1:].clone() if integrity_check else None)

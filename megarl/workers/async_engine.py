@@ -30,23 +30,55 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import Any, Awaitable, Sequence, TypeVar
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence, TypeVar
 
-from megarl.agent.base import TokenOutput
+from megarl.agent.base import AgentLoopOutput, TokenOutput
+
+if TYPE_CHECKING:
+    from megarl.workers.route_capture import RouteCapture
 
 T = TypeVar("T")
 
 _IDLE_WAIT_S = 0.002  # engine empty, coroutines busy in tools: poll again after this
 
 
+# The policy versions the current sample's requests were sampled with (set per sample by
+# sample_with_versions: each agent-loop coroutine runs in its own task, so its own context).
+_VERSIONS_SEEN: ContextVar[list[int] | None] = ContextVar("megarl_versions_seen", default=None)
+
+
+async def sample_with_versions(run: Awaitable[AgentLoopOutput]) -> AgentLoopOutput:
+    """One agent loop's trajectory, its ``response_versions`` set when the loop does not report them:
+    each model token gets the oldest version the sample's requests saw (exact for the trajectory's
+    staleness, which is its oldest token's), observation tokens -1."""
+    seen: list[int] = []
+    _VERSIONS_SEEN.set(seen)
+    out = await run
+    if out.response_versions is None:
+        oldest = min(seen, default=-1)
+        out.response_versions = [oldest if m else -1 for m in out.response_mask]
+    return out
+
+
 class AsyncEngine:
     """The agent loops' :class:`megarl.agent.base.Engine`: per-request access to ``llm_engine`` (a vLLM
-    V1 ``LLMEngine`` running in this process, or the rollout TP leader's ``LeaderEngine`` around it)."""
+    V1 ``LLMEngine`` running in this process, or the rollout TP leader's ``LeaderEngine`` around it).
+    ``routes``: the engine's :class:`~megarl.workers.route_capture.RouteCapture` (each output then carries
+    its routed experts), or None. ``version``: the policy version of the engine's weights, stamped on
+    every token it samples."""
 
-    def __init__(self, llm_engine: Any) -> None:
+    def __init__(self, llm_engine: Any, routes: RouteCapture | None = None) -> None:
         self.engine = llm_engine
+        self.routes = routes
+        self.version = -1
         self._pending: dict[str, asyncio.Future[TokenOutput]] = {}
         self._ids = itertools.count()
+
+    def _note_version(self) -> None:
+        seen = _VERSIONS_SEEN.get()
+        if seen is not None:
+            seen.append(self.version)
 
     async def generate(self, prompt_ids: Sequence[int], params: Any) -> TokenOutput:
         """Sample one response (``params.n`` must be 1) to ``prompt_ids``; awaits its completion.
@@ -62,6 +94,7 @@ class AsyncEngine:
         request_id = f"megarl-{next(self._ids)}"
         future: asyncio.Future[TokenOutput] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
+        self._note_version()
         self.engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(prompt_ids)), params)
         return await future
 
@@ -76,14 +109,18 @@ class AsyncEngine:
             tokens = list(completion.token_ids)
             log_probs = ([step[tok].logprob for step, tok in zip(completion.logprobs, tokens)]
                          if completion.logprobs is not None else [])
-            future.set_result(TokenOutput(tokens, log_probs, completion.finish_reason))
+            routes = (self.routes.take(output.request_id, len(output.prompt_token_ids) + len(tokens))
+                      if self.routes is not None else None)
+            future.set_result(TokenOutput(tokens, log_probs, completion.finish_reason, routes,
+                                          [self.version] * len(tokens)))
 
-    async def _drive(self, work: asyncio.Future) -> None:
-        while not work.done():
+    async def drive(self, done: Callable[[], bool]) -> None:
+        """Step the engine whenever it holds requests until ``done()``."""
+        while not done():
             await asyncio.sleep(0)  # let woken coroutines add their next requests first
             if self.engine.has_unfinished_requests():
                 self._deliver(self.engine.step())
-            elif not work.done():
+            elif not done():
                 await asyncio.sleep(_IDLE_WAIT_S)
 
     def run(self, coroutines: Sequence[Awaitable[T]]) -> list[T]:
@@ -94,7 +131,7 @@ class AsyncEngine:
 
         async def main() -> list[T]:
             work = asyncio.gather(*coroutines)
-            driver = asyncio.ensure_future(self._drive(work))
+            driver = asyncio.ensure_future(self.drive(work.done))
             try:
                 return await work
             finally:

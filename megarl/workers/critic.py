@@ -45,7 +45,7 @@ class CriticWorker(MegatronWorker):
         self.config = config
         super().__init__(
             config.model, config.megatron, config.optim, config.checkpoint,
-            value_head=True, prefix="critic", device=device,
+            value_head=True, prefix="critic", device=device, nccl_timeout_s=config.nccl_timeout,
         )
         self.train_spec = MicroBatchSpec.for_ppo(config, "critic")
         # as verl: the value forward uses the training micro-batch size, its own token budget

@@ -38,6 +38,7 @@ from megarl.utils.gpu_memory import phase_memory
 from megarl.weight_sync import log_prob_gap
 
 if TYPE_CHECKING:
+    from megarl.config.schema.distillation import DistillationConfig
     from megarl.reward.managers import RewardSpec
     from megarl.weight_sync.colocated import ColocatedSync
 
@@ -57,6 +58,8 @@ class ActorRolloutRefWorker:
             ``policy_loss.loss_mode=bypass_mode`` (see :class:`ActorWorker`).
         reward: the reward spec when training samples are scored in the agent loop as they finish
             (``reward.launch_reward_fn_async`` with ``rollout.mode=async``; see RolloutWorker).
+        distillation: the ``distillation`` section when enabled (the actor's loss reads it; see
+            :class:`ActorWorker`); None otherwise.
     """
 
     def __init__(
@@ -66,6 +69,7 @@ class ActorRolloutRefWorker:
         device: str | None = None,
         rollout_correction: RolloutCorrectionConfig | None = None,
         reward: RewardSpec | None = None,
+        distillation: DistillationConfig | None = None,
     ) -> None:
         if role not in ROLES:
             raise ValueError(f"ActorRolloutRefWorker role must be one of {ROLES}, got {role!r}")
@@ -79,11 +83,13 @@ class ActorRolloutRefWorker:
         self.config = config
         self.role = role
         self.device = device
-        self.actor = ActorWorker(config, role="actor", device=device, rollout_correction=rollout_correction)
+        self.actor = ActorWorker(config, role="actor", device=device, rollout_correction=rollout_correction,
+                                 distillation=distillation)
         # With LoRA the reference is the actor's base model (adapters off): no second model.
         want_ref = role == "actor_rollout_ref" and not self.actor.uses_lora
         self.ref = ActorWorker(config, role="ref", device=device) if want_ref else None
         self.rollout = None
+        self.session = None  # the async trainer modes' groups (megarl.workers.rollout_session)
         self.reward = reward
         self.weight_sync: ColocatedSync | None = None
         sync_cfg = config.rollout.weight_sync
@@ -138,14 +144,74 @@ class ActorRolloutRefWorker:
         out.meta_info["metrics"] = {**out.meta_info.get("metrics", {}), **metrics}
         return out
 
+    # ------------------------------------------------------------------ async trainer modes
+    def _session(self):
+        """This replica's groups across calls (trainer.v1 colocate_async); at rollout TP > 1 on its leader."""
+        if self.session is None:
+            from megarl.workers.rollout_session import RolloutSession
+
+            self.session = RolloutSession(self.rollout)
+        return self.session
+
+    def _follows(self) -> bool:
+        """A rollout TP rank other than its replica's leader: it repeats the leader's engine operations."""
+        return self.rollout.tp_channel is not None and not self.rollout.tp_channel.leads
+
+    def pad_token_id(self) -> int:
+        """The id the rollout pads responses with."""
+        return self.rollout.pad_token_id
+
+    def submit_groups(self, prompts: DataProto, gids: list[int]) -> None:
+        """New groups for this replica (``rollout.n`` samples of each prompt row); they start generating at
+        the next :meth:`advance`."""
+        if not self._follows():
+            self._session().submit(prompts, gids)
+
+    def cancel_groups(self, gids: list[int]) -> None:
+        """Stop generating these groups (evicted by the sampler)."""
+        if not self._follows() and gids:
+            self._session().cancel(gids)
+
+    def advance(self, version: int, gids: list[int], count: int) -> dict[str, Any]:
+        """After syncing the weights if they changed: generate until ``count`` of ``gids`` are finished
+        (policy ``version`` stamped on every token), then interrupt what is still generating (it resumes
+        at the next advance) and let the engine sleep. Collective over the world, like generate_sequences.
+
+        Returns ``{"groups": {gid: samples}, "interrupted": requests paused, "metrics": {...}}``."""
+        metrics = self.sync_weights()
+        start = time.perf_counter()
+        self.rollout.wake_up()
+        if self._follows():
+            from megarl.workers.engine_mirror import follow
+
+            result = follow(self.rollout.llm.llm_engine, self.rollout.tp_channel)
+        else:
+            leader = self.rollout.leader_engine
+            session = self._session()
+            session.engine.version = version
+            try:
+                session.run_until(gids, count)
+                interrupted = session.pause()
+                result = {"groups": session.take_finished(), "interrupted": interrupted}
+            except BaseException as exc:
+                if leader is not None:
+                    leader.end_batch(failure=f"{type(exc).__name__}: {exc}")
+                raise
+            if leader is not None:
+                leader.end_batch(result)
+        metrics["timing/generate_s"] = time.perf_counter() - start
+        if self.rollout.free_cache_engine:
+            self.rollout.sleep()
+        return {**result, "metrics": metrics}
+
     # ------------------------------------------------------------------ training
     def compute_log_prob(self, data: DataProto) -> DataProto:
-        """``old_log_probs``, ``entropys`` ``[B, R]``; when ``data`` carries
-        ``rollout_log_probs``, meta_info["metrics"] gets the rollout/actor log-prob gap."""
+        """``old_log_probs``, ``entropys`` ``[B, R]`` (R2: and ``routed_experts``, see ActorWorker); when ``data``
+        carries ``rollout_log_probs``, meta_info["metrics"] gets the rollout/actor log-prob gap."""
         from megarl.workers.megatron.inputs import response_mask_of
 
         out = self.actor.compute_log_prob(data)
-        metrics = phase_memory("old_log_prob")
+        metrics = {**out.meta_info.get("metrics", {}), **phase_memory("old_log_prob")}
         if "rollout_log_probs" in data.batch.keys():
             mask = response_mask_of(data)
             metrics.update(log_prob_gap(data.batch["rollout_log_probs"], out.batch["old_log_probs"], mask))
@@ -161,9 +227,9 @@ class ActorRolloutRefWorker:
             raise RuntimeError("compute_ref_log_prob: this worker has no reference (role='actor_rollout')")
         else:
             out = self.ref.compute_log_prob(data)
-        memory = phase_memory("ref_log_prob")
-        if memory:
-            out.meta_info["metrics"] = memory
+        metrics = {**out.meta_info.get("metrics", {}), **phase_memory("ref_log_prob")}
+        if metrics:
+            out.meta_info["metrics"] = metrics
         return out
 
     def update_actor(self, data: DataProto) -> dict[str, float]:
@@ -182,6 +248,9 @@ class ActorRolloutRefWorker:
         return meta
 
     def shutdown(self) -> None:
+        if self.session is not None:
+            self.session.close()
+            self.session = None
         if self.rollout is not None:
             self.rollout.shutdown()
             self.rollout = None

@@ -13,7 +13,6 @@ reward model with vLLM; its `rollout.*` keys map onto the Megatron forward as
 
 from __future__ import annotations
 
-from megarl.config.schema.actor import ModelConfig
 from megarl.config.schema.megatron import MegatronInferConfig
 from megarl.config.schema.reward import RewardModelConfig, RewardModelRolloutConfig
 from megarl.models.weights import has_hf_value_head
@@ -21,7 +20,7 @@ from megarl.protocol import DataProto
 from megarl.workers.megatron.engine import MicroBatchSpec
 from megarl.workers.megatron.inputs import at_last_token
 from megarl.workers.megatron.offload import PARAMS
-from megarl.workers.megatron.worker_base import MegatronWorker
+from megarl.workers.megatron.worker_base import MegatronWorker, forward_only_megatron, forward_only_model
 
 __all__ = ["RewardModelWorker", "reward_model_megatron"]
 
@@ -32,22 +31,9 @@ def reward_model_megatron(rollout: RewardModelRolloutConfig) -> MegatronInferCon
     """verl's `reward.reward_model.rollout` (vLLM server) -> the `megatron` node MegatronEngine reads
     (verl has none for the reward model): TP and PP sizes as given, parameters in `dtype`, offloaded
     between calls when `free_cache_engine` (verl sleeps its server then); data parallel over the rest
-    of the world (verl's replicas); no other parallelism, a forward-only scoring draws no random numbers."""
-    return MegatronInferConfig(
-        tensor_model_parallel_size=rollout.tensor_model_parallel_size,
-        pipeline_model_parallel_size=rollout.pipeline_model_parallel_size,
-        virtual_pipeline_model_parallel_size=None, context_parallel_size=1, expert_model_parallel_size=1,
-        expert_tensor_parallel_size=None, sequence_parallel=False, use_dist_checkpointing=False,
-        dist_checkpointing_path=None, param_offload=rollout.free_cache_engine, seed=0, dtype=rollout.dtype,
-        override_transformer_config={},
-    )
-
-
-def reward_model_model(model_path: str) -> ModelConfig:
-    """The `model` node MegatronWorker reads, for the reward model: padded rows (every layer spec,
-    CPU included), no overrides, no custom code."""
-    return ModelConfig(path=model_path, tokenizer_path=None, trust_remote_code=False, override_config={},
-                       use_remove_padding=False)
+    of the world (verl's replicas)."""
+    return forward_only_megatron(rollout.tensor_model_parallel_size, rollout.pipeline_model_parallel_size,
+                                 rollout.dtype, rollout.free_cache_engine)
 
 
 class RewardModelWorker(MegatronWorker):
@@ -62,8 +48,9 @@ class RewardModelWorker(MegatronWorker):
         self.config = config
         rollout = config.rollout
         super().__init__(
-            reward_model_model(config.model_path), reward_model_megatron(rollout), None, None,
+            forward_only_model(config.model_path), reward_model_megatron(rollout), None, None,
             value_head=True, prefix=PREFIX, device=device,
+            nccl_timeout_s=None,  # verl's reward model has no such key: torch.distributed's default
         )
         self.spec = MicroBatchSpec(
             rollout.max_num_seqs, False, None,

@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from megarl.reward.managers import RewardSpec
     from megarl.reward.streaming import StreamingReward
     from megarl.workers.engine_mirror import Channel
+    from megarl.workers.route_capture import RouteCapture
 
 logger = logging.getLogger(__name__)
 
@@ -148,11 +149,27 @@ class RolloutWorker:
                 from megarl.workers.engine_mirror import rollout_tp_channel
 
                 self.tp_channel = rollout_tp_channel(parallel.tensor_parallel_size)
+        self.routes = self._start_route_capture()
+        if self.rollout_cfg.mode == "async":
             self._start_agent_loops()
             if reward is not None:
                 from megarl.reward.streaming import StreamingReward
 
                 self.stream_reward = StreamingReward(reward, self.tokenizer, int(self.rollout_cfg.response_length))
+
+    def _start_route_capture(self) -> RouteCapture | None:
+        """``rollout.enable_rollout_routing_replay``: the experts this engine routes each token to
+        (megarl.workers.route_capture), on the ranks that build batches (an async follower repeats its
+        leader's engine operations and returns the leader's batch; every TP rank routes alike)."""
+        if not self.rollout_cfg.enable_rollout_routing_replay or (self.tp_channel is not None and not self.tp_channel.leads):
+            return None
+        from transformers import AutoConfig
+
+        from megarl.models.moe_config import moe_layers
+        from megarl.workers.route_capture import RouteCapture
+
+        hf_config = AutoConfig.from_pretrained(self.hf_dir, trust_remote_code=bool(self.config.model.trust_remote_code))
+        return RouteCapture(self.llm, moe_layers(hf_config), int(hf_config.num_experts_per_tok))
 
     def _start_agent_loops(self) -> None:
         from megarl.agent.base import load_agent_loop_config
@@ -171,7 +188,7 @@ class RolloutWorker:
             from megarl.workers.engine_mirror import LeaderEngine
 
             self.leader_engine = LeaderEngine(self.llm.llm_engine, self.tp_channel)
-        self.async_engine = AsyncEngine(self.leader_engine or self.llm.llm_engine)
+        self.async_engine = AsyncEngine(self.leader_engine or self.llm.llm_engine, self.routes)
         self.tokenizer = load_tokenizer(self.hf_dir, bool(self.config.model.trust_remote_code))
 
     # ------------------------------------------------------------------ engine
@@ -242,12 +259,14 @@ class RolloutWorker:
         # resume, but vLLM then samples each request with its own generator every decode step,
         # off FlashInfer on GPU; verl uses those only for full determinism.)
         kwargs["seed"] = int(rc.seed) + replica
+        # rollout.expert_parallel_size: the replica's experts sharded over its TP ranks (megarl.config.rules.rollout_parallel)
+        kwargs["enable_expert_parallel"] = int(rc.expert_parallel_size) > 1
         extra = dict(rc.engine_kwargs.vllm)
-        if "seed" in extra:
-            raise RolloutConfigError(
-                "actor_rollout_ref.rollout.engine_kwargs.vllm.seed is not accepted: set "
-                "actor_rollout_ref.rollout.seed (replica r of the world uses seed + r)"
-            )
+        for name, key in (("seed", "seed (replica r of the world uses seed + r)"),
+                          ("enable_expert_parallel", "expert_parallel_size"), ("data_parallel_size", "data_parallel_size")):
+            if name in extra:
+                raise RolloutConfigError(f"actor_rollout_ref.rollout.engine_kwargs.vllm.{name} is not accepted: set "
+                                         f"actor_rollout_ref.rollout.{key}")
         kwargs.update({k: v for k, v in extra.items() if v is not None})
         return kwargs
 
@@ -326,7 +345,10 @@ class RolloutWorker:
             ``position_ids`` ``[B*n, P+R]`` (``rollout_log_probs`` only when
             ``rollout.calculate_log_probs``); meta_info gains ``temperature`` (the one the
             log-probs are at; 1.0 for greedy), ``do_sample`` and ``validate``; async adds the agent loops'
-            ``metrics`` (``agent/*``) and the column ``__num_turns__``.
+            ``metrics`` (``agent/*``) and the column ``__num_turns__``. With
+            ``rollout.enable_rollout_routing_replay`` a training batch has ``routed_experts``
+            ``[B*n, P+R, MoE layers, top-k]`` int16 (the experts vLLM routed each position to, -1 where none)
+            and the metric ``rollout/routed_experts_missing_frac``.
         """
         if self._weights_lost:
             raise RuntimeError("the vLLM engine's weights were discarded by a level-2 sleep and not loaded since: "
@@ -339,11 +361,17 @@ class RolloutWorker:
         for i, ids in enumerate(token_lists):
             if not ids:
                 raise ValueError(f"prompt row {i} has no tokens (attention_mask all zero)")
+        # routes of training batches only: validation replays nothing
+        route_shape = self.routes.shape if self.routes is not None and not validate else None
+        version = int(prompts.meta_info.get("policy_version", -1))  # the weights' version, stamped on every token
         if self.agents is not None:
+            self.async_engine.version = version
             out = self._generate_agent_loops(prompts, token_lists, params,
-                                             self.stream_reward if not validate else None)
+                                             self.stream_reward if not validate else None, route_shape)
         else:
-            out = self._generate_batched(prompts, token_lists, params)
+            out = self._generate_batched(prompts, token_lists, params, route_shape, version)
+        if self.routes is not None:
+            self.routes.clear()
         meta = {**prompts.meta_info, **out.meta_info}
         meta["temperature"] = params.temperature if params.temperature > 0 else 1.0
         meta["do_sample"] = params.temperature > 0
@@ -353,7 +381,8 @@ class RolloutWorker:
             self.sleep()
         return out
 
-    def _generate_batched(self, prompts, token_lists: list[list[int]], params):
+    def _generate_batched(self, prompts, token_lists: list[list[int]], params, route_shape: tuple[int, int] | None,
+                          version: int):
         """rollout.mode=sync: one ``LLM.generate`` over the batch."""
         from vllm.inputs import TokensPrompt
 
@@ -367,36 +396,47 @@ class RolloutWorker:
                 tokens = list(completion.token_ids)
                 log_probs = ([step[tok].logprob for step, tok in zip(completion.logprobs, tokens)]
                              if completion.logprobs is not None else [0.0] * len(tokens))
-                outputs.append(AgentLoopOutput(ids, tokens, [1] * len(tokens), log_probs, num_turns=2))
+                routes = None
+                if route_shape is not None:  # vLLM names sample j of an n > 1 request "{j}_{request id}"
+                    name = request.request_id if params.n == 1 else f"{completion.index}_{request.request_id}"
+                    routes = self.routes.take(name, len(ids) + len(tokens))
+                outputs.append(AgentLoopOutput(ids, tokens, [1] * len(tokens), log_probs, num_turns=2,
+                                               routed_experts=routes, response_versions=[version] * len(tokens)))
         out = trajectories_to_batch(prompts, outputs, params.n, params.max_tokens, self.pad_token_id,
-                                    self.calculate_log_probs)
-        out.meta_info.pop("metrics")  # single-turn: nothing the agent metrics would add
+                                    self.calculate_log_probs, route_shape)
+        metrics = out.meta_info.pop("metrics")  # single-turn: nothing the agent metrics would add
+        if route_shape is not None:
+            out.meta_info["metrics"] = {k: v for k, v in metrics.items() if k.startswith("rollout/")}
         return out
 
-    def _generate_agent_loops(self, prompts, token_lists: list[list[int]], params, stream: StreamingReward | None):
+    def _generate_agent_loops(self, prompts, token_lists: list[list[int]], params, stream: StreamingReward | None,
+                              route_shape: tuple[int, int] | None):
         """rollout.mode=async. At rollout TP > 1 only the replica's leader runs the agent loops; the other
         ranks repeat its engine operations and return its batch (megarl.workers.engine_mirror)."""
         if self.tp_channel is None:
-            return self._run_agent_loops(prompts, token_lists, params, stream)
+            return self._run_agent_loops(prompts, token_lists, params, stream, route_shape)
         if not self.tp_channel.leads:
             from megarl.workers.engine_mirror import follow
 
             return follow(self.llm.llm_engine, self.tp_channel)
         try:
-            batch = self._run_agent_loops(prompts, token_lists, params, stream)
+            batch = self._run_agent_loops(prompts, token_lists, params, stream, route_shape)
         except BaseException as exc:
             self.leader_engine.end_batch(failure=f"{type(exc).__name__}: {exc}")
             raise
         self.leader_engine.end_batch(batch)
         return batch
 
-    def _run_agent_loops(self, prompts, token_lists: list[list[int]], params, stream: StreamingReward | None):
+    def _run_agent_loops(self, prompts, token_lists: list[list[int]], params, stream: StreamingReward | None,
+                         route_shape: tuple[int, int] | None):
         """One agent-loop coroutine per sample on the per-request engine. With ``stream``, each sample is
         scored as its loop returns: the batch gains ``token_level_scores`` ``[B*n, R]``, the
-        ``reward_extra/<key>`` columns and the metric ``reward/scored_during_rollout``."""
+        ``reward_extra/<key>`` columns and the metric ``reward/scored_during_rollout``. With ``route_shape``
+        the batch carries ``routed_experts`` (megarl.agent.batch.trajectories_to_batch)."""
         from megarl.agent.base import AgentContext
         from megarl.agent.batch import trajectories_to_batch
         from megarl.protocol import to_object_array
+        from megarl.workers.async_engine import sample_with_versions
 
         n = params.n
         one = params.clone()
@@ -409,7 +449,7 @@ class RolloutWorker:
         for i, ids in enumerate(token_lists):
             loop = self._agent_loop(str(names[i]), ctx, i)
             sample = {k: v[i] for k, v in columns.items()}
-            runs = [loop.run(ids, sample) for _ in range(n)]
+            runs = [sample_with_versions(loop.run(ids, sample)) for _ in range(n)]
             coroutines += [stream.scored(run, sample) for run in runs] if stream is not None else runs
         if stream is not None:
             stream.start_batch()
@@ -418,7 +458,8 @@ class RolloutWorker:
         for row, out in enumerate(outputs):
             if out.prompt_ids != token_lists[row // n]:
                 raise ValueError(f"agent loop of sample {row} changed its prompt tokens (they must be the row's prompt)")
-        batch = trajectories_to_batch(prompts, outputs, n, params.max_tokens, self.pad_token_id, self.calculate_log_probs)
+        batch = trajectories_to_batch(prompts, outputs, n, params.max_tokens, self.pad_token_id, self.calculate_log_probs,
+                                      route_shape)
         if stream is not None:
             scores, extra, metrics = stream.collect(batch, [r[1] for r in results], [r[2] for r in results])
             batch.batch["token_level_scores"] = scores

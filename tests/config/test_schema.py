@@ -118,7 +118,6 @@ def test_registry_names_are_accepted(make):
     [
         ("actor_rollout_ref.rollout.name", "sglang", "vLLM only"),
         ("actor_rollout_ref.actor.strategy", "fsdp", "Megatron-Core only"),
-        ("actor_rollout_ref.hybrid_engine", False, "hybrid engine"),
     ],
 )
 def test_unsupported_values(make, key, value, words):

@@ -54,11 +54,12 @@ def test_every_compat_rule_matches_a_yaml_key():
     ("actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode", "disable"),
     ("actor_rollout_ref.rollout.agent.custom_async_server.path", "server.py"),
     ("global_profiler.tool", "nsys"),
-    ("actor_rollout_ref.actor.megatron.router_replay.mode", "R2"),
+    ("critic.megatron.router_replay.mode", "R2"),
+    ("actor_rollout_ref.actor.megatron.router_replay.record_file", "routes.pt"),
     ("data.return_raw_input_ids", True),
     ("reward.reward_model.rollout.name", "sglang"),
     ("reward.reward_model.enable_resource_pool", True),
-    ("actor_rollout_ref.rollout.data_parallel_size", 2),
+    ("actor_rollout_ref.rollout.pipeline_model_parallel_size", 2),
 ])
 def test_changed_refuse_key_is_refused_naming_it(make, key, value):
     issue_for(make({key: value}), key, "not supported", "remove the override")
@@ -69,6 +70,21 @@ def test_changed_ignore_key_is_accepted_and_noted_once(make):
     no_issues(cfg)
     notes = compat_notices(cfg)
     assert len(notes) == 2 and any(n.startswith("actor_rollout_ref.actor.use_torch_compile=False has no effect") for n in notes)
+
+
+MBRIDGE = "actor_rollout_ref.{}.megatron.use_mbridge"
+
+
+@pytest.mark.parametrize("actor, ref, noted", [
+    (None, True, []),  # verl's scripts: the ref's value mirrors the actor's default
+    (False, False, ["actor"]),  # once, for the actor; the ref follows it
+    (None, False, ["ref"]),  # the ref differs from the actor
+    (False, True, ["actor", "ref"]),
+])
+def test_use_mbridge_is_noted_once_and_only_where_the_ref_differs_from_the_actor(make, actor, ref, noted):
+    overrides = {MBRIDGE.format("ref"): ref, **({} if actor is None else {MBRIDGE.format("actor"): actor})}
+    notes = compat_notices(make(overrides))
+    assert [n.split("=", 1)[0] for n in notes] == [MBRIDGE.format(role) for role in noted], notes
 
 
 def test_compat_keys_at_default_are_fine_and_silent(make):

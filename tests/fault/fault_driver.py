@@ -188,6 +188,24 @@ def _running(pids: list[int]) -> list[int]:
     return out
 
 
+def kill_worker_and_expect_its_name(driver: Driver, pid: int, group: str, code: int, rank: int = 0) -> None:
+    """``kill -9`` worker ``pid`` of ``group``; the driver must exit with ``code`` within a hang guard (180 s),
+    its output naming the group, rank, pid and node with Ray's ActorDiedError report, and leave no Ray
+    process behind."""
+    ray_pids = driver.ray_pids()
+    assert pid in ray_pids
+    os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
+    exited = driver.wait(timeout=180)  # hang guard
+    print(f"driver exited {time.monotonic() - killed:.1f} s after the worker was killed")
+    text = driver.text()
+    assert exited == code, text[-3000:]
+    assert re.search(rf"{group} rank {rank} \(pid {pid}, on node \w+ \([\d.]+\)\): the worker process died "
+                     rf"during {group}\.", text), text[-3000:]
+    assert "ActorDiedError" in text
+    assert not alive(ray_pids), f"Ray processes outlived the driver: {alive(ray_pids)}"
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
     """metrics.jsonl records in file order."""
     path = run_dir / "ckpt" / "metrics.jsonl"

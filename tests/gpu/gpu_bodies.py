@@ -78,7 +78,7 @@ def weight_sync_bitwise(model_path: str, bucket_bytes: int, device: str = "cuda"
         list(full_on_rank0)  # collective: every TP rank iterates
         source = None
     broadcast = to_cpu(
-        stream_broadcast(source, plan, src=0, group=dist.group.WORLD, device=device, integrity_check=True)
+        stream_broadcast(source, plan, src=0, device=device, integrity_check=True)
     )
     return {"per_tensor": per_tensor, "bucketed": bucketed, "bucketed_dest": bucketed_dest,
             "bucketed_small": bucketed_small, "in_process": in_process, "broadcast": broadcast}

@@ -26,6 +26,16 @@ def test_hand_computed_rank_memory_dp2():
     assert m.activations_forward == 83200 + 300000
 
 
+def test_pipeline_peak_is_the_first_stage_or_the_last_not_both():
+    """1F1B at PP=2: the first stage holds 2 micro-batches of its 1 layer (no logits), the last
+    stage 1 micro-batch of its layer plus the logits; the peak is the larger, not their sum."""
+    setup = TrainSetup(dtype="bfloat16", trainable=True, tokens=100, forward_tokens=50)
+    m = rank_memory(TINY, ParallelLayout(world_size=2, pp=2), setup)
+    first = 2 * 1 * 832 * 100 * 2  # 332800
+    last = 1 * 832 * 100 * 2 + 600000  # 166400 + logits
+    assert m.activations_train == max(first, last) == 766400
+
+
 def test_tp_and_sequence_parallel_and_offload_free_setup():
     setup = TrainSetup(dtype="bfloat16", trainable=True, tokens=100, forward_tokens=100, sequence_parallel=True,
                        distributed_optimizer=False)

@@ -149,6 +149,18 @@ def test_phases_without_offload_keep_every_role_resident(tmp_path):
     assert "phase sync" in text and "actor_rollout_ref.rollout.weight_sync.bucket_size_mb" in text
 
 
+def test_grad_offload_keeps_the_gradients_alone_on_the_host(tmp_path):
+    """verl <= 0.8's megatron.grad_offload: the actor's fp32 gradients (2 bytes per parameter per
+    GPU at TP=2) leave the GPU between phases; its parameters and optimizer state stay."""
+    total = 7_615_616_512
+    plan = build_plan(_cfg(tmp_path, *GRPO_KL_TP2, "actor_rollout_ref.actor.megatron.grad_offload=true", nodes=1, gpus=2),
+                      gpu_memory_gib=80, host_memory_gib=2048)
+    gen = plan.phases["generate"].terms
+    assert "actor grads" not in gen and gen["actor params"] == total and gen["actor optimizer"] == 6 * total
+    assert plan.roles["actor"].offloaded == 2 * total
+    assert "actor grads" in plan.phases["update_actor"].terms
+
+
 def test_vllm_budget_without_room_for_kv_is_refused(tmp_path):
     plan = build_plan(_cfg(tmp_path, "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4",
                            "actor_rollout_ref.rollout.tensor_model_parallel_size=1",

@@ -73,3 +73,15 @@ def test_engine_seed_is_rollout_seed_plus_replica(hf_dir, monkeypatch):
     monkeypatch.setattr(torch.distributed, "get_rank", lambda: 3)
     kw = _worker(hf_dir, **{"rollout.seed": 7, "rollout.tensor_model_parallel_size": 2})._engine_kwargs()
     assert kw["seed"] == 8 and kw["distributed_executor_backend"] == "external_launcher"
+
+
+def test_rollout_expert_parallel_size_shards_the_experts(hf_dir, monkeypatch):
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)  # rank 0 of one TP=2 replica
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 2)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda: 0)
+    assert _worker(hf_dir)._engine_kwargs()["enable_expert_parallel"] is False
+    kw = _worker(hf_dir, **{"rollout.expert_parallel_size": 2, "rollout.tensor_model_parallel_size": 2})._engine_kwargs()
+    assert kw["enable_expert_parallel"] is True and kw["tensor_parallel_size"] == 2
+    for name, key in (("enable_expert_parallel", "expert_parallel_size"), ("data_parallel_size", "data_parallel_size")):
+        with pytest.raises(RolloutConfigError, match=f"engine_kwargs.vllm.{name} is not accepted: set actor_rollout_ref.rollout.{key}"):
+            _worker(hf_dir, **{"rollout.engine_kwargs.vllm": {name: 2}})._engine_kwargs()

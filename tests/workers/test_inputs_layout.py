@@ -9,7 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from megarl.workers.megatron.inputs import build_inputs, next_token_labels, pad_inputs, to_response, valid_length
+from megarl.workers.megatron.inputs import (
+    build_inputs, next_token_labels, pad_inputs, response_values, to_response, valid_length,
+)
 
 P, R = 5, 4
 
@@ -56,6 +58,23 @@ def test_predictions_map_back_to_the_response_tokens():
         inputs = build_inputs(ids, mask, pos, remove_padding=False, length=length)
         got = to_response(next_token_labels(inputs).float(), inputs, R)
         assert torch.equal(got * response_mask, (responses * response_mask).float())
+
+
+def test_response_values_reads_the_response_of_wide_values():
+    """Per-position vectors (a vocabulary slice): the response positions hold each response token's
+    next-token vector, as to_response's whole-row layout gives, and gradients flow back to them."""
+    ids, mask, pos = _batch()
+    responses, response_mask = ids[:, P:], mask[:, P:]
+    inputs = build_inputs(ids, mask, pos, remove_padding=False, length=13)
+    labels = next_token_labels(inputs).float()
+    wide = torch.stack([labels, -labels, labels * 2], dim=-1).requires_grad_(True)  # [b, L, 3]
+    got = response_values(wide, inputs, R)
+    assert got.shape == (4, R, 3)
+    assert torch.equal(got, to_response(wide, inputs, R))
+    assert torch.equal(got[..., 1] * response_mask, -(responses * response_mask).float())
+    got.sum().backward()
+    # one per column at each valid position of the response window (a row's last token predicts padding)
+    assert wide.grad.sum().item() == 3 * mask[:, P - 1 : P + R - 1].sum().item()
 
 
 class _CPGroup:

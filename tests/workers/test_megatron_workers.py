@@ -210,3 +210,20 @@ def test_offload_roundtrip(runs):
     assert off["params_only"]  # a forward onloads the parameters, not the gradients or the optimizer state
     assert off["params_equal"] and off["opt_equal"]
     assert torch.equal(off["before"], off["during"])
+
+
+def test_megatron_use_remove_padding_false_pads_as_the_model_key_does(runs):
+    """The padded rows of megatron.use_remove_padding=false give the log-probs of the padded run
+    (model.use_remove_padding=false, the suite's default); packing gives them within rounding."""
+    want = _main(runs, "tp1")[0]["log_probs"]
+    out = runs("tp1")[0]["padding"]
+    assert out["padded_remove_padding"] is False and out["packed_remove_padding"] is True
+    torch.testing.assert_close(out["padded_log_probs"], want, atol=0, rtol=0)
+    torch.testing.assert_close(out["packed_log_probs"], want, atol=1e-5, rtol=1e-5)
+
+
+def test_grad_offload_moves_the_gradients_alone(runs):
+    out = runs("tp1")[0]["grad_offload"]
+    assert out["grads_at_init"] and all(n == 0 for n in out["grads_at_init"])
+    assert all(n > 0 for n in out["params_at_init"])
+    assert all(n == 0 for n in out["grads_after_update"]) and out["trained"]

@@ -205,6 +205,45 @@ def offload_roundtrip(model_path: str, batch: dict) -> dict:
     }
 
 
+def grad_offload_alone(model_path: str, batch: dict) -> dict:
+    """verl <= 0.8's megatron.grad_offload without param_offload: the gradient buffers go to the
+    host between phases, the parameters stay; an update brings them back and still trains."""
+    from megarl.workers.actor import ActorWorker
+
+    actor = ActorWorker(actor_rollout_ref_config(model_path, megatron_node(grad_offload=True)), "actor", device="cpu")
+    actor.init_model()
+
+    def sizes(tensors):
+        return [t.untyped_storage().nbytes() for t in tensors]
+
+    grads = [b.grad_data for c in actor.engine.chunks for b in c.buffers]
+    params = [p for c in actor.engine.chunks for p in c.parameters()]
+    before = [p.detach().clone() for p in params]
+    out = {"grads_at_init": sizes(grads), "params_at_init": sizes(params)}
+    actor.update_policy(worker_data(batch))
+    out["grads_after_update"] = sizes(grads)
+    out["trained"] = any(not torch.equal(a, p) for a, p in zip(before, params))
+    return out
+
+
+def padded_by_megatron_key(model_path: str, batch: dict) -> dict:
+    """model.use_remove_padding=true with megatron.use_remove_padding=false (verl's Qwen3.5
+    scripts): padded rows; and with both true: packed rows. Log-probs of each."""
+    import dataclasses
+
+    from megarl.workers.actor import ActorWorker
+
+    out = {}
+    for name, megatron_packs in (("padded", False), ("packed", True)):
+        cfg = actor_rollout_ref_config(model_path, megatron_node(use_remove_padding=megatron_packs))
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, use_remove_padding=True))
+        actor = ActorWorker(cfg, "actor", device="cpu")
+        actor.init_model()
+        out[f"{name}_remove_padding"] = actor.engine.remove_padding
+        out[f"{name}_log_probs"] = actor.compute_log_prob(worker_data(batch)).batch["old_log_probs"]
+    return out
+
+
 def tp1_suite(model_path: str, batch: dict) -> dict:
     """Everything that runs at TP=1 in one process (one spawn, one megatron import)."""
     from megarl.parallel import init_distributed
@@ -214,6 +253,8 @@ def tp1_suite(model_path: str, batch: dict) -> dict:
         "main": actor_and_critic(model_path, batch, megatron_node()),
         "split": split_variants(model_path, batch),
         "offload": offload_roundtrip(model_path, batch),
+        "grad_offload": grad_offload_alone(model_path, batch),
+        "padding": padded_by_megatron_key(model_path, batch),
     }
 
 

@@ -19,6 +19,10 @@ ACTOR = "actor_rollout_ref.actor"
 def group_size(v: View) -> Iterator[Issue]:
     est = v.get("algorithm.adv_estimator")
     n = v.get(f"{ROLLOUT}.n")
+    # distillation without the task reward trains on the teacher's loss alone: the advantages go unused
+    # (verl's on-policy distillation example runs grpo with n=1)
+    if v.get("distillation.enabled") and not v.get("distillation.distillation_loss.use_task_rewards"):
+        return
     if est in GROUP_ADV_ESTIMATORS and n < 2:
         yield Issue(
             f"{ROLLOUT}.n", n,

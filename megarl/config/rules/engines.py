@@ -10,11 +10,13 @@ import dataclasses
 import difflib
 import functools
 import inspect
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+
+from omegaconf import DictConfig
 
 from megarl.config.errors import Issue, no_value
 from megarl.config.rules.roles import active_roles
-from megarl.config.rules.view import Skip, View
+from megarl.config.rules.view import Skip, View, has_module
 
 VLLM_KEY = "actor_rollout_ref.rollout.engine_kwargs.vllm"
 
@@ -80,24 +82,42 @@ def _te_only(key: str, overrides, v: View) -> Iterator[Issue]:
 
 
 _BACKENDS = ("flash", "fused", "unfused", "local", "auto")
+FLASH_ATTN_MODULES = ("flash_attn", "flash_attn_3", "flash_attn_interface")
+
+
+def attention_backend_that_runs(asked: str, *, te_runs: bool, has_flash: bool) -> str:
+    """Megatron's attention_backend that runs for the `asked` one. verl's scripts ask for ``flash``;
+    where transformer-engine's layers run without the flash-attn package (megarl's GPU stack) TE
+    would find no kernel, deep in the first forward: its fused (cuDNN) attention, the same
+    attention by another kernel, runs instead. Elsewhere as asked."""
+    return "fused" if asked == "flash" and te_runs and not has_flash else asked
 
 
 def _attention_backend(key: str, overrides, v: View) -> Iterator[Issue]:
-    """Megatron's attention_backend picks transformer-engine's attention kernels: ``flash`` needs
-    the flash-attn package (TE finds no kernel otherwise, deep in the first forward)."""
     backend = overrides.get("attention_backend")
-    if backend is None:
-        return
-    if backend not in _BACKENDS:
+    if backend is not None and backend not in _BACKENDS:
         yield Issue(f"{key}.attention_backend", backend, f"not one of {list(_BACKENDS)}",
                     f"set {key}.attention_backend to one of {list(_BACKENDS)}")
-        return
-    te_runs = not _te_missing(overrides, v)
-    has_flash = any(v.installed(m) for m in ("flash_attn", "flash_attn_3", "flash_attn_interface"))
-    if te_runs and backend == "flash" and not has_flash:
-        yield Issue(f"{key}.attention_backend", backend, "transformer-engine's flash attention needs the flash-attn "
-                    "package, which is not installed", f"set {key}.attention_backend=auto (TE then runs cuDNN's fused "
-                    "attention), or install flash-attn")
+
+
+def attention_notice(cfg: DictConfig, installed: Callable[[str], bool] = has_module) -> str | None:
+    """One line naming the roles of a validated `cfg` whose ``attention_backend=flash`` runs as TE's
+    fused attention (see attention_backend_that_runs) on machines with the packages `installed`
+    says; None when none does."""
+    v = View(cfg, set(), installed=installed)
+    has_flash = any(v.installed(m) for m in FLASH_ATTN_MODULES)
+    keys = []
+    for role in active_roles(v):
+        key = f"{role.megatron}.override_transformer_config"
+        overrides = v.get(key) or {}
+        backend = overrides.get("attention_backend")
+        if backend == "flash" and attention_backend_that_runs(backend, te_runs=not _te_missing(overrides, v),
+                                                              has_flash=has_flash) != backend:
+            keys.append(f"{key}.attention_backend")
+    if not keys:
+        return None
+    return (f"{', '.join(keys)}=flash: flash-attn is not installed, so transformer-engine's fused (cuDNN) "
+            "attention runs instead (the same attention, another kernel)")
 
 
 def engine_overrides(v: View) -> Iterator[Issue]:

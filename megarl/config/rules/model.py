@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 from megarl.config.errors import Issue
@@ -130,6 +130,18 @@ def model_fields(v: View, role: Role, hf: dict[str, Any]) -> Iterator[Issue]:
                     "use the config.json that came with the model (megarl builds the Megatron model from these fields)")
 
 
+def model_dir(v: View, role: Role) -> Generator[Issue, None, dict[str, Any] | None]:
+    """Issues of a role's HF dir (config.json readable, its fields, weights); returns the config.json
+    (None when unreadable): `hf = yield from model_dir(v, role)`."""
+    hf, issue = read_hf_config(v, role.model_path, role.override_config)
+    if issue is not None:
+        yield issue
+        return None
+    yield from model_fields(v, role, hf)
+    yield from weights(v, role)
+    return hf
+
+
 @needs_files("model weights (*.safetensors in each model dir)")
 def weights(v: View, role: Role) -> Iterator[Issue]:
     """The HF safetensors the worker loads initial weights from (unless a dist checkpoint is used)."""
@@ -175,6 +187,32 @@ def lora_on_moe(v: View, hf: dict[str, Any]) -> Iterator[Issue]:
                     f"train it full-parameter ({key}=0)")
 
 
+def replay_needs_experts(v: View, hf: dict[str, Any]) -> Iterator[Issue]:
+    """Routing replay (megarl.config.rules.router_replay) and rollout expert parallelism need an MoE model."""
+    if _shape(hf)[3]:
+        return
+    defaults = {"actor_rollout_ref.actor.megatron.router_replay.mode": "disabled",
+                "actor_rollout_ref.rollout.enable_rollout_routing_replay": False,
+                "actor_rollout_ref.rollout.expert_parallel_size": 1}
+    for key, default in defaults.items():
+        if v.get(key) != default:
+            yield Issue(key, v.get(key), f"the model has no MoE experts ({v.path(ACTOR.model_path)}/config.json): "
+                        "no routes to record or replay, no experts to shard", f"set {key} to its default")
+
+
+def rollout_dp_on_moe(v: View, hf: dict[str, Any]) -> Iterator[Issue]:
+    """vLLM's data-parallel ranks of an MoE model share its experts and step together inside one engine;
+    megarl's replicas are independent engines (megarl.config.rules.rollout_parallel)."""
+    key = "actor_rollout_ref.rollout.data_parallel_size"
+    dp, tp = v.get(key), v.get("actor_rollout_ref.rollout.tensor_model_parallel_size")
+    if dp > 1 and _shape(hf)[3]:
+        yield Issue(key, dp, "vLLM's data-parallel ranks of an MoE model share the experts and must step together "
+                    "inside one engine; megarl's replicas (world / tensor_model_parallel_size in-process engines) "
+                    "are independent and already data-parallel",
+                    f"set {key}=1 and actor_rollout_ref.rollout.tensor_model_parallel_size={tp * dp} (with "
+                    f"expert_parallel_size={tp * dp} to shard the experts over those ranks)")
+
+
 @needs_files("tokenizer dirs (data.tokenizer / model.tokenizer_path)")
 def tokenizer_dirs(v: View) -> Iterator[Issue]:
     for key in ("data.tokenizer", "actor_rollout_ref.model.tokenizer_path"):
@@ -206,6 +244,8 @@ def run(v: View) -> Iterator[Issue]:
                 yield from _guard(lengths, v, hf)
                 yield from _guard(rollout_shape, v, hf)
                 yield from _guard(lora_on_moe, v, hf)
+                yield from _guard(replay_needs_experts, v, hf)
+                yield from _guard(rollout_dp_on_moe, v, hf)
         except Skip:
             continue
 

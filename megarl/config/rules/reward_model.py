@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from omegaconf import OmegaConf
 
 from megarl.config.errors import Issue
-from megarl.config.rules.model import model_fields, read_hf_config, weights
+from megarl.config.rules.model import model_dir
 from megarl.config.rules.roles import RM_ROLE
 from megarl.config.rules.view import View, needs_files
 
@@ -41,12 +41,9 @@ def reward_model(v: View) -> Iterator[Issue]:
         yield Issue(f"{RM}.rollout.tensor_model_parallel_size", tp,
                     f"tp={tp} x pp={pp} does not divide the trainer world of {world} ranks (trainer.nnodes x n_gpus_per_node)",
                     f"choose {RM}.rollout.tensor_model_parallel_size x pipeline_model_parallel_size dividing {world}")
-    hf, issue = read_hf_config(v, RM_ROLE.model_path, None)
-    if issue is not None:
-        yield issue
+    hf = yield from model_dir(v, RM_ROLE)
+    if hf is None:
         return
-    yield from model_fields(v, RM_ROLE, hf)
-    yield from weights(v, RM_ROLE)
     yield from rm_tokenizer(v)
     labels = len(hf["id2label"]) if isinstance(hf.get("id2label"), dict) else hf.get("num_labels", 2)
     if labels != 1:

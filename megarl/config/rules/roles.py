@@ -26,6 +26,9 @@ REF = Role("ref", "actor_rollout_ref.ref.megatron", "actor_rollout_ref.model.pat
 CRITIC = Role("critic", "critic.megatron", "critic.model.path", "critic.model.override_config")
 # the learned reward model (reward.reward_model): its layout is verl's rollout.* keys, no override_config
 RM_ROLE = Role("reward_model", "reward.reward_model.rollout", "reward.reward_model.model_path", None)
+# the distillation teacher: its layout is verl's teacher inference.* keys
+TEACHER_ROLE = Role("teacher", "distillation.teacher_models.teacher_model.inference",
+                    "distillation.teacher_models.teacher_model.model_path", None)
 
 
 def critic_enabled(v: View) -> bool:

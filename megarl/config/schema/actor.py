@@ -17,10 +17,10 @@ from megarl.config.names import (
     TRUNCATE_SIDES,
 )
 from megarl.config.schema.megatron import (
+    ActorMegatronConfig,
     CheckpointConfig,
-    MegatronInferConfig,
-    MegatronTrainConfig,
     OptimConfig,
+    RefMegatronConfig,
 )
 from megarl.config.schema.field import Section, spec
 
@@ -95,7 +95,7 @@ class ActorConfig(Section):
     data_loader_seed: int = spec(ge=0)
     optim: OptimConfig = spec()
     checkpoint: CheckpointConfig = spec()
-    megatron: MegatronTrainConfig = spec()
+    megatron: ActorMegatronConfig = spec()
 
 
 @dataclass
@@ -104,7 +104,7 @@ class RefConfig(Section):
     log_prob_micro_batch_size_per_gpu: int | None = spec(ge=1)
     log_prob_use_dynamic_bsz: bool = spec()
     log_prob_max_token_len_per_gpu: int = spec(ge=1)
-    megatron: MegatronInferConfig = spec()
+    megatron: RefMegatronConfig = spec()
 
 
 @dataclass
@@ -160,6 +160,8 @@ class AgentConfig(Section):
 class RolloutConfig(Section):
     name: Literal["vllm"] = spec(note="megarl generates with vLLM only (no sglang/hf rollout)")
     mode: str = spec(choices=ROLLOUT_MODES)
+    nnodes: int = spec(ge=0)
+    n_gpus_per_node: int = spec(ge=1)
     temperature: float = spec(gt=0)
     top_k: int = spec(ge=-1)
     top_p: float = spec(gt=0, le=1)
@@ -172,6 +174,8 @@ class RolloutConfig(Section):
     free_cache_engine: bool = spec()
     load_format: str = spec(choices=LOAD_FORMATS)
     tensor_model_parallel_size: int = spec(ge=1)
+    expert_parallel_size: int = spec(ge=1)
+    data_parallel_size: int = spec(ge=1)
     max_num_batched_tokens: int = spec(ge=1)
     max_model_len: int | None = spec(ge=1)
     max_num_seqs: int = spec(ge=1)
@@ -181,6 +185,7 @@ class RolloutConfig(Section):
     n: int = spec(ge=1)
     seed: int = spec(ge=0)
     calculate_log_probs: bool = spec()
+    enable_rollout_routing_replay: bool = spec()
     log_prob_micro_batch_size_per_gpu: int | None = spec(ge=1)
     log_prob_use_dynamic_bsz: bool = spec()
     log_prob_max_token_len_per_gpu: int = spec(ge=1)
@@ -194,8 +199,9 @@ class RolloutConfig(Section):
 
 @dataclass
 class ActorRolloutRefConfig(Section):
-    hybrid_engine: Literal[True] = spec(note="megarl colocates actor, reference and rollout (hybrid engine) only")
+    hybrid_engine: bool = spec()
     model: PolicyModelConfig = spec()
     actor: ActorConfig = spec()
     ref: RefConfig = spec()
     rollout: RolloutConfig = spec()
+    nccl_timeout: int = spec(gt=0)  # seconds: the process-group timeout of the actor/rollout/ref workers

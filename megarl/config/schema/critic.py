@@ -31,3 +31,4 @@ class CriticConfig(Section):
     loss_scale_factor: float | None = spec(gt=0)
     checkpoint: CheckpointConfig = spec()
     model: ModelConfig = spec()
+    nccl_timeout: int = spec(gt=0)  # seconds: the process-group timeout of the critic workers

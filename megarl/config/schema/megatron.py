@@ -12,6 +12,7 @@ from megarl.config.names import (
     LR_DECAY_STYLES,
     OPTIM_STATE_DTYPES,
     OPTIMIZERS,
+    ROUTER_REPLAY_MODES,
     WD_INCR_STYLES,
     WSD_DECAY_STYLES,
 )
@@ -32,6 +33,7 @@ class MegatronInferConfig(Section):
     use_dist_checkpointing: bool = spec()
     dist_checkpointing_path: str | None = spec(path=True)
     param_offload: bool = spec()
+    use_remove_padding: bool = spec()  # false: padded rows even when model.use_remove_padding packs them
     seed: int = spec(ge=0)
     dtype: str = spec(choices=DTYPES)
     override_transformer_config: dict[str, Any] = spec()
@@ -43,10 +45,35 @@ class MegatronTrainConfig(MegatronInferConfig):
 
     use_distributed_optimizer: bool = spec()
     optimizer_offload: bool = spec()
+    grad_offload: bool = spec()  # verl <= 0.8's key: gradient buffers alone (param_offload moves them too)
     # how the distributed optimizer's state is laid out in a checkpoint (megatron's
     # distrib_optim_sharding_type, as verl): false = dp_reshardable, true = fully_reshardable
     dist_ckpt_optim_fully_reshardable: bool = spec()
     distrib_optim_fully_reshardable_mem_efficient: bool = spec()
+
+
+@dataclass
+class RouterReplayConfig(Section):
+    """verl's `megatron.router_replay` (MoE routing replay, megarl.workers.megatron.router_replay):
+    disabled = each router picks its own experts; R3 = the experts vLLM chose for each token during the
+    rollout (rollout.enable_rollout_routing_replay); R2 = the experts of the old-log-prob pass, replayed in
+    the update."""
+
+    mode: str = spec(choices=ROUTER_REPLAY_MODES)
+
+
+@dataclass
+class ActorMegatronConfig(MegatronTrainConfig):
+    """The actor's `megatron` section: a trained model's layout plus its routing replay."""
+
+    router_replay: RouterReplayConfig = spec()
+
+
+@dataclass
+class RefMegatronConfig(MegatronInferConfig):
+    """The reference's `megatron` section: a forward-only layout plus its routing replay."""
+
+    router_replay: RouterReplayConfig = spec()
 
 
 @dataclass

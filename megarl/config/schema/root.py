@@ -10,6 +10,7 @@ from megarl.config.schema.actor import ActorRolloutRefConfig
 from megarl.config.schema.algorithm import AlgorithmConfig
 from megarl.config.schema.critic import CriticConfig
 from megarl.config.schema.data import DataConfig
+from megarl.config.schema.distillation import DistillationConfig
 from megarl.config.schema.reward import LegacyCustomRewardFunctionConfig, LegacyRewardModelConfig, RewardConfig
 from megarl.config.schema.field import Section, spec
 from megarl.config.schema.trainer import RayKwargsConfig, TrainerConfig
@@ -39,6 +40,7 @@ class MegaRLConfig(Section):
     algorithm: AlgorithmConfig = spec()
     trainer: TrainerConfig = spec()
     ray_kwargs: RayKwargsConfig = spec()
+    distillation: DistillationConfig = spec()
 
     def trains_critic(self) -> bool:
         """Whether the run builds and trains the critic (critic.enable; null = exactly for GAE)."""

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from megarl.config.names import DEVICES, LOGGERS, NAN_POLICIES, RESUME_MODES
 from megarl.config.schema.field import Section, spec
+from megarl.config.schema.trainer_v1 import TrainerV1Config
 
 
 @dataclass
@@ -43,6 +44,13 @@ class TrainerConfig(Section):
     device: str = spec(choices=DEVICES)
     nan_policy: str = spec(choices=NAN_POLICIES)
     memory_plan: MemoryPlanConfig = spec()
+    use_v1: bool = spec()
+    v1: TrainerV1Config = spec()
+
+    def trainer_mode(self) -> str:
+        """The loop that runs: `v1.trainer_mode`, or `sync` with `use_v1=false` (verl's legacy trainer, which
+        reads no `trainer.v1` key)."""
+        return self.v1.trainer_mode if self.use_v1 else "sync"
 
 
 @dataclass

@@ -36,7 +36,10 @@ _KERNELS = "megarl runs Megatron-Core's own kernels (vocab-parallel log-probs ne
 _ONE_IMPL = "megarl has one trainer/worker implementation"
 _LOADER = "megarl tokenizes the dataset once in the driver"
 _MBRIDGE = "megarl always converts HF <-> Megatron one way (megarl/models/converters; per tensor the names mbridge maps, checked in tests/models/test_mbridge_names.py): verl's choice of bridge (mbridge or Megatron-Bridge) selects an implementation, not a result"
-_ROLLOUT_PAR = "megarl's vLLM replicas are tensor-parallel only"
+_ROLLOUT_PAR = "megarl's vLLM replicas are tensor- (and expert-) parallel only"
+_TEACHER_VLLM = ("vLLM engine setting of verl's teacher server; megarl computes the teacher's log-probs with a "
+                 "Megatron-Core forward (distillation.teacher_models.teacher_model.inference: tensor_model_parallel_size, "
+                 "dtype, max_num_seqs, free_cache_engine)")
 _DEPRECATED_MB = "deprecated global micro-batch size; set the *_per_gpu key instead (per rank)"
 
 
@@ -75,7 +78,7 @@ RULES: tuple[CompatRule, ...] = tuple(
              "actor_rollout_ref.rollout.disable_log_stats", "actor_rollout_ref.rollout.layered_summon",
              "actor_rollout_ref.rollout.multi_stage_wake_up", "actor_rollout_ref.rollout.skip_tokenizer_init",
              "actor_rollout_ref.rollout.scheduling_policy", "actor_rollout_ref.rollout.moe_load_balance_metrics_interval",
-             "actor_rollout_ref.rollout.n_gpus_per_node", "actor_rollout_ref.rollout.qat",
+             "actor_rollout_ref.rollout.qat",
              "actor_rollout_ref.rollout.engine_kwargs.sglang",
              "actor_rollout_ref.rollout.engine_kwargs.trtllm")
     + _rules("ignore", "megarl runs each replica's samples as coroutines of one event loop in the rollout worker "
@@ -84,7 +87,7 @@ RULES: tuple[CompatRule, ...] = tuple(
              "actor_rollout_ref.ref.megatron.use_distributed_optimizer", "actor_rollout_ref.ref.megatron.optimizer_offload",
              "actor_rollout_ref.ref.megatron.forward_only", "actor_rollout_ref.ref.rollout_n")
     + _rules("ignore", _ONE_IMPL,
-             "trainer.use_v1", "trainer.esi_redundant_time", "trainer.ray_wait_register_center_timeout",
+             "trainer.esi_redundant_time", "trainer.ray_wait_register_center_timeout",
              "sandbox_fusion.max_concurrent", "sandbox_fusion.memory_limit_mb",
              "reward.sandbox_fusion.max_concurrent", "reward.sandbox_fusion.memory_limit_mb")
     # ---- accepted at verl's default only
@@ -167,15 +170,18 @@ RULES: tuple[CompatRule, ...] = tuple(
              "reward.reward_manager.source", "reward.reward_manager.module.*")
     + _rules("refuse", "sandboxed code execution is not implemented in megarl", "sandbox_fusion.*", "reward.sandbox_fusion.*")
     + _rules("refuse", _ROLLOUT_PAR,
-             "actor_rollout_ref.rollout.data_parallel_size", "actor_rollout_ref.rollout.expert_parallel_size",
-             "actor_rollout_ref.rollout.pipeline_model_parallel_size", "actor_rollout_ref.rollout.nnodes",
+             "actor_rollout_ref.rollout.pipeline_model_parallel_size",
              "actor_rollout_ref.rollout.disaggregation.*")
+    + [CompatRule("actor_rollout_ref.rollout.checkpoint_engine.backend", "refuse",
+                  "megarl's weight sync is its own bucketed resharding (size: rollout.weight_sync.bucket_size_mb); nccl "
+                  "(what verl's trainer.v1.trainer_mode=separate_async requires) is megarl's broadcast to the standalone "
+                  "engines over a process group (NCCL on GPU, gloo with trainer.device=cpu)", accepted=("nccl",))]
     + _rules("refuse", "megarl's weight sync is its own bucketed resharding (size: rollout.weight_sync.bucket_size_mb)",
-             "actor_rollout_ref.rollout.checkpoint_engine.backend", "actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs",
+             "actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs",
              "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module")
     + _rules("refuse", "not implemented in megarl's vLLM rollout",
              "actor_rollout_ref.rollout.full_determinism", "actor_rollout_ref.rollout.logprobs_mode",
-             "actor_rollout_ref.rollout.over_sample_rate", "actor_rollout_ref.rollout.enable_rollout_routing_replay",
+             "actor_rollout_ref.rollout.over_sample_rate",
              "actor_rollout_ref.rollout.prometheus.*", "actor_rollout_ref.rollout.quantization",
              "actor_rollout_ref.rollout.quantization_config_file", "actor_rollout_ref.rollout.mtp",
              "actor_rollout_ref.rollout.cudagraph_capture_sizes")
@@ -186,17 +192,20 @@ RULES: tuple[CompatRule, ...] = tuple(
     + _rules("refuse", "the critic scores the prompts the actor's chat template rendered; set actor_rollout_ref.model.custom_chat_template",
              "critic.model.custom_chat_template")
     + _rules("refuse", "quantization-aware training is not implemented in megarl", "*.qat.*")
-    + _rules("refuse", "MoE router replay is not implemented in megarl", "*.megatron.router_replay.*")
+    + _rules("refuse", "the critic replays no routes (verl's neither): its own routers choose",
+             "critic.megatron.router_replay.*")
+    + _rules("refuse", "megarl's routes travel in the batch (routed_experts), never through files",
+             "*.megatron.router_replay.record_file", "*.megatron.router_replay.replay_file")
     + _rules("refuse", "dynamic context parallelism (DPxCP groups sized per batch) is not implemented in megarl; "
              "static megatron.context_parallel_size is",
              "*.megatron.dynamic_context_parallel", "*.megatron.max_seqlen_per_dp_cp_rank")
+    + _rules("ignore", "the reference model has no gradients", "actor_rollout_ref.ref.megatron.grad_offload")
     + _rules("ignore", "the reference model has no optimizer state to checkpoint",
              "actor_rollout_ref.ref.megatron.dist_ckpt_optim_fully_reshardable",
              "actor_rollout_ref.ref.megatron.distrib_optim_fully_reshardable_mem_efficient")
     + _rules("refuse", "not implemented in megarl's Megatron engine",
              "*.megatron.dist_checkpointing_prefix", "*.megatron.override_ddp_config",
              "*.megatron.override_mcore_model_config", "*.megatron.use_megatron_fsdp", "*.megatron.forward_only",
-             "*.megatron.use_remove_padding", "*.nccl_timeout",
              "*.optim.use_layer_wise_distributed_optimizer", "*.optim.muon_*")
     + _rules("refuse", "not implemented in megarl's checkpoints",
              "*.checkpoint.async_save", "*.checkpoint.strict", "*.checkpoint.mbridge_config",
@@ -206,10 +215,31 @@ RULES: tuple[CompatRule, ...] = tuple(
              "actor_rollout_ref.actor.calculate_entropy")
     + _rules("refuse", "not implemented in megarl's data loader",
              "data.gen_batch_size")
+    + _rules("refuse", "verl's sync mode has no options", "trainer.v1.sync*")
+    + _rules("refuse", "lending the trainer's GPUs to generation between steps (verl's hybrid switch) is not implemented: "
+             "megarl's separate_async has no rollout replicas on the trainer's GPUs", "trainer.v1.separate_async.hybrid_rollout.enable_switch")
+    + _rules("ignore", "verl reads it only with trainer.v1.separate_async.hybrid_rollout.enable_switch=true, which megarl refuses",
+             "trainer.v1.separate_async.hybrid_rollout.*")
+    + _rules("refuse", "megarl's sampler is built in (admission control and batch selection, megarl.trainer.v1); "
+             "a custom ReplayBuffer class has no counterpart", "trainer.v1.sampler.custom_sampler.*", "trainer.v1.sampler.sampler_kwargs*")
+    + _rules("refuse", "megarl's rollout has no failed groups to refill: a sample whose agent loop raises stops the step "
+             "with its error", "trainer.v1.sampler.sync_refill_failed_groups")
     + _rules("refuse", "not implemented in megarl's trainer",
-             "trainer.v1.*", "algorithm.use_pf_ppo", "algorithm.pf_ppo.*",
+             "algorithm.use_pf_ppo", "algorithm.pf_ppo.*",
              "algorithm.filter_groups.max_inflight_gen_batches")
-    + _rules("refuse", "distillation is not implemented in megarl", "distillation.*")
+    + _rules("ignore", "megarl runs one teacher (verl routes rows among several by teacher_key; its single "
+             "teacher is keyed 'default' with pool / TP-size replicas, as megarl's)",
+             "distillation.teacher_key", "distillation.teacher_models.teacher_model.key", "distillation.teacher_models.teacher_model.num_replicas")
+    + _rules("ignore", _TEACHER_VLLM,
+             "distillation.teacher_models.teacher_model.inference.name", "distillation.teacher_models.teacher_model.inference.gpu_memory_utilization", "distillation.teacher_models.teacher_model.inference.enforce_eager",
+             "distillation.teacher_models.teacher_model.inference.cudagraph_capture_sizes", "distillation.teacher_models.teacher_model.inference.max_num_batched_tokens",
+             "distillation.teacher_models.teacher_model.inference.load_format", "distillation.teacher_models.teacher_model.inference.engine_kwargs", "distillation.teacher_models.teacher_model.inference.enable_chunked_prefill",
+             "distillation.teacher_models.teacher_model.inference.enable_prefix_caching", "distillation.teacher_models.teacher_model.inference.disable_log_stats",
+             "distillation.teacher_models.teacher_model.inference.skip_tokenizer_init")
+    + _rules("refuse", "the teacher's Megatron-Core forward is tensor parallel (inference.tensor_model_parallel_size) "
+             "and data parallel over the rest of its pool", "distillation.teacher_models.teacher_model.inference.data_parallel_size",
+             "distillation.teacher_models.teacher_model.inference.expert_parallel_size")
+    + _rules("refuse", _MM, "distillation.teacher_models.teacher_model.inference.limit_images")
     + _rules("refuse", "verl's transfer queue has no counterpart in megarl (the controller moves DataProto through Ray)",
              "transfer_queue.*")
     + _rules("refuse", "verl's rollout skip/dump manager has no counterpart in megarl (use trainer.rollout_data_dir)",

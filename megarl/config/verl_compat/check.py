@@ -3,7 +3,9 @@
 A `refuse` key changed from its yaml default (verl's) is an error naming the key and the reason; an
 `ignore` key changed is reported once by `compat_notices` (main_ppo prints it). The comparison is on
 raw (unresolved) values against the raw yaml defaults, so a default like
-`${oc.select:actor_rollout_ref.actor.megatron.seed,42}` is not "changed" when its target is.
+`${oc.select:actor_rollout_ref.actor.megatron.seed,42}` is not "changed" when its target is; a
+value given in its place is changed only when it differs from what that default resolves to (a
+script's `ref.megatron.use_mbridge=True` beside the actor's True mirrors it: no second notice).
 """
 
 from __future__ import annotations
@@ -55,8 +57,17 @@ def changed_compat_keys(cfg: DictConfig) -> Iterator[tuple[str, Any, Any, Compat
         default = _raw_at(defaults, key)
         if default is _MISSING:  # a new key under a compat section (e.g. +global_profiler.x=1)
             default = None
-        if value != default:
+        if value != default and not _mirrors_its_default(cfg, key, value, default):
             yield key, value, default, rule
+
+
+def _mirrors_its_default(cfg: DictConfig, key: str, value: Any, default: Any) -> bool:
+    """Whether `value` equals what the interpolated yaml `default` of `key` resolves to in `cfg`."""
+    if not (isinstance(default, str) and "${" in default):
+        return False
+    probe = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+    OmegaConf.update(probe, key, default, force_add=True)
+    return OmegaConf.select(probe, key) == OmegaConf.select(cfg, key)
 
 
 def refused_compat_keys(v: View) -> Iterator[Issue]:

@@ -16,10 +16,11 @@ UNSUPPORTED_VERL_KEYS: dict[str, str] = {
     "optim.warmup_style": "renamed: use optim.lr_decay_style (constant | linear | cosine | inverse-square-root | WSD)",
     "optim.min_lr_ratio": "verl's Megatron optimizer takes an absolute floor: use optim.min_lr",
     "grad_clip": "verl 0.9 reads the clip norm from optim.clip_grad",
-    "megatron.grad_offload": "verl 0.9's megatron.param_offload offloads parameters and gradients",
     "ray_init": "verl 0.9 moved it: use ray_kwargs.ray_init.* (and ray_kwargs.timeline_json_file)",
     "critic.forward_micro_batch_size_per_gpu": "not a verl 0.9 key: the critic's value forward uses critic.ppo_micro_batch_size_per_gpu",
     "reward_model.overlong_buffer": "verl 0.9 takes it as reward.reward_kwargs.overlong_buffer_cfg.{enable,len,penalty_factor,log}",
     "reward_model.launch_reward_fn_async": "megarl reads reward.launch_reward_fn_async",
+    "distillation.teacher_models": "megarl distils from one teacher, distillation.teacher_models.teacher_model "
+                                   "(verl's routing of rows among several teachers by distillation.teacher_key is not implemented)",
     "rollout.moe_tensor_parallel_size": "verl's MoE tensor parallelism for trtllm rollouts (verl refuses it with vllm); megarl's vLLM replicas are tensor-parallel only",
 }

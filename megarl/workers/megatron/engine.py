@@ -33,8 +33,11 @@ from megarl.compat.transformer_engine import fuse_te_wgrad_accumulation
 from megarl.parallel import init_distributed
 from megarl.parallel.dynamic_batch import fixed_size_partitions, partition_by_token_budget, restore_order
 from megarl.workers.megatron.inputs import build_inputs, valid_length
+from megarl.models.moe_config import moe_layers, num_experts
 from megarl.workers.megatron.optim import build_optimizer, build_scheduler, grad_reduce_in_fp32
-from megarl.workers.megatron.schedule import MicroBatch, broadcast_from_last_stage, run_schedule
+from megarl.workers.megatron.moe_health import MoEHealth
+from megarl.workers.megatron.router_replay import REPLAY, RoutingReplay, check_routes
+from megarl.workers.megatron.schedule import ForwardHooks, MicroBatch, broadcast_from_last_stage, run_schedule
 
 __all__ = ["MegatronEngine", "MicroBatchSpec", "default_device"]
 
@@ -101,7 +104,10 @@ class MegatronEngine:
         optim_cfg: verl `optim` node; None = inference only (reference model).
         remove_padding: `model.use_remove_padding` (thd packing).
         prefix: dotted config path of this role, for messages (e.g. "critic").
+        nccl_timeout_s: process-group timeout in seconds (the role's `nccl_timeout`); None: torch's default.
         lora: LoRA adapters on the loaded model (only they train; megarl.models.lora); None = full model.
+        routing_replay: build the MoE routers to replay or record routes (megarl.workers.megatron.router_replay:
+            `router_replay` once `init_model` ran; passes choose with their `routing` argument).
     """
 
     def __init__(
@@ -116,10 +122,16 @@ class MegatronEngine:
         trust_remote_code: bool = False,
         prefix: str,
         device: str | None = None,
+        nccl_timeout_s: int | None = None,
         lora: LoraSpec | None = None,
+        routing_replay: bool = False,
     ) -> None:
+        self.nccl_timeout_s = nccl_timeout_s
         self.megatron_cfg = megatron_cfg
         self.lora = lora
+        self.routing_replay = routing_replay
+        self.router_replay: RoutingReplay | None = None
+        self.moe_health: MoEHealth | None = None  # an MoE model's ``moe/*`` metrics (megarl.workers.megatron.moe_health)
         self.model_path = model_path
         self.override_config = dict(override_config or {})
         self.value_head = value_head
@@ -152,7 +164,7 @@ class MegatronEngine:
     def init_model(self) -> None:
         import transformers
 
-        init_distributed(self.megatron_cfg, self.device, seed=self.megatron_cfg.seed)
+        init_distributed(self.megatron_cfg, self.device, seed=self.megatron_cfg.seed, timeout_s=self.nccl_timeout_s)
         if not os.path.isdir(self.model_path):
             raise FileNotFoundError(f"{self.prefix} model path {self.model_path!r} is not a directory")
         hf_config = transformers.AutoConfig.from_pretrained(self.model_path, trust_remote_code=self.trust_remote_code)
@@ -161,6 +173,8 @@ class MegatronEngine:
         self.hf_config = hf_config
         # Activation recompute is override_transformer_config.recompute_* (verl's Megatron backend).
         overrides = dict(self.megatron_cfg.override_transformer_config)
+        if self.routing_replay:
+            overrides["moe_enable_routing_replay"] = True
         # build_model reads these two (parallel sizes come from parallel_state)
         build_cfg = {"sequence_parallel": self.megatron_cfg.sequence_parallel, "override_transformer_config": overrides}
         chunks = build_model(hf_config, build_cfg, value_head=self.value_head, device=self.device, dtype=self.dtype)
@@ -210,14 +224,21 @@ class MegatronEngine:
             config.grad_scale_func = self.optimizer.scale_loss
             config.finalize_model_grads_func = finalize_model_grads
         self.chunks = chunks
+        if self.routing_replay:
+            self.router_replay = RoutingReplay(chunks, moe_layers(hf_config), sequence_parallel=config.sequence_parallel)
+        if config.num_moe_experts:
+            self.moe_health = MoEHealth(chunks, moe_layers(hf_config), num_experts(hf_config),
+                                        int(hf_config.num_experts_per_tok), sequence_parallel=config.sequence_parallel)
 
     # ------------------------------------------------------------------ batches
     def micro_batches(
-        self, data, spec: MicroBatchSpec, tensor_keys: Sequence[str]
+        self, data, spec: MicroBatchSpec, tensor_keys: Sequence[str], routes: bool = False,
     ) -> tuple[list[MicroBatch], list[list[int]]]:
-        """Cut a DataProto's rows into model-ready micro-batches (and their row indices)."""
+        """Cut a DataProto's rows into model-ready micro-batches (and their row indices); `routes`: lay out
+        the batch's `routed_experts` `[B, S, MoE layers, top-k]` with the tokens (routing replay)."""
         batch = data.batch
-        missing = [k for k in (*_MODEL_TENSOR_KEYS, *tensor_keys) if k not in batch.keys()]
+        missing = [k for k in (*_MODEL_TENSOR_KEYS, *tensor_keys, *(("routed_experts",) if routes else ()))
+                   if k not in batch.keys()]
         if missing:
             raise KeyError(f"{self.prefix}: the batch lacks tensor keys {missing}")
         attention_mask = batch["attention_mask"]
@@ -246,6 +267,10 @@ class MegatronEngine:
         micro = []
         for rows in parts:
             index = torch.tensor(rows, dtype=torch.long)
+            row_routes = None
+            if routes:
+                row_routes = batch["routed_experts"][index].to(self.device)
+                check_routes(row_routes, num_experts(self.hf_config), rows, f"{self.prefix}: routed_experts")
             inputs = build_inputs(
                 batch["input_ids"][index].to(self.device),
                 attention_mask[index].to(self.device),
@@ -254,6 +279,7 @@ class MegatronEngine:
                 pad_multiple=pad_multiple,
                 length=length,
                 cp_group=cp_group,
+                routes=row_routes,
             )
             tensors = {k: batch[k][index].to(self.device) for k in tensor_keys}
             micro.append(MicroBatch(inputs, tensors, rows))
@@ -263,21 +289,28 @@ class MegatronEngine:
         self, data, spec: MicroBatchSpec, tensor_keys: Sequence[str],
         per_micro_batch: Callable[[torch.Tensor, MicroBatch], dict[str, torch.Tensor]],
         fp32_output: bool = True,
+        routing: str | None = None,
     ) -> dict[str, torch.Tensor]:
         """Forward-only pass; `per_micro_batch(output, mb)` -> `{key: [b, ...]}`.
+
+        `routing`: None (routers choose), REPLAY (the batch's `routed_experts`) or RECORD
+        (megarl.workers.megatron.router_replay), inside a pass the caller opened on `router_replay`.
 
         Returns `{key: [B, ...]}` in the rows' original order, on every rank.
         """
         for chunk in self.chunks:
             chunk.eval()
-        micro, parts = self.micro_batches(data, spec, tensor_keys)
+        micro, parts = self.micro_batches(data, spec, tensor_keys, routes=routing == REPLAY)
 
         def loss_fn(output, mb):
             outputs = {k: v.detach() for k, v in per_micro_batch(output, mb).items()}
             return output.new_zeros(()), outputs
 
         with torch.no_grad():
-            stats = run_schedule(self.chunks, micro, loss_fn, forward_only=True, fp32_output=fp32_output)
+            stats = run_schedule(self.chunks, micro, loss_fn, forward_only=True, fp32_output=fp32_output,
+                                 hooks=self._routing_hooks(routing, forward_only=True))
+        if routing is not None:
+            self.router_replay.end_schedule(self.chunks)
         result = None
         if parallel_state.is_pipeline_last_stage():
             result = {k: restore_order([s[k] for s in stats], parts).cpu() for k in stats[0]} if stats else {}
@@ -288,8 +321,10 @@ class MegatronEngine:
         micro: Sequence[MicroBatch],
         loss_fn: Callable[[torch.Tensor, MicroBatch], tuple[torch.Tensor, dict]],
         fp32_output: bool = True,
+        routing: str | None = None,
     ) -> tuple[list[dict], float, float]:
-        """One optimizer step over `micro` (one mini-batch on this DP rank).
+        """One optimizer step over `micro` (one mini-batch on this DP rank); `routing` as in :meth:`forward`
+        (REPLAY needs micro-batches cut with `routes=True`).
 
         `loss_fn` returns this micro-batch's share of the mini-batch loss (global
         denominator over all micro-batches and DP ranks); megatron's averaging over
@@ -308,13 +343,30 @@ class MegatronEngine:
         self.optimizer.zero_grad()
         dp_size = parallel_state.get_data_parallel_world_size()
         stats = run_schedule(
-            self.chunks, micro, loss_fn, forward_only=False, loss_scale=float(dp_size), fp32_output=fp32_output
+            self.chunks, micro, loss_fn, forward_only=False, loss_scale=float(dp_size), fp32_output=fp32_output,
+            hooks=self._routing_hooks(routing, forward_only=False),
         )
+        if routing is not None:
+            self.router_replay.end_schedule(self.chunks)
         lr = self.optimizer.param_groups[0]["lr"]
         success, grad_norm, _ = self.optimizer.step()
         if not success:
             logger.warning("%s: optimizer step skipped (non-finite gradients: fp16 loss-scale overflow or NaN/Inf)", self.prefix)
         return stats, float(grad_norm) if grad_norm is not None else float("nan"), float(lr)
+
+    def _routing_hooks(self, routing: str | None, forward_only: bool) -> tuple[ForwardHooks, ...]:
+        """What watches each chunk forward: the MoE health counters (count only inside their pass) and the
+        routing replay of this pass."""
+        health = (self.moe_health,) if self.moe_health is not None else ()
+        if routing is None:
+            return health
+        if self.router_replay is None or self.router_replay.mode != routing:
+            raise RuntimeError(f"{self.prefix}: routing={routing!r} outside a {routing} pass of its router_replay "
+                               "(build the engine with routing_replay=True and call router_replay.begin first)")
+        config = self.unwrapped_chunks()[0].config
+        # backward re-runs the routers only under activation recompute: only then is a forward's routes' FIFO read
+        self.router_replay.backward_replay = not forward_only and config.recompute_granularity is not None
+        return (*health, self.router_replay)
 
     def step_scheduler(self) -> None:
         """Advance the lr schedule by one training step (verl: one per update call, so

@@ -67,6 +67,7 @@ class MicroBatchInputs:
     token_mask: torch.Tensor  # same shape as input_ids, bool: positions holding a valid token
     cp_group: Any = None  # context-parallel group; None without context parallelism
     cp_index: torch.Tensor | None = None  # [cp, L / cp]: each CP rank's positions on dim 1 (cp_token_index)
+    routes: torch.Tensor | None = None  # [b, L, MoE layers, top-k] / [1, T, ...] int16 experts to replay, -1: none
 
     def model_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {}
@@ -79,6 +80,20 @@ class MicroBatchInputs:
         if self.cp_index is None:
             return per_position
         return per_position[:, self.cp_index[self.cp_group.rank()].to(per_position.device)]
+
+    def router_positions(self, sequence_parallel: bool) -> torch.Tensor:
+        """Positions in the flattened layout (`row * L + column`) of the tokens this rank's MoE routers see,
+        in their order: `[s_local * b]`, sequence-major (megatron routes `[s, b, h]` hidden states flattened),
+        this CP rank's tokens (`local`), and under sequence parallelism this TP rank's contiguous slice of
+        them (megatron scatters the sequence dim in equal parts)."""
+        b, length = self.input_ids.shape
+        grid = self.local(torch.arange(b * length, device=self.input_ids.device).view(b, length)).t()  # [s, b]
+        if sequence_parallel:
+            from megatron.core import parallel_state
+
+            grid = grid.chunk(parallel_state.get_tensor_model_parallel_world_size())[
+                parallel_state.get_tensor_model_parallel_rank()]
+        return grid.reshape(-1)
 
     @property
     def seq_length(self) -> int:
@@ -101,6 +116,7 @@ def build_inputs(
     pad_multiple: int = 1,
     length: int | None = None,
     cp_group: Any = None,
+    routes: torch.Tensor | None = None,
 ) -> MicroBatchInputs:
     """Inputs for `[b, S]` rows (HF attention_mask: 1 = token) in either layout.
 
@@ -113,6 +129,8 @@ def build_inputs(
             megatron's load-balanced chunks (megarl.parallel.context_parallel). Padded: L must be a
             multiple of 2c (`pad_multiple` one); packed: each row is padded to a multiple of 2c
             (`cu_seqlens_q_padded`, as transformer-engine expects) and `pad_multiple` must be one of 2c.
+        routes: `[b, S, MoE layers, top-k]` experts per token to replay (megarl.workers.megatron.router_replay),
+            laid out as the tokens, -1 on padding.
     """
     cp_size = cp_group.size() if cp_group is not None else 1
     if cp_size > 1 and pad_multiple % (2 * cp_size):
@@ -137,6 +155,7 @@ def build_inputs(
             input_ids=front_ids, position_ids=front_pos, packed_seq_params=None,
             valid_mask=valid, token_mask=token_mask, cp_group=cp_group,
             cp_index=cp_token_index([length], cp_size) if cp_group is not None else None,
+            routes=_placed(routes, valid, token_mask),
         )
     seq_lens = seq_lens.to(torch.int32)
     # Under CP each row is padded to 2c tokens (transformer-engine's thd split, megatron's thd rope).
@@ -183,7 +202,26 @@ def build_inputs(
         token_mask=token_mask.unsqueeze(0),
         cp_group=cp_group,
         cp_index=cp_token_index(segments, cp_size) if cp_group is not None else None,
+        routes=_placed(routes, valid, token_mask.unsqueeze(0)),
     )
+
+
+def _placed(routes: torch.Tensor | None, valid: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor | None:
+    """`routes` `[b, S, ...]` of the valid tokens moved where `token_mask` puts them, -1 elsewhere."""
+    if routes is None:
+        return None
+    out = routes.new_full((*token_mask.shape, *routes.shape[2:]), -1)
+    out[token_mask] = routes[valid]
+    return out
+
+
+def _extended(routes: torch.Tensor | None, dim: int, extra: int) -> torch.Tensor | None:
+    """`routes` with `extra` rows (dim 0) or tokens (dim 1) of -1 appended."""
+    if routes is None or extra == 0:
+        return routes
+    shape = list(routes.shape)
+    shape[dim] = extra
+    return torch.cat([routes, routes.new_full(shape, -1)], dim=dim)
 
 
 def pad_inputs(inputs: MicroBatchInputs, rows: int, tokens: int) -> MicroBatchInputs:
@@ -210,6 +248,7 @@ def pad_inputs(inputs: MicroBatchInputs, rows: int, tokens: int) -> MicroBatchIn
             position_ids=torch.cat([inputs.position_ids, positions.expand(extra, -1)]),
             token_mask=torch.cat([inputs.token_mask, inputs.token_mask.new_zeros((extra, length))]),
             valid_mask=torch.cat([inputs.valid_mask, inputs.valid_mask.new_zeros((extra, inputs.valid_mask.shape[1]))]),
+            routes=_extended(inputs.routes, 0, extra),
         )
     if rows != 1:
         raise ValueError(f"pad_inputs: the packed layout has one row, got {rows}")
@@ -236,6 +275,7 @@ def pad_inputs(inputs: MicroBatchInputs, rows: int, tokens: int) -> MicroBatchIn
         packed_seq_params=padded_params,
         token_mask=torch.cat([inputs.token_mask, inputs.token_mask.new_zeros((1, extra))], dim=1),
         cp_index=cp_token_index(segments, inputs.cp_group.size()) if inputs.cp_index is not None else None,
+        routes=_extended(inputs.routes, 1, extra),
     )
 
 
@@ -250,13 +290,30 @@ def next_token_labels(inputs: MicroBatchInputs) -> torch.Tensor:
 
 
 def to_response(per_position: torch.Tensor, inputs: MicroBatchInputs, response_length: int) -> torch.Tensor:
-    """Per-position values of this rank's tokens (`[b, L]` / `[1, T]`; under context parallelism
+    """Per-position values of this rank's tokens (`[b, L, ...]` / `[1, T, ...]`; under context parallelism
     `[b, L / cp]` / `[1, T / cp]`, all-gathered over the CP group first, differentiably: see
     megarl.parallel.context_parallel) -> `[b, response_length]` (0 where padded), identical on
     every CP rank."""
     full = _original_layout(per_position, inputs)
     seq_len = full.shape[1]
     return full[:, seq_len - response_length - 1 : seq_len - 1]
+
+
+def response_values(per_position: torch.Tensor, inputs: MicroBatchInputs, response_length: int) -> torch.Tensor:
+    """:func:`to_response` for wide per-position values (`[b, L, vocab / tp]` logits): reads the response
+    positions alone, without the `[b, S, ...]` buffer of the whole rows; differentiable."""
+    if inputs.cp_index is not None:
+        return to_response(per_position, inputs, response_length)
+    valid = inputs.valid_mask
+    seq_len = valid.shape[1]
+    ordinal = (valid.flatten().cumsum(0) - 1).view_as(valid)  # i-th valid token of the rows, row-major
+    window = slice(seq_len - response_length - 1, seq_len - 1)
+    wanted = valid[:, window]
+    source = inputs.token_mask.flatten().nonzero().squeeze(1)  # where the i-th valid token sits in the layout
+    flat = per_position.reshape(-1, *per_position.shape[2:])
+    out = per_position.new_zeros((valid.shape[0], response_length) + per_position.shape[2:])
+    out[wanted] = flat[source[ordinal[:, window][wanted]]]
+    return out
 
 
 def at_last_token(per_position: torch.Tensor, inputs: MicroBatchInputs) -> torch.Tensor:
@@ -275,6 +332,6 @@ def _original_layout(per_position: torch.Tensor, inputs: MicroBatchInputs) -> to
     if inputs.cp_index is not None:
         per_position = gather_tokens_from_cp(per_position, inputs.cp_index, inputs.cp_group)
     valid = inputs.valid_mask
-    full = per_position.new_zeros(valid.shape)
+    full = per_position.new_zeros(valid.shape + per_position.shape[2:])  # trailing dims: top-k, vocab slice
     full[valid] = per_position[inputs.token_mask]
     return full

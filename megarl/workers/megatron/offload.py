@@ -56,14 +56,14 @@ def _pinned(nbytes: int) -> torch.UntypedStorage:
 class Offloader:
     """Offload/onload of the configured groups; groups that are not configured never move.
 
-    `params`: parameters AND gradient buffers (verl's `megatron.param_offload`: groups
-    :data:`PARAMS` and :data:`GRADS`); `optimizer`: optimizer state and fp32 main parameters
-    (`megatron.optimizer_offload`: :data:`OPTIMIZER`).
+    `params`: parameters (:data:`PARAMS`); `grads`: gradient buffers (:data:`GRADS`; verl 0.9's
+    `megatron.param_offload` sets both, verl <= 0.8's `megatron.grad_offload` this one alone);
+    `optimizer`: optimizer state and fp32 main parameters (`megatron.optimizer_offload`: :data:`OPTIMIZER`).
     """
 
-    def __init__(self, engine, *, params: bool, optimizer: bool) -> None:
+    def __init__(self, engine, *, params: bool, grads: bool, optimizer: bool) -> None:
         self.engine = engine
-        self.configured = tuple(g for g, on in ((PARAMS, params), (GRADS, params), (OPTIMIZER, optimizer)) if on)
+        self.configured = tuple(g for g, on in ((PARAMS, params), (GRADS, grads), (OPTIMIZER, optimizer)) if on)
         self._stash: dict[str, list[tuple[torch.UntypedStorage, torch.UntypedStorage]]] = {}
         self._host_buffers: dict[str, list[torch.UntypedStorage]] = {}  # reused across offloads (pinning is slow)
 

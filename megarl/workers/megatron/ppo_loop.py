@@ -62,6 +62,7 @@ def run_ppo_update(
     metric_prefix: str,
     share_keys: Sequence[str],
     fp32_output: bool = True,
+    routing: str | None = None,
 ) -> dict[str, float]:
     """One PPO update of `engine`: ppo_epochs x mini-batches x micro-batches.
 
@@ -78,11 +79,14 @@ def run_ppo_update(
         metric_prefix: "actor" | "critic" (`<metric_prefix>/grad_norm`, `/lr`, ...).
         share_keys: stats that are shares of the global-denominator loss (summed, not averaged).
         fp32_output: upcast the model output to fp32 before the loss.
+        routing: MoE routing replay of every forward (REPLAY: the batch's `routed_experts` `[B, S, MoE layers,
+            top-k]`; see MegatronEngine.forward), inside a pass the caller opened; None: routers choose.
 
     Returns metrics averaged over the mini-batch steps kept (a non-finite step is dropped under
     nan_policy=skip), the same on every rank. Advances the lr schedule once.
     """
-    model_tensors = {k: data.batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
+    model_keys = ("input_ids", "attention_mask", "position_ids") + (("routed_experts",) if routing is not None else ())
+    model_tensors = {k: data.batch[k] for k in model_keys}
     work = DataProto.from_dict({**model_tensors, **loss_tensors})
     rows = mini_batch_rows(mini_batch_size, rollout_n, len(work), prefix)
     nan_check = NonFiniteCheck(data.meta_info, prefix, phase, int(ppo_epochs) * (len(work) // rows))
@@ -90,8 +94,9 @@ def run_ppo_update(
     for index in iterate_mini_batches(len(work), rows, ppo_epochs, shuffle, seed):
         mini = work[index]
         denominator = global_denominator(mini.batch["response_mask"])
-        micro, _ = engine.micro_batches(mini, spec, tuple(loss_tensors))
-        micro_stats, grad_norm, lr = engine.train_step(micro, make_loss_fn(denominator), fp32_output=fp32_output)
+        micro, _ = engine.micro_batches(mini, spec, tuple(loss_tensors), routes=routing is not None)
+        micro_stats, grad_norm, lr = engine.train_step(micro, make_loss_fn(denominator), fp32_output=fp32_output,
+                                                       routing=routing)
         step = reduce_micro_stats(micro_stats, share_keys)
         step.update({f"{metric_prefix}/grad_norm": grad_norm, f"{metric_prefix}/lr": lr})
         if not nan_check.drop(step, engine.optimizer):

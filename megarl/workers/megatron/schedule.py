@@ -10,7 +10,7 @@ which is what micro-batch-split invariant losses (shares of a global denominator
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from megatron.core import parallel_state
@@ -20,9 +20,18 @@ from megatron.core.utils import get_model_config
 from megarl.compat.megatron_core.schedule import needs_uniform_shapes, unbatched_p2p_at_pp2
 from megarl.workers.megatron.inputs import MicroBatchInputs, pad_inputs
 
-__all__ = ["MicroBatch", "run_schedule", "broadcast_from_last_stage", "uniform_shapes"]
+__all__ = ["ForwardHooks", "MicroBatch", "run_schedule", "broadcast_from_last_stage", "uniform_shapes"]
 
 LossFn = Callable[[torch.Tensor, "MicroBatch"], tuple[torch.Tensor, dict[str, Any]]]
+
+
+class ForwardHooks(Protocol):
+    """Called around each model chunk's forward on a micro-batch (e.g. MoE routing replay): ``inputs`` are
+    what the chunk sees (padded to the pass's shape under VPP training), ``rows`` the micro-batch's rows."""
+
+    def before_forward(self, chunk: torch.nn.Module, inputs: MicroBatchInputs, rows: list[int]) -> None: ...
+
+    def after_forward(self, chunk: torch.nn.Module, inputs: MicroBatchInputs, rows: list[int]) -> None: ...
 
 
 class MicroBatch:
@@ -42,6 +51,7 @@ def run_schedule(
     forward_only: bool,
     loss_scale: float = 1.0,
     fp32_output: bool = True,
+    hooks: Sequence[ForwardHooks] = (),
 ) -> list[dict[str, Any]]:
     """One pass over `micro_batches` (forward, and backward unless `forward_only`).
 
@@ -56,6 +66,7 @@ def run_schedule(
         fp32_output: False hands `loss_fn` the bf16/fp16 output of a Float16Module-wrapped
             model as is (no fp32 copy of `[b, s, V/tp]` logits; the actor's vocab-parallel
             log-prob upcasts once itself).
+        hooks: called around every chunk forward (see ForwardHooks).
 
     Returns:
         The stats dicts in micro-batch order on the last pipeline stage; [] elsewhere.
@@ -81,11 +92,15 @@ def run_schedule(
 
     def forward_step(data_iterator, model):
         inputs, micro_batch = next(data_iterator)
+        for hook in hooks:
+            hook.before_forward(model, inputs, micro_batch.rows)
         output = model(
             # No attention mask: rows are front-aligned or packed (see inputs.py), so causal
             # attention alone keeps every token away from padding.
             inputs.local(inputs.input_ids), inputs.local(inputs.position_ids), None, **inputs.model_kwargs(), **output_kwargs
         )
+        for hook in hooks:
+            hook.after_forward(model, inputs, micro_batch.rows)
 
         padded = inputs is not micro_batch.inputs  # uniform_shapes padded it
 

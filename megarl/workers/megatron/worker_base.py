@@ -2,7 +2,8 @@
 config nodes, its offloading, dist checkpoints and HF export.
 
 Config: the role's typed sections (megarl.config.schema): `model.{path, override_config,
-use_remove_padding, trust_remote_code}`, `megatron.{param_offload, optimizer_offload}` (plus what
+use_remove_padding, trust_remote_code}`, `megatron.{param_offload, grad_offload,
+optimizer_offload, use_remove_padding}` (plus what
 MegatronEngine reads), `checkpoint.{save_contents, load_contents}`.
 """
 
@@ -18,7 +19,27 @@ from megarl.workers.megatron.checkpoint import load_checkpoint, save_checkpoint
 from megarl.workers.megatron.engine import MegatronEngine
 from megarl.workers.megatron.offload import ALL, PARAMS, Offloader
 
-__all__ = ["MegatronWorker"]
+__all__ = ["MegatronWorker", "forward_only_megatron", "forward_only_model"]
+
+
+def forward_only_megatron(tp: int, pp: int, dtype: str, param_offload: bool) -> MegatronInferConfig:
+    """The `megatron` node of a model verl serves with vLLM (reward model, distillation teacher):
+    TP and PP as given, data parallel over the rest of its world, parameters in `dtype` and offloaded
+    between calls with `param_offload`; no other parallelism (a forward draws no random numbers)."""
+    return MegatronInferConfig(
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+        virtual_pipeline_model_parallel_size=None, context_parallel_size=1, expert_model_parallel_size=1,
+        expert_tensor_parallel_size=None, sequence_parallel=False, use_dist_checkpointing=False,
+        dist_checkpointing_path=None, param_offload=param_offload, use_remove_padding=False, seed=0, dtype=dtype,
+        override_transformer_config={},
+    )
+
+
+def forward_only_model(model_path: str) -> ModelConfig:
+    """The `model` node of such a model: padded rows (every layer spec, CPU included), no overrides,
+    no custom code."""
+    return ModelConfig(path=model_path, tokenizer_path=None, trust_remote_code=False, override_config={},
+                       use_remove_padding=False)
 
 
 class MegatronWorker:
@@ -31,14 +52,17 @@ class MegatronWorker:
         checkpoint_cfg: the `checkpoint` node (save_checkpoint / load_checkpoint); None = never saved.
         value_head: critic model (`[b, s, 1]` outputs).
         prefix: dotted config path of the role, for messages (e.g. "critic").
+        nccl_timeout_s: the process-group timeout, seconds (the role's `nccl_timeout`); None: torch's default.
         device: "cpu" | "cuda"; default cuda when available.
         lora_cfg: the typed `model.lora` node of a trained policy; None = no adapters.
+        routing_replay: MoE routers that can replay or record routes (the role's `megatron.router_replay.mode`).
     """
 
     def __init__(
         self, model_cfg: ModelConfig, megatron_cfg: MegatronInferConfig, optim_cfg: OptimConfig | None,
         checkpoint_cfg: CheckpointConfig | None, *, value_head: bool, prefix: str, device: str | None,
-        lora_cfg: LoraConfig | None = None,
+        nccl_timeout_s: int | None,
+        lora_cfg: LoraConfig | None = None, routing_replay: bool = False,
     ) -> None:
         self.engine = MegatronEngine(
             megatron_cfg,
@@ -46,11 +70,14 @@ class MegatronWorker:
             override_config=model_cfg.override_config,
             value_head=value_head,
             optim_cfg=optim_cfg,
-            remove_padding=model_cfg.use_remove_padding,
+            # verl's Megatron engine reads megatron.use_remove_padding; false there means padded rows
+            remove_padding=model_cfg.use_remove_padding and megatron_cfg.use_remove_padding,
             trust_remote_code=model_cfg.trust_remote_code,
             prefix=prefix,
             device=device,
+            nccl_timeout_s=nccl_timeout_s,
             lora=None if lora_cfg is None else LoraSpec.from_config(lora_cfg, seed=megatron_cfg.seed),
+            routing_replay=routing_replay,
         )
         self.megatron_cfg = megatron_cfg
         self.checkpoint_cfg = checkpoint_cfg
@@ -64,7 +91,8 @@ class MegatronWorker:
         self.offloader = Offloader(
             self.engine,
             params=bool(self.megatron_cfg.param_offload),
-            # a forward-only model has no optimizer (and its megatron node no such key)
+            # a forward-only model has no gradients or optimizer (and its megatron node no such keys)
+            grads=bool(self.megatron_cfg.param_offload) or (self.engine.trainable and bool(self.megatron_cfg.grad_offload)),
             optimizer=self.engine.trainable and bool(self.megatron_cfg.optimizer_offload),
         )
         self.offloader.offload()

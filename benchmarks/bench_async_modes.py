@@ -1,0 +1,133 @@
+"""sync vs colocate_async vs separate_async (trainer.v1) at equal GPUs on a long-tail workload.
+
+  python benchmarks/bench_async_modes.py --gpus 2 --model /tmp/q05 [--modes sync,colocate_async,separate_async]
+  python benchmarks/bench_async_modes.py --device cpu --gpus 1 --modes sync,colocate_async,separate_async  # tiny CPU run
+
+Each mode is one ``python -m megarl.main_ppo`` run (GRPO on the demo task's prompts) with the same
+overrides: ``--batch`` prompts x ``--n`` samples a step, and the long-tail agent loop of
+``tests/helpers/long_tail.py`` (``ignore_eos``: 1 in 8 prompts, by ``extra_info.index``, gets
+``--response-length`` tokens, the others 1/8 of it). The async modes run one step off policy
+(``max_off_policy_threshold=2``, one warm-up batch, strategy ``--strategy``, default ``wait``: nothing
+is discarded, so every mode trains the same prompts). GPUs are split as the mode places them:
+sync and colocate_async put actor and engines on all ``--gpus`` (one replica per GPU);
+separate_async trains on ``--gpus - --engines`` and generates on ``--engines`` (default half).
+``--device cpu`` counts CPU slots instead (a functional check: CPU timings say nothing of GPUs).
+
+Prints one row per mode and writes ``--out`` (JSON): step seconds (median over the steps after the
+first ``--skip``), tokens/s/GPU (all prompt + response tokens of a step / step seconds / GPUs, as
+NeMo-RL counts), samples/s, generation seconds, mean staleness of the trained tokens; the ratio to
+sync. Run logs: ``<--work>/<mode>/run.log``; metrics: ``<--work>/<mode>/ckpt/metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+MODES = ("sync", "colocate_async", "separate_async")
+
+
+def overrides(args: argparse.Namespace, mode: str, run_dir: Path) -> list[str]:
+    agent_yaml = run_dir / "long_tail_agent.yaml"
+    agent_yaml.write_text("- name: long_tail_agent\n  _target_: helpers.long_tail.LongTailAgentLoop\n")
+    engines = args.engines if args.engines is not None else max(1, args.gpus // 2)
+    trainer_gpus = args.gpus - engines if mode == "separate_async" else args.gpus
+    if trainer_gpus < 1:
+        raise SystemExit(f"separate_async needs --gpus > --engines (got {args.gpus} GPUs, {engines} engines)")
+    out = [
+        f"trainer.device={args.device}", f"trainer.n_gpus_per_node={trainer_gpus}", "trainer.logger=[console]",
+        f"trainer.default_local_dir={run_dir}/ckpt", "trainer.val_before_train=false", "trainer.test_freq=-1",
+        "trainer.save_freq=-1", f"trainer.total_training_steps={args.steps}", "algorithm.adv_estimator=grpo",
+        f"data.train_batch_size={args.batch}", f"data.max_response_length={args.response_length}",
+        f"actor_rollout_ref.rollout.n={args.n}", f"actor_rollout_ref.actor.ppo_mini_batch_size={args.mini_batch}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={args.micro_batch}",
+        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={agent_yaml}",
+        "actor_rollout_ref.rollout.agent.default_agent_loop=long_tail_agent", "actor_rollout_ref.rollout.ignore_eos=true",
+        f"trainer.v1.trainer_mode={mode}",
+        "trainer.v1.sampler.max_off_policy_threshold=2", f"trainer.v1.sampler.max_off_policy_strategy={args.strategy}",
+        f"hydra.run.dir={run_dir}/hydra",
+    ]
+    if args.model:
+        out.append(f"actor_rollout_ref.model.path={args.model}")
+    if args.data:
+        out += [f"data.train_files={args.data}", f"data.val_files={args.data}"]
+    if args.device == "cpu":
+        out.append(f"ray_kwargs.ray_init.num_cpus={args.cpus}")
+    if mode == "separate_async":
+        out += ["actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.nnodes=1",
+                f"actor_rollout_ref.rollout.n_gpus_per_node={engines}",
+                "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
+                f"trainer.v1.separate_async.parameter_sync_step={args.batch // args.mini_batch}"]
+    return out + args.extra
+
+
+def run(args: argparse.Namespace, mode: str) -> dict:
+    run_dir = Path(args.work) / mode
+    run_dir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO), os.environ.get("PYTHONPATH", "")]),
+           "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, "-m", "megarl.main_ppo", "--config-name=ppo_megatron_trainer", *overrides(args, mode, run_dir)]
+    (run_dir / "command.txt").write_text(" ".join(command) + "\n")
+    start = time.monotonic()
+    with open(run_dir / "run.log", "w") as log:
+        code = subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, timeout=args.timeout).returncode
+    if code != 0:
+        tail = (run_dir / "run.log").read_text(errors="replace")[-3000:]
+        raise SystemExit(f"{mode} failed (exit {code}); {run_dir}/run.log ends:\n{tail}")
+    steps = [json.loads(line) for line in open(run_dir / "ckpt" / "metrics.jsonl") if line.strip()]
+    timed = [m for m in steps if m["step"] > args.skip] or steps
+    step_s = statistics.median(m["timing_s/step"] for m in timed)
+    tokens = statistics.median(m["perf/total_num_tokens"] for m in timed)
+    return {
+        "mode": mode, "wall_s": round(time.monotonic() - start, 1), "step_s": round(step_s, 3),
+        "tokens_per_s_per_gpu": round(tokens / step_s / args.gpus, 1),
+        "samples_per_s": round(args.batch * args.n / step_s, 2),
+        "gen_s": round(statistics.median(m.get("timing_s/gen", 0.0) for m in timed), 3),
+        "policy_lag_mean": round(statistics.mean(m["training/off_policy/policy_lag_mean"] for m in timed), 3),
+        "response_length_mean": round(statistics.mean(m["response_length/mean"] for m in timed), 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--gpus", type=int, default=1, help="GPUs (CPU slots with --device cpu) every mode uses")
+    parser.add_argument("--engines", type=int, default=None, help="separate_async: GPUs of the rollout pool (default gpus // 2)")
+    parser.add_argument("--modes", default="sync,colocate_async", help=f"comma-separated, of {MODES}")
+    parser.add_argument("--model", default=None, help="HF model dir (default: the embedded demo model)")
+    parser.add_argument("--data", default=None, help="parquet with extra_info.index (default: the demo's)")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--n", type=int, default=8)
+    parser.add_argument("--mini-batch", type=int, default=16)
+    parser.add_argument("--micro-batch", type=int, default=4, help="actor.ppo_micro_batch_size_per_gpu (responses)")
+    parser.add_argument("--response-length", type=int, default=1024, help="the long responses' length")
+    parser.add_argument("--strategy", default="wait", choices=("wait", "drop"))
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--skip", type=int, default=2, help="steps left out of the medians (start-up)")
+    parser.add_argument("--cpus", type=int, default=2, help="--device cpu: Ray's CPUs")
+    parser.add_argument("--work", default="/tmp/bench_async_modes")
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--timeout", type=float, default=3600)
+    parser.add_argument("extra", nargs="*", help="more key=value overrides for every run")
+    args = parser.parse_args()
+    results = [run(args, mode) for mode in args.modes.split(",")]
+    base = next((r for r in results if r["mode"] == "sync"), None)
+    print(f"{'mode':16} {'step s':>8} {'tok/s/GPU':>10} {'samples/s':>10} {'gen s':>7} {'lag':>5} {'vs sync':>8}")
+    for r in results:
+        ratio = r["tokens_per_s_per_gpu"] / base["tokens_per_s_per_gpu"] if base else float("nan")
+        r["tokens_per_s_per_gpu_vs_sync"] = round(ratio, 3)
+        print(f"{r['mode']:16} {r['step_s']:8.3f} {r['tokens_per_s_per_gpu']:10.1f} {r['samples_per_s']:10.2f} "
+              f"{r['gen_s']:7.3f} {r['policy_lag_mean']:5.2f} {ratio:8.2f}")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""A process group across worlds: the trainer's rank 0 and the standalone engines (separate_async).
+
+The trainer's ranks form one torch.distributed world (Megatron's) and every engine process has its
+own (vLLM's); a process can hold only one default world, so the weight push uses a group outside
+both: a TCPStore on the trainer's rank 0 and a gloo (CPU) or NCCL (GPU) process group built on it
+directly, registered in neither world. Its ranks are its own: the trainer's rank 0 is rank 0, engine
+``i`` is rank ``i + 1``. Every collective is bounded by ``timeout_s``; with gloo a peer that died
+fails the next collective at once (its connection closes).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+BACKENDS = ("gloo", "nccl")
+
+
+class SyncGroup:
+    """This process's membership (``rank`` of ``size``) of the weight-push group rendezvousing at
+    ``host:port`` (rank 0 serves the store). Implements ``megarl.weight_sync.transport.Broadcaster``."""
+
+    def __init__(self, host: str, port: int, rank: int, size: int, backend: str, timeout_s: float) -> None:
+        if backend not in BACKENDS:
+            raise ValueError(f"weight-push group backend must be one of {BACKENDS}, got {backend!r}")
+        timeout = timedelta(seconds=timeout_s)
+        self.rank, self.size, self.backend = rank, size, backend
+        store = dist.TCPStore(host, port, size, rank == 0, timeout=timeout)
+        prefixed = dist.PrefixStore("megarl_weight_push", store)
+        if backend == "gloo":
+            self.group = dist.ProcessGroupGloo(prefixed, rank, size, timeout)
+        else:
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            self.group = dist.ProcessGroupNCCL(prefixed, rank, size, options)
+        self._store = store  # rank 0 serves it for the group's life
+
+    def broadcast(self, tensor: torch.Tensor, src: int) -> None:
+        """``tensor`` from group rank ``src`` to every member, in place (blocks until done)."""
+        options = dist.BroadcastOptions()
+        options.rootRank, options.rootTensor = src, 0
+        self.group.broadcast([tensor], options).wait()
+
+    def close(self) -> None:
+        shutdown = getattr(self.group, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
