@@ -1,14 +1,17 @@
 """The launch plan of a resolved config: placement, memory per role and phase, and its verdict.
 
-Every role is colocated on every GPU (see :mod:`megarl.plan.placement`). The phases follow the
-colocated worker's memory choreography; each phase lists its terms (bytes per GPU), so a
+Every role is colocated on every GPU of the trainer (see :mod:`megarl.plan.placement`) but the
+distillation teacher with ``distillation.nnodes > 0``, which has its own pool of
+``distillation.nnodes x distillation.n_gpus_per_node`` GPUs and one phase there. The phases follow
+the colocated workers' memory choreography; each phase lists its terms (bytes per GPU), so a
 measured peak can be set beside each one:
 
-* ``init``: the Megatron roles are built in turn (critic, actor, reference: the trainer's order)
-  before vLLM starts, each whole (parameters, gradients, optimizer state) and then offloaded
-  per its ``param_offload`` (parameters and gradients) / ``grad_offload`` (gradients) /
-  ``optimizer_offload``; the peak is the
-  role being built beside what the ones built before it keep.
+* ``init``: the Megatron roles are built in turn (critic, reward model, teacher, actor, reference:
+  the trainer's order) before vLLM starts, each whole (parameters, gradients, optimizer state) and
+  then offloaded per its ``param_offload`` (parameters and gradients) / ``grad_offload``
+  (gradients) / ``optimizer_offload``; the forward-only reward model and teacher offload their
+  parameters per their ``free_cache_engine`` (megarl.workers.megatron.worker_base.forward_only_megatron);
+  the peak is the role being built beside what the ones built before it keep.
 * ``sync`` (weights into vLLM): the actor's parameters on the device (onloaded when
   ``param_offload``; its gradients and optimizer state stay where they are between phases),
   vLLM's weights awake (weights / rollout TP), one weight-sync bucket
@@ -16,14 +19,19 @@ measured peak can be set beside each one:
   cache is not awake yet.
 * ``generate``: vLLM's whole budget (``gpu_memory_utilization`` x GPU) + every role's
   between-phase state (the actor's parameters offloaded again when ``param_offload``).
-* forward passes (``old_log_prob``, ``ref_log_prob``, ``values``): vLLM asleep at level 2
+* forward passes (``old_log_prob``, ``ref_log_prob``, ``values``, ``teacher_log_prob``,
+  ``reward_model``): vLLM asleep at level 2
   (weights and KV cache released; awake all along when ``rollout.free_cache_engine=false``),
   the role's parameters on the device (not its gradients or optimizer state) + its forward
-  activations + the others' between-phase state.
+  activations + the others' between-phase state. The teacher on its own pool: its parameters
+  + its forward activations, nothing else. The teacher's and reward model's micro-batches are
+  ``max_num_seqs`` rows, at most a data-parallel rank's share of the step's
+  ``data.train_batch_size x rollout.n`` rows.
 * updates (``update_actor``, ``update_critic``): the trained role whole + its training
   activations + the others' between-phase state.
 
-Every phase also holds :data:`GPU_OVERHEAD`. The plan refuses when a phase exceeds the GPU
+Every phase also holds :data:`GPU_OVERHEAD`, and :data:`CUDA_CONTEXT` for each colocated
+reward-model or teacher process. The plan refuses when a phase exceeds the GPU
 (``trainer.memory_plan.gpu_memory_gib``), or when a node's host memory
 (``trainer.memory_plan.host_memory_gib``) cannot hold the page-locked copies of what every GPU of
 the node offloads plus :data:`HOST_OVERHEAD_PER_GPU` per worker process.
@@ -36,7 +44,8 @@ from dataclasses import dataclass, field
 from omegaconf import DictConfig, OmegaConf
 
 from megarl.config.errors import Issue
-from megarl.config.rules.roles import ACTOR, CRITIC, REF, Role, need_critic, need_reference
+from megarl.config.read import typed_config
+from megarl.config.rules.roles import ACTOR, CRITIC, REF, RM_ROLE, TEACHER_ROLE, Role, need_critic, need_reference
 from megarl.config.rules.view import value_at
 from megarl.config.schema.trainer import MemoryPlanConfig
 from megarl.parallel.layout import ParallelLayout
@@ -54,12 +63,19 @@ DEFAULT_GPU_GIB = 80.0
 # vLLM's communicators (a few hundred MiB), and vLLM's CUDA-graph pool, which stays allocated
 # while vLLM sleeps (~0.5 GiB at 7B). An estimate until the GPU runs of issue 31 measure it.
 GPU_OVERHEAD = 2 * GIB
+# A further process on the GPU (the reward model's, a colocated teacher's): its CUDA context and
+# cuBLAS workspace, as each counted in GPU_OVERHEAD.
+CUDA_CONTEXT = GIB // 2
 # Host memory of each GPU's worker process besides its offload buffers: torch, CUDA, Megatron and
 # vLLM loaded, the Ray worker, the HF weights while they load. The 7B TP=2 run of 2026-11-26 used
 # ~39 GB of the node's RAM beyond its pinned buffers for two such processes.
 HOST_OVERHEAD_PER_GPU = 20 * GIB
-FORWARD_PHASE = {"actor": "old_log_prob", "ref": "ref_log_prob", "critic": "values"}
-BUILD_ORDER = ("critic", "actor", "ref")  # megarl.trainer.ppo_trainer.init_workers: critic first
+FORWARD_PHASE = {"actor": "old_log_prob", "ref": "ref_log_prob", "critic": "values",
+                 "teacher": "teacher_log_prob", "reward_model": "reward_model"}
+# megarl.trainer.ppo_trainer.init_workers: critic, reward model and teacher first, then the actor's group
+BUILD_ORDER = ("critic", "reward_model", "teacher", "actor", "ref")
+SERVED = (RM_ROLE, TEACHER_ROLE)  # forward-only models verl serves with vLLM: layout and offload from its keys
+TRAINER_POOL, TEACHER_POOL = "trainer", "distillation"
 
 
 @dataclass(frozen=True)
@@ -71,6 +87,12 @@ class RolePlan:
     param_offload: bool
     grad_offload: bool  # megatron.grad_offload (verl <= 0.8): the gradients alone
     optimizer_offload: bool
+    pool: str = TRAINER_POOL  # TEACHER_POOL: the teacher on its own GPUs (distillation.nnodes > 0)
+
+    @property
+    def param_offload_key(self) -> str:
+        """The key that offloads its parameters between phases (a served model's free_cache_engine)."""
+        return f"{self.role.megatron}.{'free_cache_engine' if self.role in SERVED else 'param_offload'}"
 
     @property
     def grads_offloaded(self) -> bool:
@@ -106,10 +128,12 @@ class RolePlan:
 @dataclass(frozen=True)
 class Phase:
     """One phase's peak on one GPU: named terms in bytes; ``role``: the Megatron role whose
-    state the phase loads (None for ``generate``)."""
+    state the phase loads (None for ``generate``); ``pool``: whose GPUs (TRAINER_POOL or
+    TEACHER_POOL)."""
 
     terms: dict[str, int]
     role: str | None
+    pool: str = TRAINER_POOL
 
     @property
     def total(self) -> int:
@@ -127,6 +151,7 @@ class Plan:
     vllm_awake_in_training: bool
     bucket_bytes: int
     host_bytes: int | None  # one node's RAM (None: not known, not judged)
+    teacher_pool: tuple[int, int] | None = None  # the teacher's own (nodes, GPUs per node); None: colocated or none
     phases: dict[str, Phase] = field(default_factory=dict)
     issues: list[Issue] = field(default_factory=list)
 
@@ -164,12 +189,13 @@ def host_memory_gib(memory_plan: MemoryPlanConfig, device: str) -> float | None:
 
 def host_terms(plan: Plan) -> dict[str, int]:
     """One node's host memory need, by term."""
-    per_gpu = sum(r.offloaded for r in plan.roles.values())
+    per_gpu = sum(r.offloaded for r in plan.roles.values() if r.pool == TRAINER_POOL)
     return {f"offload copies ({plan.per_node} GPUs x {per_gpu / GIB:.1f})": plan.per_node * per_gpu,
             f"worker processes ({plan.per_node} x {HOST_OVERHEAD_PER_GPU / GIB:.0f})": plan.per_node * HOST_OVERHEAD_PER_GPU}
 
 
 def _megatron_dtype(cfg: DictConfig, role: Role) -> str:
+    """The role's parameter dtype, ``auto`` resolved as MegatronEngine does."""
     dtype = value_at(cfg, f"{role.megatron}.dtype")
     if dtype == "auto":
         return "float32" if value_at(cfg, "trainer.device") == "cpu" else "bfloat16"
@@ -214,7 +240,56 @@ def _setup(cfg: DictConfig, role: Role) -> TrainSetup:
         exp_avg_sq_dtype=optim.exp_avg_sq_dtype if precision_aware else "fp32",
         value_head=role is CRITIC,
         forward_entropy=role is ACTOR,
+        loss_topk=_teacher_topk(cfg) if role is ACTOR else 0,
+        response_share=value_at(cfg, "data.max_response_length") / seq,
     )
+
+
+def _teacher_topk(cfg: DictConfig) -> int:
+    """Teacher log-probs per token the distillation loss reads: its top-k with forward_kl_topk, else 0."""
+    distillation = typed_config(cfg).distillation
+    return distillation.distillation_loss.topk if distillation.enabled and distillation.uses_topk() else 0
+
+
+def _rows_per_rank(cfg: DictConfig, dp: int) -> int:
+    """Rows of a step's batch (data.train_batch_size x rollout.n) on one data-parallel rank."""
+    rows = value_at(cfg, "data.train_batch_size") * value_at(cfg, "actor_rollout_ref.rollout.n")
+    return -(-rows // dp)
+
+
+def _served_roles(cfg: DictConfig, world: int) -> list[RolePlan]:
+    """The forward-only reward model and distillation teacher (megarl.workers.reward_model /
+    teacher): layout from their own keys, parameters offloaded between calls per
+    ``free_cache_engine``, micro-batches of ``max_num_seqs`` rows (at most a DP rank's share)."""
+    typed = typed_config(cfg)
+    out = []
+    rm = typed.reward.reward_model
+    if rm.enable:
+        layout = ParallelLayout(world, tp=rm.rollout.tensor_model_parallel_size, pp=rm.rollout.pipeline_model_parallel_size)
+        rows = min(rm.rollout.max_num_seqs, _rows_per_rank(cfg, layout.dp))
+        setup = TrainSetup(dtype=_megatron_dtype(cfg, RM_ROLE), trainable=False, tokens=0,
+                           forward_tokens=rows * rm.rollout.max_length(), value_head=True)
+        out.append(_served(cfg, RM_ROLE, layout, setup, rm.rollout.free_cache_engine, TRAINER_POOL))
+    distillation = typed.distillation
+    if distillation.enabled:
+        inference = distillation.teacher_models.teacher_model.inference
+        own = distillation.nnodes > 0
+        pool_world = distillation.nnodes * distillation.n_gpus_per_node if own else world
+        layout = ParallelLayout(pool_world, tp=inference.tensor_model_parallel_size)
+        seq = value_at(cfg, "data.max_prompt_length") + value_at(cfg, "data.max_response_length")
+        rows = min(inference.max_num_seqs, _rows_per_rank(cfg, layout.dp))
+        setup = TrainSetup(dtype=_megatron_dtype(cfg, TEACHER_ROLE), trainable=False, tokens=0,
+                           forward_tokens=rows * seq, forward_topk=_teacher_topk(cfg))
+        out.append(_served(cfg, TEACHER_ROLE, layout, setup, inference.free_cache_engine,
+                           TEACHER_POOL if own else TRAINER_POOL))
+    return out
+
+
+def _served(cfg: DictConfig, role: Role, layout: ParallelLayout, setup: TrainSetup, free_cache_engine: bool,
+            pool: str) -> RolePlan:
+    params = count_params(load_shape(value_at(cfg, role.model_path)))
+    return RolePlan(role, layout, params, rank_memory(params, layout, setup), param_offload=free_cache_engine,
+                    grad_offload=False, optimizer_offload=False, pool=pool)
 
 
 def build_plan(cfg: DictConfig, gpu_memory_gib: float, host_memory_gib: float | None) -> Plan:
@@ -234,6 +309,7 @@ def build_plan(cfg: DictConfig, gpu_memory_gib: float, host_memory_gib: float | 
             grad_offload=trainable and bool(value_at(cfg, f"{role.megatron}.grad_offload")),
             optimizer_offload=trainable and bool(value_at(cfg, f"{role.megatron}.optimizer_offload")),
         )
+    roles.update((r.role.name, r) for r in _served_roles(cfg, world))
     rollout = "actor_rollout_ref.rollout"
     gpu_bytes = int(gpu_memory_gib * GIB)
     rollout_dtype = value_at(cfg, f"{rollout}.dtype")
@@ -245,6 +321,8 @@ def build_plan(cfg: DictConfig, gpu_memory_gib: float, host_memory_gib: float | 
                 vllm_awake_in_training=not value_at(cfg, f"{rollout}.free_cache_engine"),
                 bucket_bytes=int(value_at(cfg, f"{rollout}.weight_sync.bucket_size_mb") * MIB),
                 host_bytes=None if host_memory_gib is None else int(host_memory_gib * GIB))
+    if roles.get("teacher") is not None and roles["teacher"].pool == TEACHER_POOL:
+        plan.teacher_pool = (value_at(cfg, "distillation.nnodes"), value_at(cfg, "distillation.n_gpus_per_node"))
     plan.phases = phases(plan)
     plan.issues = _fit_issues(plan, cfg, gpu_memory_gib)
     return plan
@@ -252,8 +330,8 @@ def build_plan(cfg: DictConfig, gpu_memory_gib: float, host_memory_gib: float | 
 
 def phases(plan: Plan) -> dict[str, Phase]:
     """Every phase's terms (see the module docstring)."""
-    roles = plan.roles
-    overhead = {"overhead": GPU_OVERHEAD}
+    roles = {name: r for name, r in plan.roles.items() if r.pool == TRAINER_POOL}
+    overhead = {"overhead": GPU_OVERHEAD + CUDA_CONTEXT * sum(r.role in SERVED for r in roles.values())}
 
     def others(name: str | None) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -280,6 +358,10 @@ def phases(plan: Plan) -> dict[str, Phase]:
     for name, r in roles.items():
         out[FORWARD_PHASE[name]] = Phase({**r.kept(params_onloaded=True), f"{name} activations (forward)":
                                           r.memory.activations_forward, **others(name), **asleep, **overhead}, name)
+    for name, r in plan.roles.items():
+        if r.pool != TRAINER_POOL:  # alone on its GPUs
+            out[FORWARD_PHASE[name]] = Phase({**r.kept(params_onloaded=True), f"{name} activations (forward)":
+                                              r.memory.activations_forward, "overhead": GPU_OVERHEAD}, name, r.pool)
     for name, r in roles.items():
         if r.memory.grads:
             out[f"update_{name}"] = Phase({**r.whole(), f"{name} activations (train)": r.memory.activations_train,
@@ -300,22 +382,30 @@ def _fit_issues(plan: Plan, cfg: DictConfig, gib: float) -> list[Issue]:
     cluster = "trainer.nnodes / trainer.n_gpus_per_node"
     host_need = sum(host_terms(plan).values())
     if plan.host_bytes is not None and host_need > plan.host_bytes:
-        offloading = [f"{r.role.megatron}.{k}" for r in plan.roles.values()
-                      for k, on in (("param_offload", r.param_offload), ("optimizer_offload", r.optimizer_offload)) if on]
+        offloading = [key for r in plan.roles.values() if r.pool == TRAINER_POOL
+                      for key, on in ((r.param_offload_key, r.param_offload),
+                                      (f"{r.role.megatron}.optimizer_offload", r.optimizer_offload)) if on]
         issues.append(Issue("trainer.memory_plan.host_memory_gib", round(plan.host_bytes / GIB, 1),
                             f"a node needs {host_need / GIB:.1f} GiB of host memory (the page-locked copies of what its "
                             f"{plan.per_node} GPUs offload, and their worker processes), the node has {plan.host_bytes / GIB:.1f}",
                             "offload less (" + ", ".join(offloading) + "), put fewer GPUs on a node "
                             "(trainer.n_gpus_per_node), or set trainer.memory_plan.host_memory_gib to the nodes' RAM "
                             "if it is not this machine's"))
+    teacher = plan.roles.get("teacher")
+    move_teacher = "distillation.nnodes > 0 with distillation.n_gpus_per_node (the teacher on its own GPUs)"
     for name, phase in plan.phases.items():
         if phase.total <= plan.gpu_bytes:
             continue
         where = (f"phase {name} needs {phase.total / GIB:.1f} GiB per GPU, the GPU has {gib:g} GiB "
                  "(trainer.memory_plan.gpu_memory_gib)")
-        offload_others = [f"{o.role.megatron}.{k}" for o in plan.roles.values() if o.role.name != phase.role
-                          for k in ("param_offload", "optimizer_offload")
-                          if (k == "param_offload" and not o.param_offload) or (k == "optimizer_offload" and o.memory.grads and not o.optimizer_offload)]
+        offload_others = [] if phase.pool != TRAINER_POOL else [
+            key for o in plan.roles.values() if o.role.name != phase.role and o.pool == TRAINER_POOL
+            for key, missing in ((o.param_offload_key, not o.param_offload),
+                                 (f"{o.role.megatron}.optimizer_offload", bool(o.memory.grads) and not o.optimizer_offload))
+            if missing]
+        if teacher is not None and teacher.pool == TRAINER_POOL and phase.pool == TRAINER_POOL and (
+                phase.role == "teacher" or teacher.between_phases):
+            offload_others.append(move_teacher)
         if phase.role is None:  # generate
             fix = [f"{rollout}.gpu_memory_utilization"] + offload_others
             issues.append(Issue(f"{rollout}.gpu_memory_utilization", value_at(cfg, f"{rollout}.gpu_memory_utilization"),
@@ -324,7 +414,7 @@ def _fit_issues(plan: Plan, cfg: DictConfig, gib: float) -> list[Issue]:
         r = plan.roles[phase.role]
         m = r.role.megatron
         section = m.rsplit(".", 1)[0]
-        fix = [f"{m}.tensor_model_parallel_size", f"{m}.pipeline_model_parallel_size"]
+        fix = [f"{m}.tensor_model_parallel_size"] + ([] if r.role is TEACHER_ROLE else [f"{m}.pipeline_model_parallel_size"])
         if name == "sync":
             fix += [f"{rollout}.tensor_model_parallel_size", f"{rollout}.weight_sync.bucket_size_mb"]
             fix += [f"{m}.{k}" for k, on in (("param_offload", r.param_offload), ("optimizer_offload", r.optimizer_offload))
@@ -335,7 +425,8 @@ def _fit_issues(plan: Plan, cfg: DictConfig, gib: float) -> list[Issue]:
             if r.memory.optimizer != r.memory.optimizer_sharded:
                 fix.append(f"{m}.use_distributed_optimizer=true")
         elif name != "init":
-            fix.append("the log-prob micro-batch size")
+            fix.append(f"{m}.max_num_seqs" if r.role in SERVED else "the log-prob micro-batch size")
+        gpus = cluster if r.pool == TRAINER_POOL else "distillation.nnodes / distillation.n_gpus_per_node"
         issues.append(Issue(f"{m}.tensor_model_parallel_size", r.layout.tp, where,
-                            "change " + ", ".join(fix + offload_others) + f", or {cluster}"))
+                            "change " + ", ".join(fix + offload_others) + f", or {gpus}"))
     return issues

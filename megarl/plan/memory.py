@@ -1,4 +1,5 @@
-"""GPU memory of one rank of a Megatron role (actor, reference, critic) and of a vLLM replica.
+"""GPU memory of one rank of a Megatron role (actor, reference, critic, distillation teacher,
+reward model) and of a vLLM replica.
 
 Bytes per rank, from the model's parameter counts (:mod:`megarl.plan.model_size`) and the
 layout (:class:`~megarl.parallel.layout.ParallelLayout`). The model of each term:
@@ -26,8 +27,14 @@ layout (:class:`~megarl.parallel.layout.ParallelLayout`). The model of each term
   receive copies of the permuted hidden states, ``2 x hidden`` per token copy.
 * logits (last stage): ``tokens x vocab/tp`` in bf16 saved + one fp32 working copy (the
   log-softmax), 6 bytes per element (critic: a value head, no vocabulary logits).
-* forward-only passes (old log-prob, reference): one layer's activations + the logits; the
-  actor's old log-prob pass also takes the entropy: 12 bytes per logit.
+* forward-only passes (old log-prob, reference, teacher, reward model): one layer's activations +
+  the logits; the actor's old log-prob pass also takes the entropy: 12 bytes per logit; the
+  distillation teacher's top-k (forward_kl_topk) takes the log-softmax of its whole vocabulary slice
+  in fp32 (10 bytes per logit) and returns ``[tokens, k]`` fp32 log-probs + int64 ids; the reward
+  model has a value head, no vocabulary logits.
+* the distillation student's forward_kl_topk loss (training): its response positions' logits
+  ``[tokens x response share, vocab/tp]`` sliced out in bf16 and their log-softmax in fp32, two fp32
+  copies while it is made (10 bytes per logit), plus the teacher's ``[tokens, k]`` inputs.
 * host memory (offload): every offloaded byte has an exact page-locked host copy for the run
   (megarl.workers.megatron.offload), per GPU.
 """
@@ -47,6 +54,11 @@ LOGIT_BYTES = 2 + 4  # bf16 logits kept for backward + an fp32 copy in the log-s
 # A forward that also takes the entropy (the actor's old log-probs): bf16 logits, the fp32 copy, its
 # exp and the entropy's e * x product (megarl.workers.megatron.vocab_parallel); 12.4 measured at 7B.
 LOGIT_BYTES_FORWARD_ENTROPY = 2 + 4 + 4 + 2
+# Top-k log-probs over the vocabulary slice (megarl.workers.megatron.vocab_topk._log_softmax): the bf16
+# logits, then two fp32 copies at once at each step (the float() copy and its scaled one, the scaled
+# one and its shifted one, the shifted one and the log-softmax).
+LOGIT_BYTES_TOPK = 2 + 4 + 4
+TOPK_ENTRY_BYTES = 4 + 8  # one top-k entry: its fp32 log-prob and int64 vocabulary id
 
 
 @dataclass(frozen=True)
@@ -69,6 +81,9 @@ class TrainSetup:
     exp_avg_sq_dtype: str = "fp32"
     value_head: bool = False  # critic: [h] -> 1 instead of the LM head
     forward_entropy: bool = False  # the forward pass also computes the entropy (the actor's old log-probs)
+    forward_topk: int = 0  # the forward pass takes the top-k log-probs per token (the distillation teacher's)
+    loss_topk: int = 0  # the training loss is forward_kl_topk against the teacher's top-k (the distillation student's)
+    response_share: float = 1.0  # response positions per token of a micro-batch (forward_kl_topk reads them alone)
 
 
 @dataclass(frozen=True)
@@ -122,10 +137,16 @@ def activation_bytes(p: ParamCount, layout: ParallelLayout, setup: TrainSetup, t
     dense_layers = s.layers - s.moe_layers
     per_layer_avg = attention + (dense_layers * dense_mlp + s.moe_layers * moe_mlp) / s.layers
     per_layer_max = attention + max((moe_mlp,) * bool(s.moe_layers) + (dense_mlp,) * bool(dense_layers))
-    logit_bytes = LOGIT_BYTES_FORWARD_ENTROPY if setup.forward_entropy and not train else LOGIT_BYTES
+    logit_bytes = LOGIT_BYTES
+    if not train and setup.forward_entropy:
+        logit_bytes = LOGIT_BYTES_FORWARD_ENTROPY
+    elif not train and setup.forward_topk:
+        logit_bytes = LOGIT_BYTES_TOPK
     logits = 0 if setup.value_head else t * s.vocab / tp * logit_bytes
     if not train:
-        return int(t * (per_layer_max + dispatcher) * ACT_BYTES + logits)
+        return int(t * (per_layer_max + dispatcher) * ACT_BYTES + logits + t * setup.forward_topk * TOPK_ENTRY_BYTES)
+    if setup.loss_topk:
+        logits += t * setup.response_share * (s.vocab / tp * LOGIT_BYTES_TOPK + setup.loss_topk * TOPK_ENTRY_BYTES)
     stage_layers = -(-s.layers // layout.pp)
 
     def stage(micro_batches: int) -> float:

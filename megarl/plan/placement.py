@@ -2,7 +2,8 @@
 
 megarl colocates every role on every slot (``megarl.trainer.ppo_trainer.init_workers``):
 slot ``node * n_gpus_per_node + gpu`` hosts global rank ``r`` of the actor (with its
-rollout and reference) and, when a critic runs, rank ``r`` of the critic. The groups come
+rollout and reference) and, when they run, rank ``r`` of the critic, the reward model and the
+distillation teacher (but for a teacher on its own pool, ``distillation.nnodes > 0``). The groups come
 from :class:`~megarl.parallel.layout.ParallelLayout` (megatron's ``tp-cp-ep-dp-pp`` order).
 
 Small worlds are listed per GPU (:func:`slot_lines`) with their first groups; large ones per

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from megarl.plan.build import GIB, GPU_OVERHEAD, Plan, host_terms
+from megarl.plan.build import GIB, GPU_OVERHEAD, TRAINER_POOL, Plan, host_terms
 from megarl.plan.placement import group_lines, node_lines, slot_lines
 
 DETAILED_NODES = 2  # up to this many nodes the placement is listed per GPU
@@ -16,10 +16,18 @@ def format_plan(plan: Plan, notes: tuple[str, ...] | list[str] = ()) -> str:
     """The plan as text; ``notes``: lines on how it was made (checks skipped, packages judged)."""
     world = plan.nnodes * plan.per_node
     out = [f"megarl plan: {plan.nnodes} node(s) x {plan.per_node} GPU(s) = {world} ranks, "
-           f"{plan.gpu_bytes / GIB:g} GiB per GPU; every role is colocated on every GPU"]
+           f"{plan.gpu_bytes / GIB:g} GiB per GPU; every role is colocated on every GPU"
+           + (" but the teacher" if plan.teacher_pool else "")]
     out += [f"note: {note}" for note in notes]
-    out.append("reward: the reward function runs in the driver process (node 0), no GPU")
-    layouts = {name: r.layout for name, r in plan.roles.items()}
+    if "reward_model" in plan.roles:
+        out.append("reward: the reward model (reward.reward_model) on every GPU, scoring after generation")
+    else:
+        out.append("reward: the reward function runs in the driver process (node 0), no GPU")
+    if plan.teacher_pool:
+        nodes, gpus = plan.teacher_pool
+        out.append(f"teacher: its own pool of {nodes} node(s) x {gpus} GPU(s) (distillation.nnodes > 0), "
+                   f"{plan.gpu_bytes / GIB:g} GiB per GPU")
+    layouts = {name: r.layout for name, r in plan.roles.items() if r.pool == TRAINER_POOL}
     rollout_replicas = world // plan.rollout_tp
     out.append(f"rollout: {rollout_replicas} vLLM replica(s) of TP={plan.rollout_tp}")
     out.append("")
@@ -31,16 +39,16 @@ def format_plan(plan: Plan, notes: tuple[str, ...] | list[str] = ()) -> str:
         out.append("placement per run of alike nodes (coordinates; DP indices and replicas shift node to node):")
         out += ["  " + line for line in node_lines(plan.nnodes, plan.per_node, layouts, plan.rollout_tp)]
     out.append("")
-    for name, layout in layouts.items():
-        out += group_lines(name, layout, compact=not detailed)
+    for name, r in plan.roles.items():
+        out += group_lines(name, r.layout, compact=not detailed)
     out.append("")
     out.append("memory per GPU, GiB (estimate; see megarl/plan/memory.py for the model):")
-    out.append(f"  {'role':<8}{'params(B)':>10}{'weights':>9}{'grads':>8}{'optim':>8}{'optim unsharded':>16}"
+    out.append(f"  {'role':<13}{'params(B)':>10}{'weights':>9}{'grads':>8}{'optim':>8}{'optim unsharded':>16}"
                f"{'offloaded between phases':>26}{'act train':>11}{'act fwd':>9}")
     for name, r in plan.roles.items():
         m = r.memory
         offload = r.offloaded
-        out.append(f"  {name:<8}{r.params.total / 1e9:>10.3f}{_g(m.params):>9}{_g(m.grads):>8}{_g(m.optimizer):>8}"
+        out.append(f"  {name:<13}{r.params.total / 1e9:>10.3f}{_g(m.params):>9}{_g(m.grads):>8}{_g(m.optimizer):>8}"
                    f"{_g(m.optimizer_full):>16}{_g(offload):>26}{_g(m.activations_train):>11}{_g(m.activations_forward):>9}")
     v = plan.vllm
     out.append(f"  vLLM: budget {_g(v.budget)} = weights {_g(v.weights)} + KV cache {_g(v.kv_cache)} "
@@ -51,9 +59,10 @@ def format_plan(plan: Plan, notes: tuple[str, ...] | list[str] = ()) -> str:
     for name, phase in plan.phases.items():
         flag = "  <-- does not fit" if phase.total > plan.gpu_bytes else ""
         terms = " + ".join(f"{term} {_g(size)}" for term, size in phase.terms.items())
-        out.append(f"  {name:<14}{_g(phase.total):>8} = {terms}{flag}")
+        pool = "" if phase.pool == TRAINER_POOL else f" (on the {phase.pool} pool's GPUs)"
+        out.append(f"  {name:<16}{_g(phase.total):>8} = {terms}{pool}{flag}")
     host = host_terms(plan)
-    out.append(f"  {'host (node)':<14}{_g(sum(host.values())):>8} = "
+    out.append(f"  {'host (node)':<16}{_g(sum(host.values())):>8} = "
                + " + ".join(f"{term} {_g(size)}" for term, size in host.items())
                + (f" of {_g(plan.host_bytes)} GiB (trainer.memory_plan.host_memory_gib)" if plan.host_bytes is not None
                   else " (not judged: set trainer.memory_plan.host_memory_gib to the nodes' RAM)"))
