@@ -189,6 +189,9 @@ def test_verl_script(script, data, monkeypatch, capsys):
                    for i in issues)
     if want == "sglang":
         assert any(i.value == "sglang" for i in issues)
+    if want == "vision":  # one issue that says so, not a missing field or a missing expert count
+        assert [i.key for i in issues] == [_PATH] and "vision-language model" in issues[0].problem, \
+            [i.format() for i in issues]
 
 
 def test_scripts_planned(data, monkeypatch, capsys):

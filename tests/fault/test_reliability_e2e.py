@@ -39,9 +39,13 @@ import os, time
 def score(data_source, solution_str, ground_truth, extra_info, hang_marker=None, fail=False, scale=1.0):
     if fail:
         raise KeyError("no 'answer' field in " + repr(solution_str))
-    if hang_marker and not os.path.exists(hang_marker):
-        open(hang_marker, "w").close()
-        time.sleep(10**6)
+    if hang_marker:
+        try:  # exactly one call hangs: rows are scored in parallel (reward.num_workers), creation is the atomic test
+            os.close(os.open(hang_marker, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            pass
+        else:
+            time.sleep(10**6)
     return scale * ((sum(map(ord, solution_str)) + int(ground_truth)) % 10) / 10.0
 """
 NO_RAY = "Started a local Ray instance"

@@ -226,6 +226,9 @@ NOT_EXERCISED_HERE = {
                                                "ppo_kl_coef")), f"{A}.tau_neg", f"{A}.tau_pos", f"{C}.loss_type"),
     **_keys("only with rollout correction on (tests/algorithms/test_rollout_correction.py)", f"{C}.rollout_is_batch_normalize",
             f"{C}.rollout_is_threshold", f"{C}.rollout_rs_threshold", f"{C}.rollout_rs_threshold_lower"),
+    **_keys("validated only: a dense model's vLLM data parallelism is megarl's own replicas, an MoE model's is "
+            "refused (megarl.config.rules.rollout_parallel; tests/config/test_rules_rollout_parallel.py)",
+            f"{R}.data_parallel_size"),
     **_keys("only by the gdpo estimator (tests/trainer/test_every_loss_mode.py)", "algorithm.gdpo_reward_keys",
             "algorithm.gdpo_reward_weights"),
     **_keys("only by the adaptive KL controller (tests/algorithms/test_kl.py)", "algorithm.kl_ctrl.horizon",

@@ -37,6 +37,7 @@ def _trainer(val_only: bool) -> RayPPOTrainer:
     trainer.load_checkpoint = lambda: None
     trainer.validate = lambda: {"val/reward/mean": 0.5}
     trainer.train_loader = SimpleNamespace(sampler=SimpleNamespace(epoch=0), __iter__=None)
+    trainer.sampler = None  # sync mode: no trainer.v1 sampler
     trainer.steps = []
 
     def train_step(prompts, it):

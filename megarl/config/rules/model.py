@@ -122,6 +122,22 @@ def missing_fields(hf: dict[str, Any]) -> list[str]:
     return missing
 
 
+# config.json fields of a vision-language checkpoint (Qwen2.5-VL, Qwen3-VL, Qwen3.5: the text model nests
+# under text_config beside a vision tower)
+VISION_FIELDS = ("vision_config", "vision_start_token_id", "image_token_id")
+
+
+def vision_language_issue(v: View, role: Role, hf: dict[str, Any]) -> Issue | None:
+    """The one issue of a vision-language checkpoint: megarl builds text-only causal LMs."""
+    fields = [f for f in VISION_FIELDS if f in hf]
+    if not fields:
+        return None
+    return Issue(role.model_path, v.get(role.model_path),
+                 f"{v.path(role.model_path)}/config.json is a vision-language model (model_type "
+                 f"{hf.get('model_type')!r}, {fields[0]}): megarl trains text-only causal language models",
+                 "use a text-only checkpoint (e.g. Qwen3 instead of Qwen3-VL / Qwen3.5), or verl for vision-language RL")
+
+
 def model_fields(v: View, role: Role, hf: dict[str, Any]) -> Iterator[Issue]:
     where = f"{v.path(role.model_path)}/config.json"
     missing = missing_fields(hf)
@@ -134,6 +150,7 @@ def model_dir(v: View, role: Role) -> Generator[Issue, None, dict[str, Any] | No
     """Issues of a role's HF dir (config.json readable, its fields, weights); returns the config.json
     (None when unreadable): `hf = yield from model_dir(v, role)`."""
     hf, issue = read_hf_config(v, role.model_path, role.override_config)
+    issue = issue or vision_language_issue(v, role, hf)
     if issue is not None:
         yield issue
         return None
@@ -231,8 +248,10 @@ def run(v: View) -> Iterator[Issue]:
             if cache_key not in seen:
                 hf, issue = read_hf_config(v, role.model_path, role.override_config)
                 seen[cache_key] = hf
-                if issue is not None:
-                    yield issue
+                vision = vision_language_issue(v, role, hf) if issue is None else None
+                if issue is not None or vision is not None:
+                    yield issue or vision
+                    seen[cache_key] = None  # nothing else of this model is checked
                 else:
                     yield from model_fields(v, role, hf)
                     yield from _guard(weights, v, role)
@@ -270,7 +289,7 @@ def built_models(v: View) -> Iterator[tuple[Role, dict[str, Any]]]:
             hf, issue = read_hf_config(v, role.model_path, role.override_config)
         except Skip:
             continue
-        if issue is None and not missing_fields(hf):
+        if issue is None and not missing_fields(hf) and not any(f in hf for f in VISION_FIELDS):
             yield role, hf
 
 

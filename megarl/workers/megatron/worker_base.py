@@ -64,14 +64,17 @@ class MegatronWorker:
         nccl_timeout_s: int | None,
         lora_cfg: LoraConfig | None = None, routing_replay: bool = False,
     ) -> None:
+        # verl's Megatron engine reads megatron.use_remove_padding; false there means padded rows whatever
+        # model.use_remove_padding says (both read: each changes the layout)
+        model_packs, megatron_packs = model_cfg.use_remove_padding, megatron_cfg.use_remove_padding
+        packs = model_packs and megatron_packs
         self.engine = MegatronEngine(
             megatron_cfg,
             model_cfg.path,
             override_config=model_cfg.override_config,
             value_head=value_head,
             optim_cfg=optim_cfg,
-            # verl's Megatron engine reads megatron.use_remove_padding; false there means padded rows
-            remove_padding=model_cfg.use_remove_padding and megatron_cfg.use_remove_padding,
+            remove_padding=packs,
             trust_remote_code=model_cfg.trust_remote_code,
             prefix=prefix,
             device=device,
