@@ -247,11 +247,10 @@ def run(v: View) -> Iterator[Issue]:
             cache_key = f"{role.model_path}|{role.override_config}"
             if cache_key not in seen:
                 hf, issue = read_hf_config(v, role.model_path, role.override_config)
-                seen[cache_key] = hf
-                vision = vision_language_issue(v, role, hf) if issue is None else None
-                if issue is not None or vision is not None:
-                    yield issue or vision
-                    seen[cache_key] = None  # nothing else of this model is checked
+                issue = issue or vision_language_issue(v, role, hf)
+                seen[cache_key] = hf if issue is None else None  # None: nothing else of this model is checked
+                if issue is not None:
+                    yield issue
                 else:
                     yield from model_fields(v, role, hf)
                     yield from _guard(weights, v, role)
@@ -289,7 +288,7 @@ def built_models(v: View) -> Iterator[tuple[Role, dict[str, Any]]]:
             hf, issue = read_hf_config(v, role.model_path, role.override_config)
         except Skip:
             continue
-        if issue is None and not missing_fields(hf) and not any(f in hf for f in VISION_FIELDS):
+        if issue is None and not missing_fields(hf) and vision_language_issue(v, role, hf) is None:
             yield role, hf
 
 
