@@ -10,6 +10,12 @@
 #   e2e7b_tp2   5 GRPO steps of the 7B shape, actor TP=2 (+ reference), one vLLM TP=2 replica, 16 prompts x 8 x <= 1024
 #               tokens, offload as verl's 7B Megatron scripts set it; the launch plan of the same command first
 #   e2e7b_tp2_optim  the same with only the optimizer state offloaded (parameters and gradients stay on the GPUs)
+#   e2e7b_tp2dp2  4 GPUs: 4 GRPO steps of the 7B shape, actor TP=2 x DP=2, two vLLM TP=2 replicas, 32 prompts x 8
+#               (the per-GPU work of e2e7b_tp2), offload as e2e7b_tp2; the launch plan of the same command first
+#   e2e7b_tp4   4 GPUs: the same with actor TP=4 and one vLLM TP=4 replica (shard-to-shard at TP=4)
+#   stage4      4 GPUs at once: e2e05_tp2 on GPUs 0-1 (the stack's first check) while model7b builds on GPU 2
+#               and model30b on GPU 3, then the tests on GPUs 2-3
+#   tests       the GPU tests of tests/gpu (the e2e module aside) and tests/models, on the GPUs the machine has
 #   baselines   same-run copy and NCCL all-gather of one rank's 7B share (benchmarks/bench_sync_baselines.py)
 #   model30b    a random Qwen3-30B-A3B-shaped policy (128 experts top 8, real vocabulary) in /tmp/q30b with
 #               MOE30B_LAYERS (default 24) of its 48 layers, built on the GPU, and the 48-layer config in /tmp/q30b48:
@@ -33,6 +39,10 @@ SCALE7B=(actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 actor_rol
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16
   actor_rollout_ref.actor.megatron.optimizer_offload=true actor_rollout_ref.ref.megatron.param_offload=true
   actor_rollout_ref.actor.use_kl_loss=true actor_rollout_ref.actor.kl_loss_coef=0.001 trainer.total_training_steps=5)
+
+SCALE7B_4GPU=("${SCALE7B[@]}" data.train_batch_size=32 actor_rollout_ref.actor.ppo_mini_batch_size=32
+  actor_rollout_ref.actor.megatron.param_offload=true actor_rollout_ref.rollout.gpu_memory_utilization=0.5
+  trainer.total_training_steps=4)
 
 MOE30B_GPUS=${MOE30B_GPUS:-4}
 MOE30B=(actor_rollout_ref.actor.megatron.tensor_model_parallel_size="$MOE30B_GPUS"
@@ -65,6 +75,19 @@ for step in "$@"; do
                actor_rollout_ref.rollout.gpu_memory_utilization=0.5 ;;
     e2e7b_tp2_optim) plan_e2e e2e7b_tp2_optim /tmp/q7b 2 "${SCALE7B[@]}" actor_rollout_ref.rollout.gpu_memory_utilization=0.45
              run_e2e e2e7b_tp2_optim /tmp/q7b 2 540 "${SCALE7B[@]}" actor_rollout_ref.rollout.gpu_memory_utilization=0.45 ;;
+    e2e7b_tp2dp2) plan_e2e e2e7b_tp2dp2 /tmp/q7b 4 "${SCALE7B_4GPU[@]}"
+             run_e2e e2e7b_tp2dp2 /tmp/q7b 4 480 "${SCALE7B_4GPU[@]}" ;;
+    e2e7b_tp4) plan_e2e e2e7b_tp4 /tmp/q7b 4 "${SCALE7B_4GPU[@]}" actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4 \
+               actor_rollout_ref.rollout.tensor_model_parallel_size=4
+             run_e2e e2e7b_tp4 /tmp/q7b 4 480 "${SCALE7B_4GPU[@]}" actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4 \
+               actor_rollout_ref.rollout.tensor_model_parallel_size=4 ;;
+    stage4)  (CUDA_VISIBLE_DEVICES=2 bash "$0" model7b > "$OUT/stage4.model7b.txt" 2>&1 &
+              CUDA_VISIBLE_DEVICES=3 bash "$0" model30b > "$OUT/stage4.model30b.txt" 2>&1; wait
+              CUDA_VISIBLE_DEVICES=2,3 bash "$0" tests > "$OUT/stage4.tests.txt" 2>&1) &
+             CUDA_VISIBLE_DEVICES=0,1 bash "$0" e2e05_tp2; wait; cat "$OUT"/stage4.*.txt ;;
+    tests)   timeout 480 python3 -m pytest -q -m gpu tests/gpu tests/models --deselect tests/gpu/test_gpu_e2e.py -rA \
+               -p no:cacheprovider > "$OUT/pytest_gpu.log" 2>&1; echo rc $?
+             grep -E "passed|failed|PASSED|FAILED|SKIPPED|Error" "$OUT/pytest_gpu.log" | tail -24 ;;
     model30b) [ -f /tmp/q30b/config.json ] || timeout 420 python3 benchmarks/grpo_model_dir.py /tmp/q30b --30b \
                --layers "${MOE30B_LAYERS:-24}" > "$OUT/model30b.log" 2>&1
              echo rc $?; python3 benchmarks/grpo_model_dir.py /tmp/q30b48 --30b --config-only >> "$OUT/model30b.log" 2>&1
