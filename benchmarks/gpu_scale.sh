@@ -40,9 +40,20 @@ SCALE7B=(actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 actor_rol
   actor_rollout_ref.actor.megatron.optimizer_offload=true actor_rollout_ref.ref.megatron.param_offload=true
   actor_rollout_ref.actor.use_kl_loss=true actor_rollout_ref.actor.kl_loss_coef=0.001 trainer.total_training_steps=5)
 
-SCALE7B_4GPU=("${SCALE7B[@]}" data.train_batch_size=32 actor_rollout_ref.actor.ppo_mini_batch_size=32
-  actor_rollout_ref.actor.megatron.param_offload=true actor_rollout_ref.rollout.gpu_memory_utilization=0.5
+merged() {  # merged ARRAY key=value...: ARRAY's overrides with each given key's value replaced (Hydra refuses a key twice)
+  local -n base=$1; shift
+  local kv o keep
+  for kv in "${base[@]}"; do
+    keep=1; for o in "$@"; do [ "${kv%%=*}" = "${o%%=*}" ] && keep=0; done
+    [ $keep = 1 ] && printf '%s\n' "$kv"
+  done
+  printf '%s\n' "$@"
+}
+mapfile -t SCALE7B_4GPU < <(merged SCALE7B data.train_batch_size=32 actor_rollout_ref.actor.ppo_mini_batch_size=32 \
+  actor_rollout_ref.actor.megatron.param_offload=true actor_rollout_ref.rollout.gpu_memory_utilization=0.5 \
   trainer.total_training_steps=4)
+mapfile -t SCALE7B_TP4 < <(merged SCALE7B_4GPU actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4 \
+  actor_rollout_ref.rollout.tensor_model_parallel_size=4)
 
 MOE30B_GPUS=${MOE30B_GPUS:-4}
 MOE30B=(actor_rollout_ref.actor.megatron.tensor_model_parallel_size="$MOE30B_GPUS"
@@ -54,7 +65,8 @@ MOE30B=(actor_rollout_ref.actor.megatron.tensor_model_parallel_size="$MOE30B_GPU
   data.train_batch_size=16 data.max_prompt_length=64 data.max_response_length=1024 actor_rollout_ref.rollout.n=8
   actor_rollout_ref.actor.ppo_mini_batch_size=16 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16
-  actor_rollout_ref.actor.use_kl_loss=true actor_rollout_ref.actor.kl_loss_coef=0.001 trainer.total_training_steps=5)
+  actor_rollout_ref.actor.use_kl_loss=true actor_rollout_ref.actor.kl_loss_coef=0.001
+  trainer.total_training_steps="${MOE30B_STEPS:-5}")
 R3=(actor_rollout_ref.actor.megatron.router_replay.mode=R3 actor_rollout_ref.rollout.enable_rollout_routing_replay=true)
 
 for step in "$@"; do
@@ -77,10 +89,8 @@ for step in "$@"; do
              run_e2e e2e7b_tp2_optim /tmp/q7b 2 540 "${SCALE7B[@]}" actor_rollout_ref.rollout.gpu_memory_utilization=0.45 ;;
     e2e7b_tp2dp2) plan_e2e e2e7b_tp2dp2 /tmp/q7b 4 "${SCALE7B_4GPU[@]}"
              run_e2e e2e7b_tp2dp2 /tmp/q7b 4 480 "${SCALE7B_4GPU[@]}" ;;
-    e2e7b_tp4) plan_e2e e2e7b_tp4 /tmp/q7b 4 "${SCALE7B_4GPU[@]}" actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4 \
-               actor_rollout_ref.rollout.tensor_model_parallel_size=4
-             run_e2e e2e7b_tp4 /tmp/q7b 4 480 "${SCALE7B_4GPU[@]}" actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4 \
-               actor_rollout_ref.rollout.tensor_model_parallel_size=4 ;;
+    e2e7b_tp4) plan_e2e e2e7b_tp4 /tmp/q7b 4 "${SCALE7B_TP4[@]}"
+             run_e2e e2e7b_tp4 /tmp/q7b 4 480 "${SCALE7B_TP4[@]}" ;;
     stage4)  (CUDA_VISIBLE_DEVICES=2 bash "$0" model7b > "$OUT/stage4.model7b.txt" 2>&1 &
               CUDA_VISIBLE_DEVICES=3 bash "$0" model30b > "$OUT/stage4.model30b.txt" 2>&1; wait
               CUDA_VISIBLE_DEVICES=2,3 bash "$0" tests > "$OUT/stage4.tests.txt" 2>&1) &
