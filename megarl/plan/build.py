@@ -2,7 +2,10 @@
 
 Every role is colocated on every GPU of the trainer (see :mod:`megarl.plan.placement`) but the
 distillation teacher with ``distillation.nnodes > 0``, which has its own pool of
-``distillation.nnodes x distillation.n_gpus_per_node`` GPUs and one phase there. The phases follow
+``distillation.nnodes x distillation.n_gpus_per_node`` GPUs and one phase there, and the vLLM engines
+of ``trainer.v1.trainer_mode=separate_async``, one per GPU of their own pool
+(``actor_rollout_ref.rollout.nnodes x n_gpus_per_node``), where ``generate`` is their one phase and the
+trainer's GPUs hold no vLLM memory in any phase. The phases follow
 the colocated workers' memory choreography; each phase lists its terms (bytes per GPU), so a
 measured peak can be set beside each one:
 
@@ -18,7 +21,9 @@ measured peak can be set beside each one:
   (``rollout.weight_sync.bucket_size_mb``) and the other roles' between-phase state. vLLM's KV
   cache is not awake yet.
 * ``generate``: vLLM's whole budget (``gpu_memory_utilization`` x GPU) + every role's
-  between-phase state (the actor's parameters offloaded again when ``param_offload``).
+  between-phase state (the actor's parameters offloaded again when ``param_offload``). On
+  separate_async's pool: the budget + one weight-push bucket being received, nothing else; the
+  trainer's ``sync`` there is the export alone (the actor's parameters and one bucket).
 * forward passes (``old_log_prob``, ``ref_log_prob``, ``values``, ``teacher_log_prob``,
   ``reward_model``): vLLM asleep at level 2
   (weights and KV cache released; awake all along when ``rollout.free_cache_engine=false``),
@@ -75,7 +80,7 @@ FORWARD_PHASE = {"actor": "old_log_prob", "ref": "ref_log_prob", "critic": "valu
 # megarl.trainer.ppo_trainer.init_workers: critic, reward model and teacher first, then the actor's group
 BUILD_ORDER = ("critic", "reward_model", "teacher", "actor", "ref")
 SERVED = (RM_ROLE, TEACHER_ROLE)  # forward-only models verl serves with vLLM: layout and offload from its keys
-TRAINER_POOL, TEACHER_POOL = "trainer", "distillation"
+TRAINER_POOL, TEACHER_POOL, ROLLOUT_POOL = "trainer", "distillation", "rollout"
 
 
 @dataclass(frozen=True)
@@ -128,8 +133,8 @@ class RolePlan:
 @dataclass(frozen=True)
 class Phase:
     """One phase's peak on one GPU: named terms in bytes; ``role``: the Megatron role whose
-    state the phase loads (None for ``generate``); ``pool``: whose GPUs (TRAINER_POOL or
-    TEACHER_POOL)."""
+    state the phase loads (None for ``generate``); ``pool``: whose GPUs (TRAINER_POOL,
+    TEACHER_POOL or ROLLOUT_POOL)."""
 
     terms: dict[str, int]
     role: str | None
@@ -152,6 +157,7 @@ class Plan:
     bucket_bytes: int
     host_bytes: int | None  # one node's RAM (None: not known, not judged)
     teacher_pool: tuple[int, int] | None = None  # the teacher's own (nodes, GPUs per node); None: colocated or none
+    rollout_pool: tuple[int, int] | None = None  # separate_async's engines' (nodes, GPUs per node); None: colocated
     phases: dict[str, Phase] = field(default_factory=dict)
     issues: list[Issue] = field(default_factory=list)
 
@@ -323,6 +329,8 @@ def build_plan(cfg: DictConfig, gpu_memory_gib: float, host_memory_gib: float | 
                 host_bytes=None if host_memory_gib is None else int(host_memory_gib * GIB))
     if roles.get("teacher") is not None and roles["teacher"].pool == TEACHER_POOL:
         plan.teacher_pool = (value_at(cfg, "distillation.nnodes"), value_at(cfg, "distillation.n_gpus_per_node"))
+    if typed_config(cfg).trainer.trainer_mode() == "separate_async":
+        plan.rollout_pool = (value_at(cfg, f"{rollout}.nnodes"), value_at(cfg, f"{rollout}.n_gpus_per_node"))
     plan.phases = phases(plan)
     plan.issues = _fit_issues(plan, cfg, gpu_memory_gib)
     return plan
@@ -351,10 +359,16 @@ def phases(plan: Plan) -> dict[str, Phase]:
     assert init is not None
     out["init"] = init
     actor = roles["actor"]
-    out["sync"] = Phase({**actor.kept(params_onloaded=True), "vLLM weights": plan.vllm.weights,
+    vllm_here = plan.rollout_pool is None  # separate_async: the engines are on their own GPUs
+    out["sync"] = Phase({**actor.kept(params_onloaded=True), **({"vLLM weights": plan.vllm.weights} if vllm_here else {}),
                          "weight-sync bucket": plan.bucket_bytes, **others("actor"), **overhead}, "actor")
-    out["generate"] = Phase({"vLLM budget": plan.vllm.budget, **others(None), **overhead}, None)
-    asleep = {"vLLM (awake: free_cache_engine=false)": plan.vllm.budget} if plan.vllm_awake_in_training else {}
+    if vllm_here:
+        out["generate"] = Phase({"vLLM budget": plan.vllm.budget, **others(None), **overhead}, None)
+    else:
+        out["generate"] = Phase({"vLLM budget": plan.vllm.budget, "weight-push bucket": plan.bucket_bytes,
+                                 "overhead": GPU_OVERHEAD}, None, ROLLOUT_POOL)
+    asleep = ({"vLLM (awake: free_cache_engine=false)": plan.vllm.budget}
+              if plan.vllm_awake_in_training and vllm_here else {})
     for name, r in roles.items():
         out[FORWARD_PHASE[name]] = Phase({**r.kept(params_onloaded=True), f"{name} activations (forward)":
                                           r.memory.activations_forward, **others(name), **asleep, **overhead}, name)

@@ -17,7 +17,7 @@ def format_plan(plan: Plan, notes: tuple[str, ...] | list[str] = ()) -> str:
     world = plan.nnodes * plan.per_node
     out = [f"megarl plan: {plan.nnodes} node(s) x {plan.per_node} GPU(s) = {world} ranks, "
            f"{plan.gpu_bytes / GIB:g} GiB per GPU; every role is colocated on every GPU"
-           + (" but the teacher" if plan.teacher_pool else "")]
+           + (" but the teacher" if plan.teacher_pool else "") + (" but vLLM" if plan.rollout_pool else "")]
     out += [f"note: {note}" for note in notes]
     if "reward_model" in plan.roles:
         out.append("reward: the reward model (reward.reward_model) on every GPU, scoring after generation")
@@ -28,16 +28,21 @@ def format_plan(plan: Plan, notes: tuple[str, ...] | list[str] = ()) -> str:
         out.append(f"teacher: its own pool of {nodes} node(s) x {gpus} GPU(s) (distillation.nnodes > 0), "
                    f"{plan.gpu_bytes / GIB:g} GiB per GPU")
     layouts = {name: r.layout for name, r in plan.roles.items() if r.pool == TRAINER_POOL}
-    rollout_replicas = world // plan.rollout_tp
-    out.append(f"rollout: {rollout_replicas} vLLM replica(s) of TP={plan.rollout_tp}")
+    if plan.rollout_pool:
+        nodes, gpus = plan.rollout_pool
+        out.append(f"rollout: {nodes * gpus} vLLM engine(s) of TP={plan.rollout_tp}, one per GPU of their own pool of "
+                   f"{nodes} node(s) x {gpus} GPU(s) (trainer.v1.trainer_mode=separate_async), {plan.gpu_bytes / GIB:g} GiB per GPU")
+    else:
+        out.append(f"rollout: {world // plan.rollout_tp} vLLM replica(s) of TP={plan.rollout_tp}")
+    replica_tp = None if plan.rollout_pool else plan.rollout_tp
     out.append("")
     detailed = plan.nnodes <= DETAILED_NODES
     if detailed:
         out.append("placement (node, GPU -> coordinates):")
-        out += ["  " + line for line in slot_lines(plan.nnodes, plan.per_node, layouts, plan.rollout_tp)]
+        out += ["  " + line for line in slot_lines(plan.nnodes, plan.per_node, layouts, replica_tp)]
     else:
         out.append("placement per run of alike nodes (coordinates; DP indices and replicas shift node to node):")
-        out += ["  " + line for line in node_lines(plan.nnodes, plan.per_node, layouts, plan.rollout_tp)]
+        out += ["  " + line for line in node_lines(plan.nnodes, plan.per_node, layouts, replica_tp)]
     out.append("")
     for name, r in plan.roles.items():
         out += group_lines(name, r.layout, compact=not detailed)
