@@ -15,6 +15,13 @@
 #   e2e7b_tp4   4 GPUs: the same with actor TP=4 and one vLLM TP=4 replica (shard-to-shard at TP=4)
 #   stage4      4 GPUs at once: e2e05_tp2 on GPUs 0-1 (the stack's first check) while model7b builds on GPU 2
 #               and model30b on GPU 3, then the tests on GPUs 2-3
+#   model8b     a random Qwen3-8B-shaped policy in /tmp/q8b (built on the GPU)
+#   e2e8b_verl  4 GPUs: verl's Qwen3-8B GRPO script's actor and reference layout (TP=2 x PP=2), dynamic batch
+#               size with its 24,576 tokens per micro-batch, responses up to 2,048 tokens (the random policy writes
+#               them all, so micro-batches pack near the bound), one vLLM TP=2 replica per 2 GPUs at 0.6: the
+#               update's activations on pipeline stage 0 (its peak less the parameters, gradients, optimizer state and
+#               reference the plan lists) against the plan's 52.3 GiB, the term that puts verl's 8-GPU layout at 81.0 GiB
+#               (issue 34). With 4 GPUs DP=1 leaves the optimizer state unsharded: 92.5 GiB, so run it on nvidia-h200-x4
 #   tests       the GPU tests of tests/gpu (the e2e module aside) and tests/models, on the GPUs the machine has
 #   baselines   same-run copy and NCCL all-gather of one rank's 7B share (benchmarks/bench_sync_baselines.py)
 #   model30b    a random Qwen3-30B-A3B-shaped policy (128 experts top 8, real vocabulary) in /tmp/q30b with
@@ -55,6 +62,16 @@ mapfile -t SCALE7B_4GPU < <(merged SCALE7B data.train_batch_size=32 actor_rollou
   trainer.total_training_steps=4)
 mapfile -t SCALE7B_TP4 < <(merged SCALE7B_4GPU actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4 \
   actor_rollout_ref.rollout.tensor_model_parallel_size=4)
+
+VERL8B=(actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2
+  actor_rollout_ref.ref.megatron.tensor_model_parallel_size=2 actor_rollout_ref.ref.megatron.pipeline_model_parallel_size=2
+  actor_rollout_ref.rollout.tensor_model_parallel_size=2 actor_rollout_ref.rollout.gpu_memory_utilization=0.6
+  data.train_batch_size=32 data.max_prompt_length=1024 data.max_response_length=2048 actor_rollout_ref.rollout.n=5
+  actor_rollout_ref.actor.ppo_mini_batch_size=32 actor_rollout_ref.actor.use_dynamic_bsz=true
+  actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24576 actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true
+  actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=24576 actor_rollout_ref.ref.log_prob_use_dynamic_bsz=true
+  actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=24576 actor_rollout_ref.actor.use_kl_loss=true
+  actor_rollout_ref.actor.kl_loss_coef=0.001 actor_rollout_ref.actor.kl_loss_type=low_var_kl trainer.total_training_steps=3)
 
 MOE30B_GPUS=${MOE30B_GPUS:-4}
 MOE30B=(actor_rollout_ref.actor.megatron.tensor_model_parallel_size="$MOE30B_GPUS"
@@ -99,6 +116,10 @@ for step in "$@"; do
     tests)   timeout 480 python3 -m pytest -q -m gpu tests/gpu tests/models --deselect tests/gpu/test_gpu_e2e.py -rA \
                -p no:cacheprovider > "$OUT/pytest_gpu.log" 2>&1; echo rc $?
              grep -E "passed|failed|PASSED|FAILED|SKIPPED|Error" "$OUT/pytest_gpu.log" | tail -24 ;;
+    model8b) [ -f /tmp/q8b/config.json ] || timeout 300 python3 benchmarks/grpo_model_dir.py /tmp/q8b --8b > "$OUT/model8b.log" 2>&1
+             echo rc $?; du -sh /tmp/q8b ;;
+    e2e8b_verl) plan_e2e e2e8b_verl /tmp/q8b 4 "${VERL8B[@]}"
+             run_e2e e2e8b_verl /tmp/q8b 4 540 "${VERL8B[@]}" ;;
     model30b) [ -f /tmp/q30b/config.json ] || timeout 420 python3 benchmarks/grpo_model_dir.py /tmp/q30b --30b \
                --layers "${MOE30B_LAYERS:-24}" > "$OUT/model30b.log" 2>&1
              echo rc $?; python3 benchmarks/grpo_model_dir.py /tmp/q30b48 --30b --config-only >> "$OUT/model30b.log" 2>&1
