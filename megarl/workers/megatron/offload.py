@@ -34,6 +34,17 @@ def _optimizers(optimizer) -> list:
     return list(getattr(optimizer, "chained_optimizers", [optimizer]))
 
 
+def _on_device(torch_opt) -> list:
+    """The torch optimizers whose state lives on the training device: megatron's HybridDeviceOptimizer
+    (``optimizer_cpu_offload``) keeps its ``optimizer_offload_fraction`` of the state in host memory for
+    good, stepped there by its CPU optimizers; only its device optimizer's state moves."""
+    from megatron.core.optimizer.cpu_offloading import HybridDeviceOptimizer
+
+    if isinstance(torch_opt, HybridDeviceOptimizer):
+        return [torch_opt.gpu_optimizer] if torch_opt.gpu_optimizer is not None else []
+    return [torch_opt]
+
+
 def _pinned(nbytes: int) -> torch.UntypedStorage:
     """``nbytes`` of page-locked host memory, exactly.
 
@@ -58,7 +69,9 @@ class Offloader:
 
     `params`: parameters (:data:`PARAMS`); `grads`: gradient buffers (:data:`GRADS`; verl 0.9's
     `megatron.param_offload` sets both, verl <= 0.8's `megatron.grad_offload` this one alone);
-    `optimizer`: optimizer state and fp32 main parameters (`megatron.optimizer_offload`: :data:`OPTIMIZER`).
+    `optimizer`: optimizer state and fp32 main parameters (`megatron.optimizer_offload`: :data:`OPTIMIZER`);
+    with megatron's CPU optimizer (`optim.override_optimizer_config.optimizer_cpu_offload`) only the part of
+    them it keeps on the device (verl 0.9.1's `offload_megatron_optimizer` too leaves the host part alone).
     """
 
     def __init__(self, engine, *, params: bool, grads: bool, optimizer: bool) -> None:
@@ -94,10 +107,13 @@ class Offloader:
             torch_opt = getattr(opt, "optimizer", None)
             if torch_opt is None:
                 continue
-            for state in torch_opt.state.values():
-                yield from (v for v in state.values() if isinstance(v, torch.Tensor))
             for group in torch_opt.param_groups:  # fp32 main params of mixed-precision optimizers
                 yield from (p.data for p in group["params"])
+            for inner in _on_device(torch_opt):
+                for state in inner.state.values():
+                    yield from (v for v in state.values() if isinstance(v, torch.Tensor))
+                if inner is not torch_opt:  # the hybrid optimizer's fp32 copies of its device parameters
+                    yield from (p.data for group in inner.param_groups for p in group["params"])
 
     def _storages(self, group: str) -> list[torch.UntypedStorage]:
         """The live storages of ``group``; the optimizer's never include the model's own
