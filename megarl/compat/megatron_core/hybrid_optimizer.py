@@ -1,6 +1,6 @@
 """megatron-core's HybridDeviceOptimizer (``optim.override_optimizer_config.optimizer_cpu_offload``): its
-checkpoint requests before it has state (:func:`fit_hybrid_optimizer`, every device), and the optimizer on
-a machine without a GPU, so that its split, its steps and its checkpoints are tested on CPU
+host memory, checkpoints and resumes (:func:`fit_hybrid_optimizer`, every device), and the optimizer on a
+machine without a GPU, so that its split, its steps and its checkpoints are tested on CPU
 (:func:`apply_cpu_hybrid_optimizer`).
 
 On a GPU the hybrid optimizer (megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py) gives the first
@@ -12,6 +12,10 @@ split nothing. :func:`apply_cpu_hybrid_optimizer` (CPU runs only) makes it run t
 and events wait on nothing, nothing is page-locked, and while it splits its parameters they report
 ``is_cuda`` (so do their ``detach`` / ``clone`` / ``float`` copies; a ``.cpu()`` copy does not): the same
 parameters get host copies and CPU AdamW instances as on a GPU.
+
+Its host gradient copies are torch pinned allocations, which round each up to a power of two, and the
+bf16 staging copies of its split stay in torch's page-locked cache: :func:`fit_hybrid_optimizer` gives it
+exact buffers and empties that cache, so its host memory is what the plan counts (megarl.plan.memory).
 
 Its sub-optimizers create their state at their first step. A checkpoint request (megarl builds one for a
 save and for a load) reads that state: without it megatron's DistributedOptimizer fails (the precision-aware
@@ -31,6 +35,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from megarl.compat.cuda_on_cpu import TorchCudaToCpu
+from megarl.compat.pinned_memory import exact_pinned
 from megarl.compat.shim import Shim, source_has
 
 __all__ = ["SHIMS", "apply_cpu_hybrid_optimizer", "fit_hybrid_optimizer"]
@@ -55,6 +60,11 @@ SHIMS = (
          "makes it with HybridDeviceOptimizer.dummy_step(), a step on random gradients into the model's weights: "
          "see fit_hybrid_optimizer",
          source_has(_DIST, "DistributedOptimizer.load_state_dict", "self.optimizer.dummy_step()")),
+    Shim("HybridDeviceOptimizer's host gradient buffers", MCORE, ("cpu", "gpu"),
+         "_set_sub_optimizer_grads makes them with torch.empty(pin_memory=pin_cpu_grads), which torch's pinned allocator "
+         "rounds up to a power of two, and its split's pinned bf16 staging copies stay in torch's host cache: exact "
+         "buffers given before its first step, the cache emptied (_exact_host_gradients)",
+         source_has(_HDO, "HybridDeviceOptimizer._set_sub_optimizer_grads", "pin_memory=self.pin_cpu_grads")),
     Shim("DistributedOptimizer.load_state_dict with a HybridDeviceOptimizer, without TE or apex", MCORE, ("cpu", "gpu"),
          "without TE or apex it gives every parameter's state one shared step tensor (s['step'] = step, "
          "distrib_optimizer.py load_state_dict), incremented by each torch AdamW sub-optimizer: untied after the load",
@@ -112,15 +122,45 @@ def apply_cpu_hybrid_optimizer() -> None:
 
 
 def fit_hybrid_optimizer(optimizer) -> None:
-    """Give each HybridDeviceOptimizer inside `optimizer`'s distributed optimizers its state before a
-    checkpoint request, by a step that moves no weight, and each parameter its own step count after a
-    load (in place; see the module docstring)."""
+    """Fit each HybridDeviceOptimizer inside `optimizer`'s distributed optimizers (in place; see the
+    module docstring): exact host gradient buffers, torch's cached page-locked blocks given back, its
+    state before a checkpoint request by a step that moves no weight, each parameter its own step count
+    after a load."""
     from megatron.core.optimizer.cpu_offloading import HybridDeviceOptimizer
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
     for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
         if isinstance(opt, DistributedOptimizer) and isinstance(getattr(opt, "optimizer", None), HybridDeviceOptimizer):
             _fit(opt)
+            _exact_host_gradients(opt.optimizer)
+            init_sub_optimizers = opt.optimizer._init_sub_optimizers
+
+            def init_with_exact_host_gradients(hdo=opt.optimizer, init=init_sub_optimizers):
+                init()  # a load rebuilds the sub-optimizers and their host copies
+                _exact_host_gradients(hdo)
+
+            opt.optimizer._init_sub_optimizers = init_with_exact_host_gradients
+
+
+def _exact_host_gradients(hdo) -> None:
+    """Host gradient buffers of exactly their size (page-locked with ``pin_cpu_grads`` on a GPU machine)
+    for the host sub-optimizers' parameters, where the hybrid optimizer's own (made at its first step)
+    are torch pinned allocations rounded up to powers of two (a third more at Qwen3-30B-A3B's expert
+    shapes); then torch's cached page-locked blocks are given back: the bf16 staging copies its split
+    made (``.cpu().pin_memory()``, dropped after their fp32 copy), twice, as the distributed optimizer
+    builds it once over the whole parameters and once over its shards."""
+    pinned = hdo.pin_cpu_grads and torch.cuda.is_available()
+    for opt in hdo.cpu_optimizers:
+        for group in opt.param_groups:
+            for param in group["params"]:
+                if param in hdo.cpu_copy_map_grad:
+                    continue
+                nbytes = param.numel() * param.element_size()
+                storage = exact_pinned(nbytes) if pinned else torch.UntypedStorage(nbytes)
+                buffer = torch.empty(0, dtype=param.dtype).set_(storage, 0, param.shape)
+                hdo.cpu_copy_map_grad[param] = param.grad = buffer
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch._C._host_emptyCache()
 
 
 def _fit(opt) -> None:

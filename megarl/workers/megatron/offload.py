@@ -16,10 +16,11 @@ Adam state per GPU) hand the GPU to vLLM for the sync and the rollout.
 from __future__ import annotations
 
 import contextlib
-import weakref
 from collections.abc import Iterator
 
 import torch
+
+from megarl.compat.pinned_memory import exact_pinned
 
 __all__ = ["ALL", "GRADS", "OPTIMIZER", "PARAMS", "Offloader"]
 
@@ -43,25 +44,6 @@ def _on_device(torch_opt) -> list:
     if isinstance(torch_opt, HybridDeviceOptimizer):
         return [torch_opt.gpu_optimizer] if torch_opt.gpu_optimizer is not None else []
     return [torch_opt]
-
-
-def _pinned(nbytes: int) -> torch.UntypedStorage:
-    """``nbytes`` of page-locked host memory, exactly.
-
-    torch's pinned allocator (``pin_memory()``, ``pin_memory=True``) rounds every block up to a
-    power of two, which nearly doubles per-tensor optimizer state (a 136 MB shard takes 256 MB):
-    a 7B actor at TP=2 with everything offloaded asked 243 of a node's 251 GB that way
-    (benchmarks/RESULTS.md, 2026-11-26). Plain host memory registered with CUDA is pinned as is;
-    it is unregistered when the storage is freed.
-    """
-    storage = torch.empty(nbytes, dtype=torch.uint8).untyped_storage()
-    if nbytes:
-        cudart = torch.cuda.cudart()
-        code = cudart.cudaHostRegister(storage.data_ptr(), nbytes, 0)
-        if int(code) != 0:
-            raise RuntimeError(f"cudaHostRegister of {nbytes} bytes of offload memory failed with CUDA error {int(code)}")
-        weakref.finalize(storage, cudart.cudaHostUnregister, storage.data_ptr())
-    return storage
 
 
 class Offloader:
@@ -155,7 +137,7 @@ class Offloader:
     def _host_buffer(hosts: list[torch.UntypedStorage], index: int, storage: torch.UntypedStorage) -> torch.UntypedStorage:
         if index < len(hosts) and hosts[index].nbytes() == storage.nbytes():
             return hosts[index]
-        host = _pinned(storage.nbytes()) if storage.device.type == "cuda" else torch.UntypedStorage(storage.nbytes())
+        host = exact_pinned(storage.nbytes()) if storage.device.type == "cuda" else torch.UntypedStorage(storage.nbytes())
         if index < len(hosts):
             hosts[index] = host
         else:
