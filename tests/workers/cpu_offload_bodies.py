@@ -59,9 +59,18 @@ def _split(actor) -> dict:
         return [v.untyped_storage().nbytes() for opt in opts for s in opt.state.values()
                 for k, v in s.items() if k in ("exp_avg", "exp_avg_sq")]
 
+    def nbytes(tensors):
+        return sum(t.numel() * t.element_size() for t in tensors)
+
     device = [hdo.gpu_optimizer] if hdo.gpu_optimizer is not None else []
     host_params = params(hdo.cpu_optimizers)
+    moments = lambda opts: [v for opt in opts for s in opt.state.values() for k, v in s.items()  # noqa: E731
+                            if k in ("exp_avg", "exp_avg_sq")]
     return {"host_numel": sum(p.numel() for p in host_params), "device_numel": sum(p.numel() for p in params(device)),
+            # what megarl.plan.memory counts: fp32 main params + moments (+ the host gradient copies)
+            "host_bytes": nbytes(host_params) + nbytes(moments(hdo.cpu_optimizers))
+                          + nbytes(hdo.cpu_copy_map_grad[p] for p in host_params),
+            "device_bytes": nbytes(params(device)) + nbytes(moments(device)),
             "largest": max(p.numel() for g in hdo.param_groups for p in g["params"]),
             "host_state_bytes": state_bytes(hdo.cpu_optimizers), "device_state_bytes": state_bytes(device),
             # megarl's exact host gradient buffers (the hybrid optimizer makes rounded ones at its first step)
@@ -79,7 +88,7 @@ def train(model_path: str, batch: dict, tp: int, ckpt_root: str) -> dict:
         initial = _rank0(_export(actor))
         built = _split(actor)
         first = actor.update_policy(data)
-        split = _split(actor)  # after the update: offloaded again where configured
+        split = _split(actor)  # after the update (state made; offloaded again where configured)
         split["host_grads_before_first_step"] = built.get("host_grads_exact")
         actor.save_checkpoint(f"{ckpt_root}/{case}")
         second = actor.update_policy(data)

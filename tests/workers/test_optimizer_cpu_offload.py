@@ -8,6 +8,7 @@ overlap_cpu_optimizer_d2h_h2d, use_precision_aware_optimizer), bf16 parameters, 
   * two steps give the plain distributed optimizer's weights (fp32 main weights and moments either way) at
     fraction 1 (every parameter's state on the host) and 0.5 (split by elements), also with megarl's own
     optimizer/parameter offload between phases, which moves only the device part of the state;
+  * it holds 16 bytes a parameter on the host and 12 on the device, the plan's figures (megarl.plan.memory);
   * saved after the first step (dp_reshardable, and fully_reshardable), a fresh actor that loads it takes the
     uninterrupted second step bit for bit;
   * the critic's values after two steps equal the plain optimizer's;
@@ -85,6 +86,11 @@ def test_the_fraction_splits_the_state_and_offload_moves_only_the_device_part(ru
         # parameters go to the host in order until half of the elements are there
         assert total / 2 <= split["host_numel"] < total / 2 + split["largest"]
         assert split["host_grads_exact"] and all(split["host_state_bytes"])  # the host part never moves
+    # what the hybrid optimizer holds per element of its share, as megarl.plan.memory counts it: 16 bytes on the
+    # host (fp32 main param, exp_avg, exp_avg_sq, gradient copy), 12 on the device (fp32 copy, exp_avg, exp_avg_sq)
+    for split in (whole, train_out["cpu_f05"]["split"]):
+        assert split["host_bytes"] == 16 * split["host_numel"]
+        assert split["device_bytes"] == 12 * split["device_numel"]
     assert all(train_out["cpu_f05"]["split"]["device_state_bytes"])
     assert not any(train_out["cpu_f05_offload"]["split"]["device_state_bytes"])  # megarl's optimizer_offload
 
