@@ -188,6 +188,9 @@ def _step_that_moves_nothing(hdo) -> None:
     bounds = [(group["lr"], group["weight_decay"]) for group in hdo.param_groups]
     for group in hdo.param_groups:
         group["lr"] = group["weight_decay"] = 0.0
+        for param in group["params"]:  # a skipped step's gradient (maybe not finite) would be read before dummy_step's
+            if hasattr(param, "decoupled_grad"):
+                del param.decoupled_grad
     try:
         hdo.dummy_step()
     finally:
