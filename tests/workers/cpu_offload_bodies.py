@@ -5,6 +5,10 @@ overlap_cpu_optimizer_d2h_h2d, use_precision_aware_optimizer), checkpoints betwe
 
 from __future__ import annotations
 
+import contextlib
+
+import torch
+
 from dist_optim_bodies import ADAM
 from helpers.tiny import actor_rollout_ref_config, critic_config, megatron_node, worker_data
 from worker_bodies import _allow_checkpoint_writer_processes, _export, _rank0
@@ -127,4 +131,62 @@ def critic_steps(model_path: str, batch: dict) -> dict:
             critic.update_critic(data)
         out[case] = {"before": before, "after": critic.compute_values(data).batch["values"],
                      "hybrid": type(critic.engine.optimizer.optimizer).__name__}
+    return out
+
+
+class GroupStepAdamW(torch.optim.AdamW):
+    """torch's AdamW counting its steps as TransformerEngine's FusedAdam does (the GPU part's optimizer on a GPU
+    machine): one count per param group, ``group["step"]``, which its update reads; the per-parameter step
+    megatron's checkpoint code reads mirrors it."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            group["step"] = group.get("step", 0) + 1
+            t, (beta1, beta2), lr = group["step"], group["betas"], group["lr"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if "exp_avg" not in state:
+                    state["exp_avg"], state["exp_avg_sq"] = torch.zeros_like(p), torch.zeros_like(p)
+                state["step"] = torch.tensor(float(t))
+                p.mul_(1 - lr * group["weight_decay"])
+                state["exp_avg"].lerp_(p.grad, 1 - beta1)
+                state["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+                denom = (state["exp_avg_sq"] / (1 - beta2 ** t)).sqrt_().add_(group["eps"])
+                p.addcdiv_(state["exp_avg"], denom, value=-lr / (1 - beta1 ** t))
+
+
+@contextlib.contextmanager
+def device_adam_counting_in_groups():
+    """Megatron's device Adam class (the hybrid optimizer's GPU part) is :class:`GroupStepAdamW` in the block."""
+    import megatron.core.optimizer as mcore_optimizer
+
+    original, mcore_optimizer.Adam = mcore_optimizer.Adam, GroupStepAdamW
+    try:
+        yield
+    finally:
+        mcore_optimizer.Adam = original
+
+
+def group_step_resume(model_path: str, batch: dict, ckpt_dir: str) -> dict:
+    """Fraction 0.5 with a device Adam that counts steps per group: three steps (saved after the first), and a
+    fresh actor that loads the checkpoint and takes the second and third; the third step's weights of each."""
+    _allow_checkpoint_writer_processes()
+    data = worker_data(batch)
+    with device_adam_counting_in_groups():
+        actor = _actor(model_path, 1, "cpu_f05")
+        assert isinstance(actor.engine.optimizer.optimizer.gpu_optimizer, GroupStepAdamW)
+        actor.update_policy(data)
+        actor.save_checkpoint(ckpt_dir)
+        for _ in range(2):
+            actor.update_policy(data)
+        out = {"uninterrupted": _export(actor)}
+        actor = _actor(model_path, 1, "cpu_f05")
+        actor.load_checkpoint(ckpt_dir)
+        for _ in range(2):
+            actor.update_policy(data)
+        out["resumed"] = _export(actor)
+        out["device_steps"] = [g["step"] for g in actor.engine.optimizer.optimizer.gpu_optimizer.param_groups]
     return out

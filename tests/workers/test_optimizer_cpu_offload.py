@@ -10,7 +10,8 @@ overlap_cpu_optimizer_d2h_h2d, use_precision_aware_optimizer), bf16 parameters, 
     optimizer/parameter offload between phases, which moves only the device part of the state;
   * it holds 16 bytes a parameter on the host and 12 on the device, the plan's figures (megarl.plan.memory);
   * saved after the first step (dp_reshardable, and fully_reshardable), a fresh actor that loads it takes the
-    uninterrupted second step bit for bit;
+    uninterrupted second step bit for bit, and keeps counting steps in a device Adam that counts them per
+    param group (TE's FusedAdam);
   * the critic's values after two steps equal the plain optimizer's;
   * the keys megatron-core 0.19.2 cannot honour with it are refused by key, before any worker starts.
 """
@@ -20,7 +21,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cpu_offload_bodies import CASES, critic_steps, resume, train
+from cpu_offload_bodies import CASES, critic_steps, group_step_resume, resume, train
 from helpers.cpu_config import CPU_SMALL
 from helpers.dist_utils import run_distributed
 from helpers.tiny import make_tiny_qwen2, rollout_batch
@@ -102,6 +103,16 @@ def test_resume_equals_the_uninterrupted_step(runs, tp, case):
     want, got = runs(tp)["train"][case], runs(tp)["resume"][case]
     _assert_weights(got["updated_step2"], want["updated_step2"], atol=0, rtol=0)
     assert got["grad_norm"] == want["grad_norm"][1]
+
+
+@pytest.mark.slow
+def test_resume_keeps_counting_the_device_optimizers_steps(model_path, tmp_path):
+    """TransformerEngine's FusedAdam (the GPU part's optimizer) counts steps in its param group; the loaded param
+    groups carry the checkpoint's step, which the hybrid optimizer copies into its sub-optimizers' groups before
+    every step: unless megarl drops it, the count stays at the saved step + 1 (a frozen bias correction)."""
+    out = run_distributed(group_step_resume, 1, model_path, rollout_batch(8), str(tmp_path / "ckpt"), timeout=600)[0]
+    assert out["device_steps"] and set(out["device_steps"]) == {3}
+    _assert_weights(out["resumed"], out["uninterrupted"], atol=0, rtol=0)
 
 
 @pytest.mark.slow

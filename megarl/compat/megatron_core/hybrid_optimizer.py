@@ -26,7 +26,10 @@ state by that same step at learning rate 0 and weight decay 0, which moves no we
 Without TE or apex (CPU; GPUs without TE) the distributed optimizer's load gives every parameter one shared
 step tensor, which each torch AdamW sub-optimizer then increments (a wrong bias correction from the next
 step on): :func:`fit_hybrid_optimizer` unties them, as :func:`~megarl.compat.megatron_core.optimizer.fit_torch_adam`
-does for torch's Adam.
+does for torch's Adam. The loaded param groups carry the checkpoint's step count, which the hybrid optimizer
+copies into its sub-optimizers' groups before every step: TransformerEngine's FusedAdam (its GPU part) counts
+its steps there, so it would stay at the saved step + 1 (a frozen bias correction); megarl drops it from the
+hybrid optimizer's groups once the sub-optimizers have been rebuilt with it.
 """
 
 from __future__ import annotations
@@ -65,6 +68,10 @@ SHIMS = (
          "rounds up to a power of two, and its split's pinned bf16 staging copies stay in torch's host cache: exact "
          "buffers given before its first step, the cache emptied (_exact_host_gradients)",
          source_has(_HDO, "HybridDeviceOptimizer._set_sub_optimizer_grads", "pin_memory=self.pin_cpu_grads")),
+    Shim("HybridDeviceOptimizer param groups after a load", MCORE, ("cpu", "gpu"),
+         "_sync_hdo_param_groups_to_sub_optimizers copies every key of its groups into the sub-optimizers' before each "
+         "step, the checkpoint's 'step' too, where TE's FusedAdam counts its steps: dropped after the load",
+         source_has(_HDO, "HybridDeviceOptimizer._sync_hdo_param_groups_to_sub_optimizers", "new_group.update(update_group_attrs)")),
     Shim("DistributedOptimizer.load_state_dict with a HybridDeviceOptimizer, without TE or apex", MCORE, ("cpu", "gpu"),
          "without TE or apex it gives every parameter's state one shared step tensor (s['step'] = step, "
          "distrib_optimizer.py load_state_dict), incremented by each torch AdamW sub-optimizer: untied after the load",
@@ -176,6 +183,8 @@ def _fit(opt) -> None:
         for state in opt.optimizer.state.values():  # the sub-optimizers' own state dicts
             if isinstance(state.get("step"), torch.Tensor):
                 state["step"] = state["step"].clone()
+        for group in opt.optimizer.param_groups:  # the sub-optimizers were rebuilt with it; they count on
+            group.pop("step", None)
 
     opt.sharded_state_dict = with_state
     opt.load_state_dict = untied_load_state_dict
