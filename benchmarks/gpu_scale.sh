@@ -30,12 +30,18 @@
 #   model30b    a random Qwen3-30B-A3B-shaped policy (128 experts top 8, real vocabulary) in /tmp/q30b with
 #               MOE30B_LAYERS (default 24) of its 48 layers, built on the GPU, and the 48-layer config in /tmp/q30b48:
 #               its plan (plan30b48) is refused on 4 x 80 GiB (fp32 Adam state of 30.5B parameters over 4 ranks, 85 GiB
-#               a GPU; megarl has no CPU optimizer), 24 layers plan at 69 GiB. 2 GPUs: MOE30B_GPUS=2 MOE30B_LAYERS=12
+#               a GPU, without the CPU optimizer of e2e30b48_cpuopt), 24 layers plan at 69 GiB. 2 GPUs: MOE30B_GPUS=2 MOE30B_LAYERS=12
 #   plan30b48   the launch plan of the full 48-layer shape (what it needs per phase)
 #   e2e30b_r3   5 GRPO steps of /tmp/q30b on MOE30B_GPUS (default 4) GPUs with R3 routing replay: actor TP=4 (verl's
 #               30B script) with EP over the GPUs, ETP=1; one vLLM replica with TP = EP over the GPUs (expert-local
 #               weight sync); offload as verl's 30B scripts set it; the launch plan of the same command first
 #   e2e30b      the same without routing replay (the log-prob gap to compare)
+#   e2e30b48_cpuopt  the full 48-layer shape (weights built in /tmp/q30b48w if absent, 61 GB) on 4 GPUs with R3 and
+#               Megatron's CPU optimizer as verl's MoE scripts set it (optimizer_cpu_offload, overlap_cpu_optimizer_d2h_h2d,
+#               use_precision_aware_optimizer) at optimizer_offload_fraction MOE30B_CPUOPT_FRACTION (default 0.75; verl's
+#               1 leaves the GPUs at 48 GiB but needs 762 GiB of a node's RAM, 535 without megarl's offloads), actor
+#               parameters and its GPU optimizer part resident, vLLM at 0.4: planned at 122 GiB a GPU of 139 and 478 GiB
+#               of 503.8 of host RAM (4 x H200; on 4 x 80 GiB the plan refuses it); the launch plan of the same command first
 #   tests2      the 2-GPU tests: direct sync (shard to shard, gathered into vLLM), TP=2 paths
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -89,6 +95,11 @@ MOE30B=(actor_rollout_ref.actor.megatron.tensor_model_parallel_size="$MOE30B_GPU
   actor_rollout_ref.actor.use_kl_loss=true actor_rollout_ref.actor.kl_loss_coef=0.001
   trainer.total_training_steps="${MOE30B_STEPS:-5}")
 R3=(actor_rollout_ref.actor.megatron.router_replay.mode=R3 actor_rollout_ref.rollout.enable_rollout_routing_replay=true)
+CPUOPT=actor_rollout_ref.actor.optim.override_optimizer_config
+mapfile -t MOE30B48_CPUOPT < <(merged MOE30B actor_rollout_ref.actor.megatron.param_offload=false \
+  actor_rollout_ref.actor.megatron.optimizer_offload=false actor_rollout_ref.rollout.gpu_memory_utilization=0.4 \
+  "+$CPUOPT.optimizer_cpu_offload=true" "+$CPUOPT.optimizer_offload_fraction=${MOE30B_CPUOPT_FRACTION:-0.75}" \
+  "+$CPUOPT.overlap_cpu_optimizer_d2h_h2d=true" "+$CPUOPT.use_precision_aware_optimizer=true")
 
 for step in "$@"; do
   echo "=== $step $(date -u +%T)"
@@ -139,6 +150,11 @@ for step in "$@"; do
              run_e2e e2e30b_r3 /tmp/q30b "$MOE30B_GPUS" 570 "${MOE30B[@]}" "${R3[@]}" ;;
     e2e30b)  plan_e2e e2e30b /tmp/q30b "$MOE30B_GPUS" "${MOE30B[@]}"
              run_e2e e2e30b /tmp/q30b "$MOE30B_GPUS" 570 "${MOE30B[@]}" ;;
+    e2e30b48_cpuopt) [ -f /tmp/q30b48w/config.json ] || timeout 420 python3 benchmarks/grpo_model_dir.py /tmp/q30b48w --30b \
+               > "$OUT/model30b48w.log" 2>&1
+             echo model rc $?; du -sh /tmp/q30b48w
+             plan_e2e e2e30b48_cpuopt /tmp/q30b48w "$MOE30B_GPUS" "${MOE30B48_CPUOPT[@]}" "${R3[@]}"
+             run_e2e e2e30b48_cpuopt /tmp/q30b48w "$MOE30B_GPUS" "${MOE30B48_LIMIT:-1200}" "${MOE30B48_CPUOPT[@]}" "${R3[@]}" ;;
     baselines) timeout 120 torchrun --nproc_per_node=2 benchmarks/bench_sync_baselines.py --model /tmp/q7b --tp 2 \
                > "$OUT/baselines.log" 2>&1; echo rc $?; grep -E "baseline|Error" "$OUT/baselines.log" ;;
     tests2)  timeout 420 python3 -m pytest -q -m gpu tests/gpu/test_vllm_direct_sync.py tests/gpu/test_gpu_paths.py -rA \

@@ -31,6 +31,7 @@ SHIM_MODULES = (
     "megarl.compat.megatron_bridge",
     "megarl.compat.megatron_core.checkpoint_write",
     "megarl.compat.megatron_core.cpu",
+    "megarl.compat.megatron_core.hybrid_optimizer",
     "megarl.compat.megatron_core.optimizer",
     "megarl.compat.megatron_core.schedule",
     "megarl.compat.megatron_core.fallback_warnings",

@@ -39,7 +39,9 @@ Every phase also holds :data:`GPU_OVERHEAD`, and :data:`CUDA_CONTEXT` for each c
 reward-model or teacher process. The plan refuses when a phase exceeds the GPU
 (``trainer.memory_plan.gpu_memory_gib``), or when a node's host memory
 (``trainer.memory_plan.host_memory_gib``) cannot hold the page-locked copies of what every GPU of
-the node offloads plus :data:`HOST_OVERHEAD_PER_GPU` per worker process.
+the node offloads, the state Megatron's CPU optimizer keeps in host memory for each
+(``override_optimizer_config.optimizer_cpu_offload``; its GPU part is the role's ``optimizer`` term,
+which ``optimizer_offload`` moves between phases) plus :data:`HOST_OVERHEAD_PER_GPU` per worker process.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from megarl.config.errors import Issue
 from megarl.config.read import typed_config
 from megarl.config.rules.roles import ACTOR, CRITIC, REF, RM_ROLE, TEACHER_ROLE, Role, need_critic, need_reference
 from megarl.config.rules.view import value_at
+from megarl.config.schema.megatron import cpu_offload_fraction
 from megarl.config.schema.trainer import MemoryPlanConfig
 from megarl.parallel.layout import ParallelLayout
 from megarl.plan.memory import RankMemory, TrainSetup, VllmMemory, rank_memory, vllm_memory
@@ -116,6 +119,11 @@ class RolePlan:
     def between_phases(self) -> int:
         """Bytes it keeps on the GPU while another phase runs."""
         return sum(self.kept().values())
+
+    @property
+    def optim_section(self) -> str:
+        """Its optimizer node (`*.optim`)."""
+        return f"{self.role.megatron.rsplit('.', 1)[0]}.optim"
 
     @property
     def offloaded(self) -> int:
@@ -195,9 +203,14 @@ def host_memory_gib(memory_plan: MemoryPlanConfig, device: str) -> float | None:
 
 def host_terms(plan: Plan) -> dict[str, int]:
     """One node's host memory need, by term."""
-    per_gpu = sum(r.offloaded for r in plan.roles.values() if r.pool == TRAINER_POOL)
-    return {f"offload copies ({plan.per_node} GPUs x {per_gpu / GIB:.1f})": plan.per_node * per_gpu,
-            f"worker processes ({plan.per_node} x {HOST_OVERHEAD_PER_GPU / GIB:.0f})": plan.per_node * HOST_OVERHEAD_PER_GPU}
+    roles = [r for r in plan.roles.values() if r.pool == TRAINER_POOL]
+    per_gpu = sum(r.offloaded for r in roles)
+    cpu_optimizer = sum(r.memory.optimizer_host for r in roles)
+    terms = {f"offload copies ({plan.per_node} GPUs x {per_gpu / GIB:.1f})": plan.per_node * per_gpu}
+    if cpu_optimizer:
+        terms[f"CPU optimizer ({plan.per_node} GPUs x {cpu_optimizer / GIB:.1f})"] = plan.per_node * cpu_optimizer
+    terms[f"worker processes ({plan.per_node} x {HOST_OVERHEAD_PER_GPU / GIB:.0f})"] = plan.per_node * HOST_OVERHEAD_PER_GPU
+    return terms
 
 
 def _megatron_dtype(cfg: DictConfig, role: Role) -> str:
@@ -235,6 +248,7 @@ def _setup(cfg: DictConfig, role: Role) -> TrainSetup:
     optim_section = "actor_rollout_ref.actor.optim" if role is not CRITIC else "critic.optim"
     optim = OmegaConf.select(cfg, optim_section)
     precision_aware = bool(optim.use_precision_aware_optimizer)
+    cpu_fraction = cpu_offload_fraction(optim.override_optimizer_config) if trainable else 0.0
     override = value_at(cfg, f"{m}.override_transformer_config") or {}
     return TrainSetup(
         dtype=_megatron_dtype(cfg, role), trainable=trainable, tokens=train_tokens, forward_tokens=forward,
@@ -248,6 +262,7 @@ def _setup(cfg: DictConfig, role: Role) -> TrainSetup:
         forward_entropy=role is ACTOR,
         loss_topk=_teacher_topk(cfg) if role is ACTOR else 0,
         response_share=value_at(cfg, "data.max_response_length") / seq,
+        cpu_offload_fraction=cpu_fraction,
     )
 
 
@@ -398,10 +413,14 @@ def _fit_issues(plan: Plan, cfg: DictConfig, gib: float) -> list[Issue]:
     if plan.host_bytes is not None and host_need > plan.host_bytes:
         offloading = [key for r in plan.roles.values() if r.pool == TRAINER_POOL
                       for key, on in ((r.param_offload_key, r.param_offload),
-                                      (f"{r.role.megatron}.optimizer_offload", r.optimizer_offload)) if on]
+                                      (f"{r.role.megatron}.optimizer_offload", r.optimizer_offload and bool(r.memory.optimizer)),
+                                      (f"{r.optim_section}.override_optimizer_config.optimizer_offload_fraction",
+                                       bool(r.memory.optimizer_host))) if on]
         issues.append(Issue("trainer.memory_plan.host_memory_gib", round(plan.host_bytes / GIB, 1),
                             f"a node needs {host_need / GIB:.1f} GiB of host memory (the page-locked copies of what its "
-                            f"{plan.per_node} GPUs offload, and their worker processes), the node has {plan.host_bytes / GIB:.1f}",
+                            f"{plan.per_node} GPUs offload, " + ("the CPU optimizer's state, " if any(
+                                r.memory.optimizer_host for r in plan.roles.values()) else "")
+                            + f"and their worker processes), the node has {plan.host_bytes / GIB:.1f}",
                             "offload less (" + ", ".join(offloading) + "), put fewer GPUs on a node "
                             "(trainer.n_gpus_per_node), or set trainer.memory_plan.host_memory_gib to the nodes' RAM "
                             "if it is not this machine's"))
@@ -438,6 +457,10 @@ def _fit_issues(plan: Plan, cfg: DictConfig, gib: float) -> list[Issue]:
                     f"{m}.override_transformer_config.recompute_granularity=full"]
             if r.memory.optimizer != r.memory.optimizer_sharded:
                 fix.append(f"{m}.use_distributed_optimizer=true")
+            cpu_optimizer = f"{r.optim_section}.override_optimizer_config"
+            fix.append(f"{cpu_optimizer}.optimizer_offload_fraction (higher)" if r.memory.optimizer_host else
+                       f"Megatron's CPU optimizer ({cpu_optimizer}.optimizer_cpu_offload=true, optimizer_offload_fraction=1, "
+                       f"{r.optim_section}.use_precision_aware_optimizer=true)")
         elif name != "init":
             fix.append(f"{m}.max_num_seqs" if r.role in SERVED else "the log-prob micro-batch size")
         gpus = cluster if r.pool == TRAINER_POOL else "distillation.nnodes / distillation.n_gpus_per_node"

@@ -49,12 +49,13 @@ def format_plan(plan: Plan, notes: tuple[str, ...] | list[str] = ()) -> str:
     out.append("")
     out.append("memory per GPU, GiB (estimate; see megarl/plan/memory.py for the model):")
     out.append(f"  {'role':<13}{'params(B)':>10}{'weights':>9}{'grads':>8}{'optim':>8}{'optim unsharded':>16}"
-               f"{'offloaded between phases':>26}{'act train':>11}{'act fwd':>9}")
+               f"{'optim on host':>14}{'offloaded between phases':>26}{'act train':>11}{'act fwd':>9}")
     for name, r in plan.roles.items():
         m = r.memory
         offload = r.offloaded
         out.append(f"  {name:<13}{r.params.total / 1e9:>10.3f}{_g(m.params):>9}{_g(m.grads):>8}{_g(m.optimizer):>8}"
-                   f"{_g(m.optimizer_full):>16}{_g(offload):>26}{_g(m.activations_train):>11}{_g(m.activations_forward):>9}")
+                   f"{_g(m.optimizer_full):>16}{_g(m.optimizer_host):>14}{_g(offload):>26}{_g(m.activations_train):>11}"
+                   f"{_g(m.activations_forward):>9}")
     v = plan.vllm
     out.append(f"  vLLM: budget {_g(v.budget)} = weights {_g(v.weights)} + KV cache {_g(v.kv_cache)} "
                f"({v.kv_tokens} tokens at {v.kv_bytes_per_token} B/token)")

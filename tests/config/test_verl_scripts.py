@@ -127,7 +127,7 @@ EXPECTED: dict[str, tuple[str, str | None, str]] = {
     "verl/examples/ascend_extras/grpo_trainer/run_qwen3_5_122b_a10b_32k_megatron.sh": ("npu", _PATH, "Ascend NPU (MindSpeed keys)"),
     "verl/examples/dppo_trainer/run_qwen3_30b_a3b_megatron.sh": ("memory", None, ""),
     "verl/examples/gpg_trainer/run_qwen3_8b_megatron.sh": ("fits", None, ""),
-    "verl/examples/grpo_trainer/run_deepseek_v3_671b_megatron.sh": ("memory", None, ""),
+    "verl/examples/grpo_trainer/run_deepseek_v3_671b_megatron.sh": ("fits", None, ""),  # Megatron's CPU optimizer
     "verl/examples/grpo_trainer/run_deepseek_v4_flash_megatron.sh": (
         "gap", "data.continuous_token.enable",
         f"data.continuous_token.* (verl 0.9.1 keys megarl's yaml lacks), then DeepSeek-V4: {_FAMILY}"),
