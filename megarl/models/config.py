@@ -5,7 +5,8 @@ Supported ``model_type``: llama, mistral (no sliding window), qwen2 (QKV bias), 
 (shared expert with gate), qwen3_moe (softmax top-k routers, dense first layers, load-balancing
 loss per the HF config), glm4_moe (GLM-4.5: partial rotary embedding, sigmoid router with
 score-correction bias, shared experts), deepseek_v3 (the same MoE, multi-latent attention of
-:mod:`megarl.models.mla_config`). Not supported yet, refused with the reason: see
+:mod:`megarl.models.mla_config`), gpt_oss (attention sinks, YaRN, biased MoE: :mod:`megarl.models.gpt_oss`).
+Not supported yet, refused with the reason: see
 :data:`NOT_YET_SUPPORTED`. gemma3_text (Gemma 3 text): :mod:`megarl.models.gemma3`.
 """
 
@@ -28,6 +29,13 @@ from megarl.models.gemma3 import (
     check_gemma3_supported,
     gemma3_rope_kwargs,
     gemma3_transformer_kwargs,
+)
+from megarl.models.gpt_oss import (
+    GPT_OSS_MODEL_TYPES,
+    YarnTransformerConfig,
+    check_gpt_oss_supported,
+    gpt_oss_rope_kwargs,
+    gpt_oss_transformer_kwargs,
 )
 from megarl.models.mla_config import MLA_MODEL_TYPES, check_mla_supported, mla_transformer_kwargs
 from megarl.models.moe_config import MOE_MODEL_TYPES, check_moe_supported, moe_transformer_kwargs
@@ -55,6 +63,8 @@ def _check_supported(hf_config) -> str:
         )
     if model_type in GEMMA3_MODEL_TYPES:
         check_gemma3_supported(hf_config)
+    elif model_type in GPT_OSS_MODEL_TYPES:
+        check_gpt_oss_supported(hf_config)  # its hidden_act is unused: the experts' GLU is its own
     elif getattr(hf_config, "hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act {hf_config.hidden_act!r} is not supported (only silu)")
     if model_type == "mistral" and getattr(hf_config, "sliding_window", None):
@@ -92,8 +102,8 @@ def unsupported_reason(hf_config) -> str | None:
     """Why megarl cannot build the model of ``hf_config`` (its model_type, activation, sliding window,
     rope scaling, MoE layout), or None when it can; what the preflight reports before any worker starts."""
     try:
-        _check_supported(hf_config)
-        _rope_kwargs(hf_config)
+        if _check_supported(hf_config) not in GPT_OSS_MODEL_TYPES:  # GPT-OSS: its own YaRN rope
+            _rope_kwargs(hf_config)
     except ValueError as exc:
         return str(exc)
     return None
@@ -114,12 +124,19 @@ def gpt_model_kwargs(hf_config, *, value_head: bool = False) -> dict[str, Any]:
     return {
         "vocab_size": padded_vocab_size(hf_config.vocab_size, tp),
         "max_sequence_length": hf_config.max_position_embeddings,
-        "position_embedding_type": "rope",
         # A critic has its own value head; the LM head is never tied there.
         "share_embeddings_and_output_weights": bool(getattr(hf_config, "tie_word_embeddings", False))
         and not value_head,
-        **(gemma3_rope_kwargs(hf_config) if hf_config.model_type in GEMMA3_MODEL_TYPES else _rope_kwargs(hf_config)),
+        **_model_rope_kwargs(hf_config),
     }
+
+
+def _model_rope_kwargs(hf_config) -> dict[str, Any]:
+    if hf_config.model_type in GEMMA3_MODEL_TYPES:
+        return {"position_embedding_type": "rope", **gemma3_rope_kwargs(hf_config)}
+    if hf_config.model_type in GPT_OSS_MODEL_TYPES:
+        return gpt_oss_rope_kwargs(hf_config)
+    return {"position_embedding_type": "rope", **_rope_kwargs(hf_config)}
 
 
 def _plain(value):
@@ -238,8 +255,18 @@ def hf_to_transformer_config(
             raise ValueError("gemma3_text under context parallelism is not supported (SDPA's context-parallel "
                              "attention has no sliding window); set megatron.context_parallel_size=1")
         kwargs.update(gemma3_transformer_kwargs(hf_config))
+    if model_type in GPT_OSS_MODEL_TYPES:
+        if kwargs["context_parallel_size"] > 1:
+            raise ValueError("gpt_oss under context parallelism is not supported (SDPA's context-parallel "
+                             "attention has no attention sinks); set megatron.context_parallel_size=1")
+        if kwargs["expert_tensor_parallel_size"] > 1:
+            raise ValueError("gpt_oss's experts have biases, which Megatron-Core supports at expert tensor parallel "
+                             "size 1 only; set megatron.expert_tensor_parallel_size=1")
+        kwargs.update(gpt_oss_transformer_kwargs(hf_config, on_cpu=on_cpu))
     kwargs.update(overrides)
-    return (MLATransformerConfig if model_type in MLA_MODEL_TYPES else TransformerConfig)(**kwargs)
+    if model_type in MLA_MODEL_TYPES:
+        return MLATransformerConfig(**kwargs)
+    return (YarnTransformerConfig if model_type in GPT_OSS_MODEL_TYPES else TransformerConfig)(**kwargs)
 
 
 def _qk_norm(hf_config) -> bool:

@@ -1,7 +1,7 @@
 """Parameter counts of a decoder-only HF model from its config.json alone (no weights loaded).
 
 Covers the families megarl builds: Llama, Mistral, Qwen2, Qwen3 (dense); Mixtral, Qwen2-MoE,
-Qwen3-MoE, GLM-4.5 (``glm4_moe``) and DeepSeek-V3 / Moonlight (``deepseek_v3``) (MoE), and
+Qwen3-MoE, GLM-4.5 (``glm4_moe``), DeepSeek-V3 / Moonlight (``deepseek_v3``) and GPT-OSS (MoE), and
 DeepSeek-V2 (``deepseek_v2``, counted only). What is counted:
 
 * embeddings and a tied or untied LM head; RMS norms (two per layer, the final one);
@@ -16,7 +16,8 @@ DeepSeek-V2 (``deepseek_v2``, counted only). What is counted:
   ``shared_expert_intermediate_size`` + its sigmoid gate; DeepSeek / GLM:
   ``n_shared_experts x moe_intermediate_size``) and the router's score-correction bias
   (``e_score_correction_bias`` of DeepSeek-V3 / GLM-4.5, a buffer in HF and megatron, held
-  in memory all the same);
+  in memory all the same); GPT-OSS's router bias and expert biases (``2 x I + hidden`` per expert) and its
+  attention sinks (one per head and layer);
 * which layers are MoE: Qwen's ``mlp_only_layers`` / ``decoder_sparse_step``; DeepSeek's / GLM's
   ``first_k_dense_replace`` (dense first) and ``moe_layer_freq`` (every n-th after that).
 
@@ -36,7 +37,8 @@ __all__ = ["ModelShape", "ParamCount", "count_params", "load_shape"]
 
 _EXPERT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts")
 _DEEPSEEK_MOE = ("deepseek_v2", "deepseek_v3", "glm4_moe")  # first_k_dense_replace, n_shared_experts
-_ROUTER_BIAS = ("deepseek_v3", "glm4_moe")  # sigmoid router with e_score_correction_bias
+_ROUTER_BIAS = ("deepseek_v3", "glm4_moe", "gpt_oss")  # e_score_correction_bias; GPT-OSS's router bias
+_GPT_OSS = ("gpt_oss",)  # expert biases (gate_up, down), attention sinks, q/k/v/o biases by default
 
 
 def _moe_layer_count(c: dict[str, Any], model_type: str, layers: int) -> int:
@@ -78,7 +80,9 @@ class ModelShape:
     experts_per_token: int = 0
     shared_expert_ffn: int = 0  # all shared experts of a layer together
     shared_expert_gate: bool = False  # Qwen2-MoE's sigmoid gate on the shared expert
-    router_bias: bool = False  # DeepSeek-V3 / GLM-4.5 e_score_correction_bias
+    router_bias: bool = False  # DeepSeek-V3 / GLM-4.5 e_score_correction_bias, GPT-OSS's router bias
+    expert_bias: bool = False  # GPT-OSS: biases on each expert's projections
+    attention_sinks: bool = False  # GPT-OSS: one sink logit per head
     moe_layers: int = 0  # how many of `layers` are MoE layers
 
     @property
@@ -102,9 +106,11 @@ class ModelShape:
         if experts and model_type in _DEEPSEEK_MOE:
             moe["shared_expert_ffn"] = (c.get("n_shared_experts") or 0) * moe["expert_ffn"]
             moe["router_bias"] = model_type in _ROUTER_BIAS
+        elif experts and model_type in _GPT_OSS:
+            moe.update(router_bias=True, expert_bias=True)
         elif experts and c.get("shared_expert_intermediate_size"):
             moe.update(shared_expert_ffn=c["shared_expert_intermediate_size"], shared_expert_gate=True)
-        bias = bool(c.get("attention_bias", False))
+        bias = bool(c.get("attention_bias", model_type in _GPT_OSS))  # GPT-OSS: biased unless it says not
         attention: dict[str, Any]
         if c.get("kv_lora_rank"):  # DeepSeek multi-latent attention
             attention = dict(kv_heads=heads, head_dim=c["qk_nope_head_dim"] + c["qk_rope_head_dim"],
@@ -117,7 +123,8 @@ class ModelShape:
                              head_dim=c.get("head_dim") or hidden // heads, qkv_bias=qkv_bias,
                              out_bias=bias and model_type not in ("qwen2", "qwen2_moe", "glm4_moe"),
                              qk_norm=model_type in ("qwen3", "qwen3_moe") or (
-                                 model_type == "glm4_moe" and bool(c.get("use_qk_norm", False))))
+                                 model_type == "glm4_moe" and bool(c.get("use_qk_norm", False))),
+                             attention_sinks=model_type in _GPT_OSS)
         return cls(model_type=model_type, vocab=c["vocab_size"], hidden=hidden, ffn=c["intermediate_size"],
                    layers=layers, heads=heads, tied_embeddings=bool(c.get("tie_word_embeddings", False)),
                    **attention, **moe)
@@ -175,7 +182,7 @@ def _attention(s: ModelShape) -> int:
         return q + kv_a + kv_b + s.heads * s.v_head_dim * h + bias
     q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
     return (h * (q + 2 * kv) + q * h + (q + 2 * kv if s.qkv_bias else 0) + (h if s.out_bias else 0)
-            + (2 * s.head_dim if s.qk_norm else 0))
+            + (2 * s.head_dim if s.qk_norm else 0) + (s.heads if s.attention_sinks else 0))
 
 
 def count_params(s: ModelShape) -> ParamCount:
@@ -187,7 +194,8 @@ def count_params(s: ModelShape) -> ParamCount:
     return ParamCount(
         embedding=s.vocab * s.hidden, lm_head=0 if s.tied_embeddings else s.vocab * s.hidden,
         attention_and_norms=_attention(s) + 2 * s.hidden, dense_mlp=3 * s.hidden * s.ffn, moe_shared=moe_shared,
-        expert=3 * s.hidden * s.expert_ffn, final_norm=s.hidden, shape=s,
+        expert=3 * s.hidden * s.expert_ffn + (2 * s.expert_ffn + s.hidden if s.expert_bias else 0),
+        final_norm=s.hidden, shape=s,
     )
 
 

@@ -133,3 +133,22 @@ def test_lora_keys_are_checked_up_front(make):
         issue_for(make({key: value}), key, "not supported")
     issue_for(make({"actor_rollout_ref.model.lora_rank": 8}), "actor_rollout_ref.model.lora_rank",
               "actor_rollout_ref.model.lora.rank / alpha / target_modules")
+
+
+GPT_OSS = {"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"], "num_local_experts": 4,
+           "num_experts_per_tok": 2, "sliding_window": 8, "head_dim": 16, "hidden_act": "silu"}
+M = "actor_rollout_ref.actor.megatron"
+
+
+def test_gpt_oss_is_accepted_without_expert_tensor_parallelism(make):
+    no_issues(make(hf=GPT_OSS))
+    tp2 = {"trainer.n_gpus_per_node": 2, f"{M}.tensor_model_parallel_size": 2}
+    no_issues(make({**tp2, f"{M}.expert_tensor_parallel_size": 1}, hf=GPT_OSS))
+    # its biased experts: expert TP (by default the TP size) is refused by key
+    issue_for(make(tp2, hf=GPT_OSS), f"{M}.expert_tensor_parallel_size",
+              "experts have biases", "expert_tensor_parallel_size=1")
+
+
+def test_gpt_oss_mxfp4_checkpoint_is_refused_with_the_dequantizing_fix(make):
+    mxfp4 = {**GPT_OSS, "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": ["router"]}}
+    issue_for(make(hf=mxfp4), P, "quant_method 'mxfp4'", "Mxfp4Config(dequantize=True)")

@@ -139,6 +139,21 @@ def build_tiny_gemma3(out_dir: str | Path) -> Path:
     return _finish(Gemma3ForCausalLM(cfg).to(torch.float32), Path(out_dir), None)
 
 
+def build_tiny_gpt_oss(out_dir: str | Path) -> Path:
+    """GPT-OSS: attention sinks, sliding window 4 (shorter than prompt + response) on layer 0, YaRN, 4 experts
+    (top-2) with biases, stacked per layer; a GLU clamp the activations reach."""
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    cfg = GptOssConfig(
+        vocab_size=VOCAB, hidden_size=128, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, max_position_embeddings=256, sliding_window=4, num_local_experts=4,
+        num_experts_per_tok=2, swiglu_limit=1.0, tie_word_embeddings=False, rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 64},
+    )
+    return _finish(GptOssForCausalLM(cfg).to(torch.float32), Path(out_dir), None)
+
+
 MOE_BUILDERS = {"qwen3_moe": build_tiny_qwen3_moe, "qwen2_moe": build_tiny_qwen2_moe, "mixtral": build_tiny_mixtral,
                 "glm4_moe": build_tiny_glm4_moe, "deepseek_v3": build_tiny_deepseek_v3}
 

@@ -6,11 +6,12 @@
 * For the families both convert, the bridge's HF -> Megatron load into megarl's model (local spec, TP=1)
   equals megarl's own load bitwise, tensor by tensor, and its Megatron -> HF export equals the HF
   checkpoint bitwise (megarl's export is held to the same file by tests/models/test_megatron_vs_hf.py):
-  Qwen2, Llama, Qwen3 here; tied Qwen2, Qwen3-MoE and DeepSeek-V3 (MLA) with ``-m extended``. Not equal,
+  Qwen2, Llama, Qwen3 and GPT-OSS (sinks, biased experts stacked per layer: the bridge's own GPT-OSS mapping
+  checks megarl's stacked-expert layouts) here; tied Qwen2, Qwen3-MoE and DeepSeek-V3 (MLA) with ``-m extended``. Not equal,
   2026-11-26: GLM-4.5 (the bridge's load finds no mapping for a parameter of megarl's local-spec model:
   ``'NoneType' object has no attribute 'megatron_module'``) and Gemma 3 (megarl's own Gemma 3 layers,
   e.g. ``mlp.post_feedforward_layernorm``, are not the bridge's Gemma 3 model).
-* The families only the bridge covers (the verl-scripts issue's GPT-OSS, Qwen3-Next, Qwen3.5, Nemotron-H)
+* The families only the bridge covers (the verl-scripts issue's Qwen3-Next, Qwen3.5, Nemotron-H)
   and the two only megarl covers (Mixtral, Qwen2-MoE) are what the docs say.
 """
 
@@ -79,7 +80,13 @@ def bridge_vs_megarl(family: str) -> dict:
         return {k: v.detach().clone() for m in models for k, v in m.state_dict().items() if not k.endswith("_extra_state")}
 
     ours = state()
-    bridge = auto_bridge().from_hf_pretrained(path)
+    bridge_cls = auto_bridge()
+    from megatron.bridge.models.conversion.param_mapping import AutoMapping
+
+    # megarl's core attention in megatron's slot: GPT-OSS's sinks split over TP by heads, as the bridge maps
+    # megatron's DotProductAttention
+    AutoMapping.register_module_type("SDPACoreAttention", "column")
+    bridge = bridge_cls.from_hf_pretrained(path)
     with torch.no_grad():
         for model in models:
             for param in model.parameters():
@@ -99,7 +106,7 @@ def bridge_vs_megarl(family: str) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["qwen2", "llama", "qwen3",
+@pytest.mark.parametrize("family", ["qwen2", "llama", "qwen3", "gpt_oss",
                                     *(pytest.param(f, marks=pytest.mark.extended)
                                       for f in ("qwen2_tied", "qwen3_moe", "deepseek_v3"))])
 def test_bridge_load_and_export_equal_megarl_bitwise(family):
@@ -114,10 +121,10 @@ def test_families_only_one_of_the_two_covers():
     from megarl.models.config import SUPPORTED_MODEL_TYPES
 
     bridge = set(auto_bridge().list_supported_models())
-    only_bridge = {"GptOssForCausalLM", "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
-                   "NemotronHForCausalLM"}
+    only_bridge = {"Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM", "NemotronHForCausalLM"}
     assert only_bridge <= bridge
-    assert not {"gpt_oss", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "nemotron_h"} & set(SUPPORTED_MODEL_TYPES)
+    assert not {"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "nemotron_h"} & set(SUPPORTED_MODEL_TYPES)
+    assert "GptOssForCausalLM" in bridge and "gpt_oss" in SUPPORTED_MODEL_TYPES
     # megarl keeps its converters for these (megarl/models/converters/__init__.py)
     assert not {"MixtralForCausalLM", "Qwen2MoeForCausalLM"} & bridge
     assert {"mixtral", "qwen2_moe"} <= set(SUPPORTED_MODEL_TYPES)

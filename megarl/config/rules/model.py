@@ -76,6 +76,12 @@ def megatron_shape(v: View, role: Role, hf: dict[str, Any]) -> Iterator[Issue]:
         yield Issue(f"{m}.expert_model_parallel_size", ep, f"the model has no MoE experts {where}", f"set {m}.expert_model_parallel_size=1")
     elif experts and experts % ep:
         yield Issue(f"{m}.expert_model_parallel_size", ep, f"does not divide the {experts} experts {where}", f"choose an EP size that divides {experts}")
+    etp = v.get(f"{m}.expert_tensor_parallel_size") or tp
+    if hf.get("model_type") in BIASED_EXPERTS and etp > 1:
+        yield Issue(f"{m}.expert_tensor_parallel_size", v.get(f"{m}.expert_tensor_parallel_size"),
+                    f"expert tensor parallelism {etp} (null = tensor_model_parallel_size={tp}): the {hf['model_type']} "
+                    f"experts have biases {where}, which Megatron-Core supports at expert_tensor_parallel_size=1 only",
+                    f"set {m}.expert_tensor_parallel_size=1 (as verl's GPT-OSS recipe does)")
 
 
 # TransformerConfig fields that split the layers over pipeline stages other than evenly.
@@ -100,6 +106,8 @@ def uneven_pipeline_problem(layers: int, pp: int, vpp: int | None, split: dict[s
     return None
 
 
+# MoE families whose experts have biases (Megatron-Core: only without expert tensor parallelism)
+BIASED_EXPERTS = ("gpt_oss",)
 REQUIRED_FIELDS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 # MoE model_type -> config.json fields megarl builds its experts from (besides an expert count)
 MOE_FIELDS = {
@@ -109,6 +117,7 @@ MOE_FIELDS = {
     "glm4_moe": ("num_experts_per_tok", "moe_intermediate_size", "n_shared_experts", "first_k_dense_replace"),
     "deepseek_v3": ("num_experts_per_tok", "moe_intermediate_size", "n_shared_experts", "first_k_dense_replace",
                     "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"),
+    "gpt_oss": ("num_experts_per_tok", "sliding_window"),
 }
 
 

@@ -37,6 +37,10 @@ class ParamSource:
         layer: global decoder layer index (None for embedding/final norm/head).
         expert: global expert index (None for non-expert parameters).
         export: False for a tied LM head's copy of the embedding (exported once).
+        stacked: > 0 when the HF tensor holds all ``stacked`` experts of the layer along dim 0
+            (``ArchTables.stacked_experts``): then ``mcore_name`` keeps an ``{expert}`` field for the
+            local expert index, every EP rank holds ``stacked / EP`` of them (``ep_rank`` None,
+            ``expert`` None) and ``kind`` is the layout of one expert's slice.
     """
 
     hf_names: tuple[str, ...]
@@ -49,6 +53,7 @@ class ParamSource:
     layer: int | None = None
     expert: int | None = None
     export: bool = True
+    stacked: int = 0
 
 
 def dims_of(hf_config) -> Dims:
@@ -111,6 +116,12 @@ def build_plan(hf_config, config: TransformerConfig, *, value_head: bool = False
                     _entry(rule, pp_rank, vp_stage, layer=layer, local_layer=local_layer)
                     for rule in tables.layer + (tables.moe if is_moe else tables.dense_mlp)
                 ]
+                if is_moe and tables.stacked_experts:
+                    plan += [ParamSource(**{**_entry(rule, pp_rank, vp_stage, layer=layer, local_layer=local_layer,
+                                                     local_expert="{expert}").__dict__,
+                                            "tp_group": "etp", "stacked": num_experts})
+                             for rule in tables.expert]
+                    continue
                 for expert in range(num_experts if is_moe else 0):
                     for rule in tables.expert:
                         entry = _entry(

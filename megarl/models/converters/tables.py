@@ -47,6 +47,9 @@ class ArchTables:
     expert: tuple[Rule, ...]
     last: tuple[Rule, ...]
     moe_pattern: tuple[int, ...] = ()
+    # The ``expert`` rules' HF tensors hold every expert of the layer, stacked along dim 0 (GPT-OSS), instead of
+    # one HF tensor per expert; their HF templates have no ``{expert}``.
+    stacked_experts: bool = False
     # Tied embeddings: the last chunk's copy of the embedding, when it is not also the
     # first chunk (PP > 1). Loaded from the embedding; never exported (same tensor).
     tied_output: Rule | None = None
@@ -139,8 +142,26 @@ _GLM_MOE = (
     Rule(_M + "mlp.shared_experts.linear_fc1.weight", (_GS + "gate_proj.weight", _GS + "up_proj.weight"), "gate_up"),
     Rule(_M + "mlp.shared_experts.linear_fc2.weight", (_GS + "down_proj.weight",), "split1"),
 )
+# GPT-OSS: biases on q/k/v/o, attention sinks (one logit per head, split over TP with the heads), a
+# biased router, and each layer's experts stacked in one HF tensor per parameter (ArchTables.stacked_experts)
+_GPT_OSS_ATTENTION = (
+    Rule(_A + "linear_proj.bias", (_H + "o_proj.bias",), "replicated"),
+    Rule(_A + "core_attention.softmax_offset", (_H + "sinks",), "split0"),
+)
+_GPT_OSS_ROUTER = (
+    Rule(_M + "mlp.router.weight", (_L + "mlp.router.weight",), "replicated"),
+    Rule(_M + "mlp.router.bias", (_L + "mlp.router.bias",), "replicated"),
+)
+_SE = _L + "mlp.experts."
+_GPT_OSS_EXPERTS = (
+    Rule(_X + "linear_fc1.weight", (_SE + "gate_up_proj",), "gate_up_interleaved"),
+    Rule(_X + "linear_fc1.bias", (_SE + "gate_up_proj_bias",), "gate_up_interleaved"),
+    Rule(_X + "linear_fc2.weight", (_SE + "down_proj",), "split1_transposed"),
+    Rule(_X + "linear_fc2.bias", (_SE + "down_proj_bias",), "replicated"),
+)
 # model_type -> (per-MoE-layer rules, per-expert rules)
 _MOE = {
+    "gpt_oss": (_GPT_OSS_ROUTER, _GPT_OSS_EXPERTS),
     "glm4_moe": (_GLM_MOE, _QWEN_EXPERTS),
     "deepseek_v3": (_GLM_MOE, _QWEN_EXPERTS),
     "qwen3_moe": (_QWEN_ROUTER, _QWEN_EXPERTS),
@@ -160,6 +181,8 @@ TE_ALIASES = {
     "pre_mlp_layernorm.weight": "mlp.linear_fc1.layer_norm_weight",
     "mlp.experts.local_experts.{expert}.linear_fc1.weight": "mlp.experts.linear_fc1.weight{expert}",
     "mlp.experts.local_experts.{expert}.linear_fc2.weight": "mlp.experts.linear_fc2.weight{expert}",
+    "mlp.experts.local_experts.{expert}.linear_fc1.bias": "mlp.experts.linear_fc1.bias{expert}",
+    "mlp.experts.local_experts.{expert}.linear_fc2.bias": "mlp.experts.linear_fc2.bias{expert}",
 }
 
 
@@ -184,6 +207,8 @@ def arch_tables(hf_config, *, value_head: bool = False) -> ArchTables:
         layer += _QKV_BIAS
     if _qk_norm(hf_config):
         layer += _QK_NORM
+    if model_type == "gpt_oss":
+        layer += _GPT_OSS_ATTENTION
     moe, experts = _MOE.get(model_type, ((), ()))
     last = [_FINAL_NORM]
     if value_head:
@@ -199,5 +224,6 @@ def arch_tables(hf_config, *, value_head: bool = False) -> ArchTables:
         expert=experts,
         last=tuple(last),
         moe_pattern=tuple(moe_layer_pattern(hf_config)) if model_type in _MOE else (),
+        stacked_experts=model_type == "gpt_oss",
         tied_output=Rule("output_layer.weight", ("model.embed_tokens.weight",), "vocab") if tied else None,
     )

@@ -13,6 +13,11 @@ Kinds:
     group, each group ``[q heads of the group; k; v]`` (GQA interleaving), then split0.
   * ``gate_up`` - HF gate, up fused into linear_fc1: each TP shard is
     ``[gate shard; up shard]``.
+  * ``gate_up_interleaved`` - one HF tensor whose last dim holds gate and up interleaved
+    (GPT-OSS's ``gate_up_proj`` ``[hidden, 2I]`` and its bias ``[2I]``): megatron's linear_fc1 is its
+    transpose with the gate rows first, then ``gate_up``.
+  * ``split1_transposed`` - HF holds the transpose of megatron's row-parallel weight (GPT-OSS's
+    ``down_proj`` ``[I, hidden]`` of linear_fc2 ``[hidden, I]``), then ``split1``.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-KINDS = ("replicated", "split0", "split1", "vocab", "qkv", "gate_up")
+KINDS = ("replicated", "split0", "split1", "vocab", "qkv", "gate_up", "gate_up_interleaved", "split1_transposed")
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,18 @@ def _qkv_split(fused: torch.Tensor, dims: Dims) -> list[torch.Tensor]:
     ]
 
 
+def _deinterleave(hf: torch.Tensor) -> list[torch.Tensor]:
+    """HF gate/up interleaved along the last dim -> [gate, up], each ``[I, *rest]`` (rows = megatron's)."""
+    rows = hf.movedim(-1, 0)
+    return [rows[0::2], rows[1::2]]
+
+
+def _interleave(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    rows = torch.empty((2 * gate.shape[0], *gate.shape[1:]), dtype=gate.dtype, device=gate.device)
+    rows[0::2], rows[1::2] = gate, up
+    return rows.movedim(0, -1).contiguous()
+
+
 def to_shard(kind: str, hf: list[torch.Tensor], rank: int, size: int, dims: Dims) -> torch.Tensor:
     """Full HF tensor(s) -> TP rank ``rank`` of ``size``'s shard of the megatron parameter."""
     if kind == "replicated":
@@ -82,6 +99,10 @@ def to_shard(kind: str, hf: list[torch.Tensor], rank: int, size: int, dims: Dims
     if kind == "gate_up":
         gate, up = (t.chunk(size, dim=0)[rank] for t in hf)
         return torch.cat([gate, up], dim=0)
+    if kind == "gate_up_interleaved":
+        return to_shard("gate_up", _deinterleave(hf[0]), rank, size, dims)
+    if kind == "split1_transposed":
+        return hf[0].chunk(size, dim=0)[rank].t()
     raise ValueError(f"unknown layout kind {kind!r}; known: {KINDS}")
 
 
@@ -100,6 +121,10 @@ def from_shards(kind: str, shards: list[torch.Tensor], dims: Dims) -> list[torch
     if kind == "gate_up":
         halves = [s.chunk(2, dim=0) for s in shards]
         return [torch.cat([h[0] for h in halves]), torch.cat([h[1] for h in halves])]
+    if kind == "gate_up_interleaved":
+        return [_interleave(*from_shards("gate_up", shards, dims))]
+    if kind == "split1_transposed":
+        return [torch.cat(shards, dim=1).t().contiguous()]
     raise ValueError(f"unknown layout kind {kind!r}; known: {KINDS}")
 
 
