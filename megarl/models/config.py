@@ -48,8 +48,19 @@ __all__ = [
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", *GEMMA3_MODEL_TYPES, *MOE_MODEL_TYPES)
 # model_type -> why megarl refuses it
-NOT_YET_SUPPORTED = {"gemma3": "it is Gemma 3's vision-language model (a SigLIP vision tower megarl does not build); "
-                               "its text-only checkpoints (Gemma3ForCausalLM, model_type gemma3_text) are supported"}
+_GDN = ("gated DeltaNet linear-attention layers, which megatron-core 0.19.2 builds (GatedDeltaNet) only with "
+        "transformer-engine's layer spec and flash-linear-attention's Triton CUDA kernels (fla), neither of which "
+        "megarl installs or replaces; megarl does not build this family yet")
+NOT_YET_SUPPORTED = {
+    "gemma3": "it is Gemma 3's vision-language model (a SigLIP vision tower megarl does not build); "
+              "its text-only checkpoints (Gemma3ForCausalLM, model_type gemma3_text) are supported",
+    "qwen3_next": f"Qwen3-Next interleaves gated attention with {_GDN}",
+    "qwen3_5_text": f"Qwen3.5 interleaves gated attention with {_GDN}",
+    "qwen3_5_moe_text": f"Qwen3.5-MoE interleaves gated attention with {_GDN}",
+    "nemotron_h": ("Nemotron-H is a Mamba-2 hybrid: megatron-core 0.19.2 builds its Mamba-2 layers (MambaMixer, in "
+                   "its HybridModel, not the GPTModel megarl trains) only with the mamba-ssm and causal-conv1d CUDA "
+                   "kernels, which megarl installs nowhere; megarl does not build this family yet"),
+}
 _DTYPE_FLAGS = {torch.float32: {}, torch.bfloat16: {"bf16": True}, torch.float16: {"fp16": True}}
 
 

@@ -152,3 +152,9 @@ def test_gpt_oss_is_accepted_without_expert_tensor_parallelism(make):
 def test_gpt_oss_mxfp4_checkpoint_is_refused_with_the_dequantizing_fix(make):
     mxfp4 = {**GPT_OSS, "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": ["router"]}}
     issue_for(make(hf=mxfp4), P, "quant_method 'mxfp4'", "Mxfp4Config(dequantize=True)")
+
+
+@pytest.mark.parametrize("model_type,why", [("qwen3_next", "gated DeltaNet"), ("qwen3_5_text", "gated DeltaNet"),
+                                            ("qwen3_5_moe_text", "gated DeltaNet"), ("nemotron_h", "Mamba-2")])
+def test_families_megarl_does_not_build_are_refused_naming_what_is_missing(make, model_type, why):
+    issue_for(make(hf={"model_type": model_type}), P, f"model_type {model_type!r}", why, "megarl does not build this family")
