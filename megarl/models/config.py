@@ -5,7 +5,8 @@ Supported ``model_type``: llama, mistral (no sliding window), qwen2 (QKV bias), 
 (shared expert with gate), qwen3_moe (softmax top-k routers, dense first layers, load-balancing
 loss per the HF config), glm4_moe (GLM-4.5: partial rotary embedding, sigmoid router with
 score-correction bias, shared experts), deepseek_v3 (the same MoE, multi-latent attention of
-:mod:`megarl.models.mla_config`), gpt_oss (attention sinks, YaRN, biased MoE: :mod:`megarl.models.gpt_oss`).
+:mod:`megarl.models.mla_config`), gpt_oss (attention sinks, YaRN, biased MoE: :mod:`megarl.models.gpt_oss`), qwen3_5_text (gated DeltaNet and
+gated attention: :mod:`megarl.models.qwen3_5`).
 Not supported yet, refused with the reason: see
 :data:`NOT_YET_SUPPORTED`. gemma3_text (Gemma 3 text): :mod:`megarl.models.gemma3`.
 """
@@ -37,6 +38,7 @@ from megarl.models.gpt_oss import (
     gpt_oss_rope_kwargs,
     gpt_oss_transformer_kwargs,
 )
+from megarl.models.qwen3_5 import QWEN3_5_MODEL_TYPES, check_qwen3_5_supported, qwen3_5_transformer_kwargs
 from megarl.models.mla_config import MLA_MODEL_TYPES, check_mla_supported, mla_transformer_kwargs
 from megarl.models.moe_config import MOE_MODEL_TYPES, check_moe_supported, moe_transformer_kwargs
 from megarl.models.spec import have_transformer_engine, resolve_transformer_impl
@@ -46,7 +48,11 @@ __all__ = [
     "SUPPORTED_MODEL_TYPES", "hf_to_transformer_config", "gpt_model_kwargs", "padded_vocab_size", "unsupported_reason",
 ]
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", *GEMMA3_MODEL_TYPES, *MOE_MODEL_TYPES)
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", *GEMMA3_MODEL_TYPES, *QWEN3_5_MODEL_TYPES, *MOE_MODEL_TYPES)
+# built on megatron's local layer spec whatever transformer_impl asks (their layers are megarl's: see each module)
+LOCAL_SPEC_ONLY = {**{t: "Gemma 3's sandwich norms and per-layer rotary are in megarl's local spec only" for t in GEMMA3_MODEL_TYPES},
+                   **{t: "megatron-core builds Qwen3.5's hybrid layers with TE's fused norm-linears, whose names and "
+                         "layouts megarl's converters do not map" for t in QWEN3_5_MODEL_TYPES}}
 # model_type -> why megarl refuses it
 _GDN = ("gated DeltaNet linear-attention layers, which megatron-core 0.19.2 builds (GatedDeltaNet) only with "
         "transformer-engine's layer spec and flash-linear-attention's Triton CUDA kernels (fla), neither of which "
@@ -55,7 +61,6 @@ NOT_YET_SUPPORTED = {
     "gemma3": "it is Gemma 3's vision-language model (a SigLIP vision tower megarl does not build); "
               "its text-only checkpoints (Gemma3ForCausalLM, model_type gemma3_text) are supported",
     "qwen3_next": f"Qwen3-Next interleaves gated attention with {_GDN}",
-    "qwen3_5_text": f"Qwen3.5 interleaves gated attention with {_GDN}",
     "qwen3_5_moe_text": f"Qwen3.5-MoE interleaves gated attention with {_GDN}",
     "nemotron_h": ("Nemotron-H is a Mamba-2 hybrid: megatron-core 0.19.2 builds its Mamba-2 layers (MambaMixer, in "
                    "its HybridModel, not the GPTModel megarl trains) only with the mamba-ssm and causal-conv1d CUDA "
@@ -84,6 +89,8 @@ def _check_supported(hf_config) -> str:
         raise ValueError("mixtral sliding_window attention is not supported; set it to null")
     if model_type in MOE_MODEL_TYPES:
         check_moe_supported(hf_config)
+    if model_type in QWEN3_5_MODEL_TYPES:
+        check_qwen3_5_supported(hf_config)
     return model_type
 
 
@@ -208,7 +215,7 @@ def hf_to_transformer_config(
     # RoPE in one kernel, packed sequences included (megatron's unfused THD RoPE syncs the host
     # and slices per sequence, twice per layer), and weight gradients accumulated by the wgrad
     # GEMM into DDP's fp32 main_grad (no bf16 wgrad + add_ per micro-batch; see megarl.compat.transformer_engine).
-    te_kernels = resolved_impl == "transformer_engine" and model_type not in GEMMA3_MODEL_TYPES
+    te_kernels = resolved_impl == "transformer_engine" and model_type not in LOCAL_SPEC_ONLY
     backend = overrides.get("attention_backend")
     if backend is not None:  # verl's flash without flash-attn: TE's fused attention (the driver printed why)
         runs = attention_backend_that_runs(backend.name, te_runs=te_kernels,
@@ -266,6 +273,11 @@ def hf_to_transformer_config(
             raise ValueError("gemma3_text under context parallelism is not supported (SDPA's context-parallel "
                              "attention has no sliding window); set megatron.context_parallel_size=1")
         kwargs.update(gemma3_transformer_kwargs(hf_config))
+    if model_type in QWEN3_5_MODEL_TYPES:
+        if kwargs["context_parallel_size"] > 1:
+            raise ValueError(f"{model_type} under context parallelism is not supported by megarl; set "
+                             "megatron.context_parallel_size=1")
+        kwargs.update(qwen3_5_transformer_kwargs(hf_config))
     if model_type in GPT_OSS_MODEL_TYPES:
         if kwargs["context_parallel_size"] > 1:
             raise ValueError("gpt_oss under context parallelism is not supported (SDPA's context-parallel "
@@ -281,7 +293,7 @@ def hf_to_transformer_config(
 
 
 def _qk_norm(hf_config) -> bool:
-    return hf_config.model_type in ("qwen3", "qwen3_moe", *GEMMA3_MODEL_TYPES) or (
+    return hf_config.model_type in ("qwen3", "qwen3_moe", *GEMMA3_MODEL_TYPES, *QWEN3_5_MODEL_TYPES) or (
         hf_config.model_type == "glm4_moe" and bool(getattr(hf_config, "use_qk_norm", False)))
 
 

@@ -1,6 +1,6 @@
 """Parameter counts of a decoder-only HF model from its config.json alone (no weights loaded).
 
-Covers the families megarl builds: Llama, Mistral, Qwen2, Qwen3 (dense); Mixtral, Qwen2-MoE,
+Covers the families megarl builds: Llama, Mistral, Qwen2, Qwen3, Qwen3.5 text (dense); Mixtral, Qwen2-MoE,
 Qwen3-MoE, GLM-4.5 (``glm4_moe``), DeepSeek-V3 / Moonlight (``deepseek_v3``) and GPT-OSS (MoE), and
 DeepSeek-V2 (``deepseek_v2``, counted only). What is counted:
 
@@ -10,6 +10,9 @@ DeepSeek-V2 (``deepseek_v2``, counted only). What is counted:
   ``use_qk_norm`` q/k norms) or DeepSeek's multi-latent attention (``q_lora_rank`` (null: one
   ``q_proj``), ``kv_lora_rank``, ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``,
   the q/kv latent norms, ``attention_bias`` on q_a / kv_a / o);
+* Qwen3.5's hybrid layers: gated attention (q_proj holds a gate per head) on its ``full_attention`` layers,
+  gated DeltaNet on its ``linear_attention`` layers (input projections of q, k, v, z and the beta / alpha gates,
+  the q/k/v convolution, ``A_log``, ``dt_bias``, the gated norm, the output projection);
 * dense SwiGLU MLPs (``intermediate_size``) and MoE layers: the router, routed experts from
   whichever field the family spells (``num_experts``, ``num_local_experts``,
   ``n_routed_experts``) of ``moe_intermediate_size``, shared experts (Qwen2-MoE:
@@ -83,6 +86,13 @@ class ModelShape:
     router_bias: bool = False  # DeepSeek-V3 / GLM-4.5 e_score_correction_bias, GPT-OSS's router bias
     expert_bias: bool = False  # GPT-OSS: biases on each expert's projections
     attention_sinks: bool = False  # GPT-OSS: one sink logit per head
+    attention_gate: bool = False  # Qwen3.5: q_proj holds a gate per head
+    linear_layers: int = 0  # Qwen3.5: gated DeltaNet layers among `layers` (no KV cache)
+    linear_key_dim: int = 0  # their key heads x key head dim
+    linear_value_dim: int = 0  # value heads x value head dim
+    linear_value_heads: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv: int = 0  # convolution width
     moe_layers: int = 0  # how many of `layers` are MoE layers
 
     @property
@@ -125,6 +135,13 @@ class ModelShape:
                              qk_norm=model_type in ("qwen3", "qwen3_moe") or (
                                  model_type == "glm4_moe" and bool(c.get("use_qk_norm", False))),
                              attention_sinks=model_type in _GPT_OSS)
+        if c.get("layer_types") and "linear_attention" in c["layer_types"]:  # Qwen3.5's gated DeltaNet layers
+            attention.update(
+                attention_gate=True, qk_norm=True, linear_layers=c["layer_types"].count("linear_attention"),
+                linear_key_dim=c["linear_num_key_heads"] * c["linear_key_head_dim"],
+                linear_value_dim=c["linear_num_value_heads"] * c["linear_value_head_dim"],
+                linear_value_heads=c["linear_num_value_heads"], linear_value_head_dim=c["linear_value_head_dim"],
+                linear_conv=c.get("linear_conv_kernel_dim") or 4)
         return cls(model_type=model_type, vocab=c["vocab_size"], hidden=hidden, ffn=c["intermediate_size"],
                    layers=layers, heads=heads, tied_embeddings=bool(c.get("tie_word_embeddings", False)),
                    **attention, **moe)
@@ -137,7 +154,8 @@ class ParamCount:
 
     embedding: int
     lm_head: int  # 0 when tied to the embedding
-    attention_and_norms: int  # per layer
+    attention_and_norms: int  # per (softmax) attention layer
+    linear_attention_and_norms: int  # per gated DeltaNet layer (Qwen3.5)
     dense_mlp: int  # per dense layer
     moe_shared: int  # per MoE layer: router (+ its bias) + shared experts (+ gate), replicated over EP
     expert: int  # one routed expert
@@ -149,6 +167,12 @@ class ParamCount:
         return self.shape.layers - self.shape.moe_layers
 
     @property
+    def attention_params(self) -> int:
+        """Every layer's attention (softmax or gated DeltaNet) and norms."""
+        s = self.shape
+        return (s.layers - s.linear_layers) * self.attention_and_norms + s.linear_layers * self.linear_attention_and_norms
+
+    @property
     def expert_params(self) -> int:
         """All routed-expert parameters (sharded over expert parallelism)."""
         return self.shape.moe_layers * self.shape.experts * self.expert
@@ -156,7 +180,7 @@ class ParamCount:
     @property
     def total(self) -> int:
         s = self.shape
-        return (self.embedding + self.lm_head + self.final_norm + s.layers * self.attention_and_norms
+        return (self.embedding + self.lm_head + self.final_norm + self.attention_params
                 + self.dense_layers * self.dense_mlp + s.moe_layers * self.moe_shared + self.expert_params)
 
     @property
@@ -182,7 +206,17 @@ def _attention(s: ModelShape) -> int:
         return q + kv_a + kv_b + s.heads * s.v_head_dim * h + bias
     q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
     return (h * (q + 2 * kv) + q * h + (q + 2 * kv if s.qkv_bias else 0) + (h if s.out_bias else 0)
+            + (h * q if s.attention_gate else 0)
             + (2 * s.head_dim if s.qk_norm else 0) + (s.heads if s.attention_sinks else 0))
+
+
+def _linear_attention(s: ModelShape) -> int:
+    """One gated DeltaNet: in_proj_qkv / z / b / a, the q/k/v convolution, A_log, dt_bias, the gated norm, out_proj."""
+    if not s.linear_layers:
+        return 0
+    qkv = 2 * s.linear_key_dim + s.linear_value_dim
+    return (s.hidden * (qkv + s.linear_value_dim + 2 * s.linear_value_heads) + qkv * s.linear_conv
+            + 2 * s.linear_value_heads + s.linear_value_head_dim + s.linear_value_dim * s.hidden)
 
 
 def count_params(s: ModelShape) -> ParamCount:
@@ -194,6 +228,7 @@ def count_params(s: ModelShape) -> ParamCount:
     return ParamCount(
         embedding=s.vocab * s.hidden, lm_head=0 if s.tied_embeddings else s.vocab * s.hidden,
         attention_and_norms=_attention(s) + 2 * s.hidden, dense_mlp=3 * s.hidden * s.ffn, moe_shared=moe_shared,
+        linear_attention_and_norms=_linear_attention(s) + 2 * s.hidden if s.linear_layers else 0,
         expert=3 * s.hidden * s.expert_ffn + (2 * s.expert_ffn + s.hidden if s.expert_bias else 0),
         final_norm=s.hidden, shape=s,
     )

@@ -154,7 +154,36 @@ def test_gpt_oss_mxfp4_checkpoint_is_refused_with_the_dequantizing_fix(make):
     issue_for(make(hf=mxfp4), P, "quant_method 'mxfp4'", "Mxfp4Config(dequantize=True)")
 
 
-@pytest.mark.parametrize("model_type,why", [("qwen3_next", "gated DeltaNet"), ("qwen3_5_text", "gated DeltaNet"),
-                                            ("qwen3_5_moe_text", "gated DeltaNet"), ("nemotron_h", "Mamba-2")])
+@pytest.mark.parametrize("model_type,why", [("qwen3_next", "gated DeltaNet"), ("qwen3_5_moe_text", "gated DeltaNet"),
+                                            ("nemotron_h", "Mamba-2")])
 def test_families_megarl_does_not_build_are_refused_naming_what_is_missing(make, model_type, why):
     issue_for(make(hf={"model_type": model_type}), P, f"model_type {model_type!r}", why, "megarl does not build this family")
+
+
+QWEN3_5 = {"model_type": "qwen3_5_text", "architectures": ["Qwen3_5ForCausalLM"], "head_dim": 16,
+           "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+           "linear_conv_kernel_dim": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+           "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+           "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}}
+
+
+R = "actor_rollout_ref.rollout"
+HYBRID_ROLLOUT = {f"{R}.enable_chunked_prefill": True, f"{R}.dtype": "bfloat16"}
+
+
+def test_qwen3_5_text_is_accepted_and_its_deltanet_fields_are_required(make):
+    no_issues(make(HYBRID_ROLLOUT, hf=QWEN3_5))
+    issue_for(make(HYBRID_ROLLOUT, hf={**QWEN3_5, "linear_num_value_heads": None}), P, "lacks linear_num_value_heads")
+    issue_for(make(HYBRID_ROLLOUT, hf={**QWEN3_5, "layer_types": ["full_attention"] * 3}), P, "layer_types")
+
+
+def test_qwen3_5_rollout_needs_chunked_prefill_with_prefix_caching_and_bf16_on_cpu(make):
+    issue_for(make({**HYBRID_ROLLOUT, f"{R}.enable_chunked_prefill": False}, hf=QWEN3_5), f"{R}.enable_chunked_prefill",
+              "gated DeltaNet", "enable_prefix_caching=false")
+    no_issues(make({**HYBRID_ROLLOUT, f"{R}.enable_chunked_prefill": False, f"{R}.enable_prefix_caching": False},
+                   hf=QWEN3_5))
+    issue_for(make({**HYBRID_ROLLOUT, f"{R}.dtype": "float32"}, hf=QWEN3_5), f"{R}.dtype", "bfloat16 only")
+
+
+def test_qwen3_5_on_cuda_needs_flash_linear_attention(make):
+    issue_for(make({**HYBRID_ROLLOUT, "trainer.device": "cuda"}, hf=QWEN3_5), P, "flash-linear-attention")

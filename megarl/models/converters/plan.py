@@ -64,6 +64,9 @@ def dims_of(hf_config) -> Dims:
         num_query_groups=getattr(hf_config, "num_key_value_heads", None) or heads,
         head_dim=getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads,
         vocab_size=hf_config.vocab_size,
+        gdn_key_dim=(getattr(hf_config, "linear_num_key_heads", 0) or 0) * (getattr(hf_config, "linear_key_head_dim", 0) or 0),
+        gdn_value_dim=((getattr(hf_config, "linear_num_value_heads", 0) or 0)
+                       * (getattr(hf_config, "linear_value_head_dim", 0) or 0)),
     )
 
 
@@ -112,9 +115,11 @@ def build_plan(hf_config, config: TransformerConfig, *, value_head: bool = False
             for local_layer in range(count):
                 layer = offset + local_layer
                 is_moe = bool(tables.moe_pattern) and tables.moe_pattern[layer] == 1
+                linear = bool(tables.linear_pattern) and tables.linear_pattern[layer] == 1
                 plan += [
                     _entry(rule, pp_rank, vp_stage, layer=layer, local_layer=local_layer)
-                    for rule in tables.layer + (tables.moe if is_moe else tables.dense_mlp)
+                    for rule in (tables.linear_layer if linear else tables.layer)
+                    + (tables.moe if is_moe else tables.dense_mlp)
                 ]
                 if is_moe and tables.stacked_experts:
                     plan += [ParamSource(**{**_entry(rule, pp_rank, vp_stage, layer=layer, local_layer=local_layer,

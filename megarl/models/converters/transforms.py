@@ -18,6 +18,12 @@ Kinds:
     transpose with the gate rows first, then ``gate_up``.
   * ``split1_transposed`` - HF holds the transpose of megatron's row-parallel weight (GPT-OSS's
     ``down_proj`` ``[I, hidden]`` of linear_fc2 ``[hidden, I]``), then ``split1``.
+  * ``qkv_gated`` - attention with an output gate: HF q_proj holds each head's query then its gate
+    (``[heads * 2 * head_dim, ...]``), k, v as ``qkv``; megatron's linear_qkv holds per query group
+    ``[queries; gates; k; v]`` of the group, then split0.
+  * ``gdn_in_proj`` - a gated DeltaNet's input projection: HF ``in_proj_qkv`` (q, k, v), ``in_proj_z``,
+    ``in_proj_b``, ``in_proj_a``; each TP shard is ``[q; k; v; z; b; a]`` of its heads.
+  * ``gdn_conv`` - its convolution over q/k/v channels (HF ``[q; k; v]``): each TP shard ``[q; k; v]`` of its heads.
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
-KINDS = ("replicated", "split0", "split1", "vocab", "qkv", "gate_up", "gate_up_interleaved", "split1_transposed")
+KINDS = ("replicated", "split0", "split1", "vocab", "qkv", "gate_up", "gate_up_interleaved", "split1_transposed",
+         "qkv_gated", "gdn_in_proj", "gdn_conv")
 
 
 @dataclass(frozen=True)
@@ -37,6 +44,8 @@ class Dims:
     num_query_groups: int
     head_dim: int
     vocab_size: int
+    gdn_key_dim: int = 0  # gated DeltaNet: linear_num_key_heads * linear_key_head_dim
+    gdn_value_dim: int = 0  # linear_num_value_heads * linear_value_head_dim
 
 
 def _qkv_fuse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dims: Dims) -> torch.Tensor:
@@ -65,6 +74,42 @@ def _qkv_split(fused: torch.Tensor, dims: Dims) -> list[torch.Tensor]:
         k.reshape(groups * hd, *rest).contiguous(),
         v.reshape(groups * hd, *rest).contiguous(),
     ]
+
+
+def _gated_qkv_fuse(q_gate: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dims: Dims) -> torch.Tensor:
+    groups, hd = dims.num_query_groups, dims.head_dim
+    per_group = dims.num_heads // groups
+    rest = q_gate.shape[1:]
+    pairs = q_gate.reshape(dims.num_heads, 2, hd, *rest)
+    q, gate = (pairs[:, i].reshape(groups, per_group * hd, *rest) for i in (0, 1))
+    fused = torch.cat([q, gate, k.reshape(groups, hd, *rest), v.reshape(groups, hd, *rest)], dim=1)
+    return fused.reshape(-1, *rest)
+
+
+def _gated_qkv_split(fused: torch.Tensor, dims: Dims) -> list[torch.Tensor]:
+    groups, hd = dims.num_query_groups, dims.head_dim
+    per_group = dims.num_heads // groups
+    rest = fused.shape[1:]
+    q, gate, k, v = torch.split(fused.reshape(groups, (2 * per_group + 2) * hd, *rest),
+                                [per_group * hd, per_group * hd, hd, hd], dim=1)
+    q_gate = torch.stack([q.reshape(dims.num_heads, hd, *rest), gate.reshape(dims.num_heads, hd, *rest)], dim=1)
+    return [q_gate.reshape(-1, *rest).contiguous(), k.reshape(-1, *rest).contiguous(), v.reshape(-1, *rest).contiguous()]
+
+
+def _gdn_sections(dims: Dims) -> list[int]:
+    """HF rows of in_proj_qkv / conv1d: q, k, v."""
+    return [dims.gdn_key_dim, dims.gdn_key_dim, dims.gdn_value_dim]
+
+
+def _per_rank_cat(parts: list[torch.Tensor], rank: int, size: int) -> torch.Tensor:
+    return torch.cat([part.chunk(size, dim=0)[rank] for part in parts], dim=0)
+
+
+def _per_rank_split(shards: list[torch.Tensor], full_rows: list[int]) -> list[torch.Tensor]:
+    """Inverse of :func:`_per_rank_cat` over every rank's shard: the full parts of ``full_rows`` rows."""
+    size = len(shards)
+    pieces = [torch.split(shard, [rows // size for rows in full_rows], dim=0) for shard in shards]
+    return [torch.cat([piece[i] for piece in pieces], dim=0) for i in range(len(full_rows))]
 
 
 def _deinterleave(hf: torch.Tensor) -> list[torch.Tensor]:
@@ -103,6 +148,12 @@ def to_shard(kind: str, hf: list[torch.Tensor], rank: int, size: int, dims: Dims
         return to_shard("gate_up", _deinterleave(hf[0]), rank, size, dims)
     if kind == "split1_transposed":
         return hf[0].chunk(size, dim=0)[rank].t()
+    if kind == "qkv_gated":
+        return _gated_qkv_fuse(*hf, dims).chunk(size, dim=0)[rank]
+    if kind == "gdn_in_proj":
+        return _per_rank_cat([*torch.split(hf[0], _gdn_sections(dims)), *hf[1:]], rank, size)
+    if kind == "gdn_conv":
+        return _per_rank_cat(list(torch.split(hf[0], _gdn_sections(dims))), rank, size)
     raise ValueError(f"unknown layout kind {kind!r}; known: {KINDS}")
 
 
@@ -125,6 +176,14 @@ def from_shards(kind: str, shards: list[torch.Tensor], dims: Dims) -> list[torch
         return [_interleave(*from_shards("gate_up", shards, dims))]
     if kind == "split1_transposed":
         return [torch.cat(shards, dim=1).t().contiguous()]
+    if kind == "qkv_gated":
+        return _gated_qkv_split(torch.cat(shards, dim=0), dims)
+    if kind == "gdn_in_proj":
+        heads = (shards[0].shape[0] * len(shards) - 2 * dims.gdn_key_dim - 2 * dims.gdn_value_dim) // 2
+        q, k, v, z, b, a = _per_rank_split(shards, [*_gdn_sections(dims), dims.gdn_value_dim, heads, heads])
+        return [torch.cat([q, k, v]), z, b, a]
+    if kind == "gdn_conv":
+        return [torch.cat(_per_rank_split(shards, _gdn_sections(dims)))]
     raise ValueError(f"unknown layout kind {kind!r}; known: {KINDS}")
 
 
