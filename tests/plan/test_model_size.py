@@ -42,6 +42,11 @@ CONFIGS = {
     "qwen3_5_text": lambda: T.Qwen3_5TextConfig(
         num_hidden_layers=4, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
         linear_value_head_dim=12, linear_conv_kernel_dim=4, tie_word_embeddings=True, **COMMON),
+    # Qwen3-Next: the same hybrid (every 2nd layer full attention), MoE with a gated shared expert in every layer
+    "qwen3_next": lambda: T.Qwen3NextConfig(
+        num_hidden_layers=4, full_attention_interval=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=8, linear_value_head_dim=12, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+        shared_expert_intermediate_size=40, **COMMON),
     "glm4_moe": lambda: T.Glm4MoeConfig(
         num_hidden_layers=3, first_k_dense_replace=1, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
         moe_intermediate_size=24, head_dim=16, attention_bias=True, use_qk_norm=True, partial_rotary_factor=0.5,
@@ -116,6 +121,15 @@ GPT_OSS_20B = dict(
     sliding_window=128, tie_word_embeddings=False)
 GPT_OSS_120B = {**GPT_OSS_20B, "num_hidden_layers": 36, "num_local_experts": 128}
 
+# Qwen/Qwen3-Next-80B-A3B-Instruct config.json (tests/fixtures/verl_scripts/models/Qwen3-Next-80B-A3B: no
+# layer_types, full_attention_interval 4); 80 B total (its card; its multi-token-prediction layer not counted)
+QWEN3_NEXT_80B = dict(
+    model_type="qwen3_next", vocab_size=151936, hidden_size=2048, intermediate_size=5120, moe_intermediate_size=512,
+    shared_expert_intermediate_size=512, num_hidden_layers=48, full_attention_interval=4, num_attention_heads=16,
+    num_key_value_heads=2, head_dim=256, linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_num_key_heads=16,
+    linear_num_value_heads=32, linear_value_head_dim=128, num_experts=512, num_experts_per_tok=10, decoder_sparse_step=1,
+    tie_word_embeddings=False)
+
 PUBLISHED = {  # name: (config, total, active or None, what the active count leaves out)
     "Qwen2.5-7B": (QWEN25_7B, 7.62e9, None, ()),
     "Mixtral-8x7B": (MIXTRAL_8X7B, 46.7e9, 12.9e9, ()),
@@ -126,6 +140,7 @@ PUBLISHED = {  # name: (config, total, active or None, what the active count lea
     "GLM-4.5": (GLM45, 355e9, 32e9, ("embedding", "lm_head")),
     "gpt-oss-20b": (GPT_OSS_20B, 20.91e9, 3.61e9, ("embedding",)),
     "gpt-oss-120b": (GPT_OSS_120B, 116.83e9, 5.13e9, ("embedding",)),
+    "Qwen3-Next-80B-A3B": (QWEN3_NEXT_80B, 80e9, None, ()),
 }
 
 

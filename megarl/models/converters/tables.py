@@ -145,18 +145,20 @@ _GLM_MOE = (
     Rule(_M + "mlp.shared_experts.linear_fc1.weight", (_GS + "gate_proj.weight", _GS + "up_proj.weight"), "gate_up"),
     Rule(_M + "mlp.shared_experts.linear_fc2.weight", (_GS + "down_proj.weight",), "split1"),
 )
-# Qwen3.5's layers: attention with an output gate (q_proj holds each head's query and gate), or a gated DeltaNet
+# Qwen3.5's and Qwen3-Next's layers: attention with an output gate (q_proj holds each head's query and gate), or a gated DeltaNet
 _GATED_QKV = Rule(_A + "linear_qkv.weight", tuple(_H + f"{p}_proj.weight" for p in "qkv"), "qkv_gated")
 _G = _L + "linear_attn."
+_GDN_IN_PROJ = {  # model_type -> the DeltaNet's input projection
+    "qwen3_5_text": Rule(_A + "in_proj.weight", tuple(_G + f"in_proj_{p}.weight" for p in ("qkv", "z", "b", "a")),
+                         "gdn_in_proj"),
+    "qwen3_next": Rule(_A + "in_proj.weight", (_G + "in_proj_qkvz.weight", _G + "in_proj_ba.weight"), "gdn_in_proj_grouped"),
+}
 _GATED_DELTANET = (
-    _ATTENTION[0],
-    Rule(_A + "in_proj.weight", tuple(_G + f"in_proj_{p}.weight" for p in ("qkv", "z", "b", "a")), "gdn_in_proj"),
     Rule(_A + "conv1d.weight", (_G + "conv1d.weight",), "gdn_conv"),
     Rule(_A + "A_log", (_G + "A_log",), "split0"),
     Rule(_A + "dt_bias", (_G + "dt_bias",), "split0"),
     Rule(_A + "out_norm.weight", (_G + "norm.weight",), "replicated"),
     Rule(_A + "out_proj.weight", (_G + "out_proj.weight",), "split1"),
-    _ATTENTION[3],
 )
 # GPT-OSS: biases on q/k/v/o, attention sinks (one logit per head, split over TP with the heads), a
 # biased router, and each layer's experts stacked in one HF tensor per parameter (ArchTables.stacked_experts)
@@ -182,6 +184,7 @@ _MOE = {
     "deepseek_v3": (_GLM_MOE, _QWEN_EXPERTS),
     "qwen3_moe": (_QWEN_ROUTER, _QWEN_EXPERTS),
     "qwen2_moe": (_QWEN_ROUTER + _SHARED_EXPERT, _QWEN_EXPERTS),
+    "qwen3_next": (_QWEN_ROUTER + _SHARED_EXPERT, _QWEN_EXPERTS),
     "mixtral": (_MIXTRAL_ROUTER, _MIXTRAL_EXPERTS),
 }
 _EMBEDDING = (Rule("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), "vocab"),)
@@ -214,11 +217,11 @@ def arch_tables(hf_config, *, value_head: bool = False) -> ArchTables:
 
     model_type = hf_config.model_type
     from megarl.models.gemma3 import GEMMA3_MODEL_TYPES
-    from megarl.models.qwen3_5 import QWEN3_5_MODEL_TYPES
+    from megarl.models.qwen_hybrid import QWEN_HYBRID_MODEL_TYPES, layer_types
 
     if model_type == "deepseek_v3":
         layer = list(_mla_attention(hf_config))
-    elif model_type in QWEN3_5_MODEL_TYPES:
+    elif model_type in QWEN_HYBRID_MODEL_TYPES:
         layer = [_ATTENTION[0], _GATED_QKV, *_ATTENTION[2:]]
     else:
         layer = list(_GEMMA3_NORMS if model_type in GEMMA3_MODEL_TYPES else _ATTENTION)
@@ -244,8 +247,9 @@ def arch_tables(hf_config, *, value_head: bool = False) -> ArchTables:
         last=tuple(last),
         moe_pattern=tuple(moe_layer_pattern(hf_config)) if model_type in _MOE else (),
         stacked_experts=model_type == "gpt_oss",
-        linear_layer=_GATED_DELTANET if model_type in QWEN3_5_MODEL_TYPES else (),
-        linear_pattern=(tuple(int(t == "linear_attention") for t in hf_config.layer_types)
-                        if model_type in QWEN3_5_MODEL_TYPES else ()),
+        linear_layer=((_ATTENTION[0], _GDN_IN_PROJ[model_type], *_GATED_DELTANET, _ATTENTION[3])
+                      if model_type in QWEN_HYBRID_MODEL_TYPES else ()),
+        linear_pattern=(tuple(int(t == "linear_attention") for t in layer_types(hf_config))
+                        if model_type in QWEN_HYBRID_MODEL_TYPES else ()),
         tied_output=Rule("output_layer.weight", ("model.embed_tokens.weight",), "vocab") if tied else None,
     )

@@ -23,6 +23,8 @@ Kinds:
     ``[queries; gates; k; v]`` of the group, then split0.
   * ``gdn_in_proj`` - a gated DeltaNet's input projection: HF ``in_proj_qkv`` (q, k, v), ``in_proj_z``,
     ``in_proj_b``, ``in_proj_a``; each TP shard is ``[q; k; v; z; b; a]`` of its heads.
+  * ``gdn_in_proj_grouped`` - the same from Qwen3-Next's ``in_proj_qkvz`` (per key head: its q, k, then the v
+    and z of its value heads) and ``in_proj_ba`` (per key head: the b, then the a of its value heads).
   * ``gdn_conv`` - its convolution over q/k/v channels (HF ``[q; k; v]``): each TP shard ``[q; k; v]`` of its heads.
 """
 
@@ -33,7 +35,7 @@ from dataclasses import dataclass
 import torch
 
 KINDS = ("replicated", "split0", "split1", "vocab", "qkv", "gate_up", "gate_up_interleaved", "split1_transposed",
-         "qkv_gated", "gdn_in_proj", "gdn_conv")
+         "qkv_gated", "gdn_in_proj", "gdn_in_proj_grouped", "gdn_conv")
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,8 @@ class Dims:
     vocab_size: int
     gdn_key_dim: int = 0  # gated DeltaNet: linear_num_key_heads * linear_key_head_dim
     gdn_value_dim: int = 0  # linear_num_value_heads * linear_value_head_dim
+    gdn_key_heads: int = 0  # linear_num_key_heads
+    gdn_value_heads: int = 0  # linear_num_value_heads
 
 
 def _qkv_fuse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dims: Dims) -> torch.Tensor:
@@ -101,6 +105,22 @@ def _gdn_sections(dims: Dims) -> list[int]:
     return [dims.gdn_key_dim, dims.gdn_key_dim, dims.gdn_value_dim]
 
 
+def _gdn_ungroup(qkvz: torch.Tensor, ba: torch.Tensor, dims: Dims) -> list[torch.Tensor]:
+    """Qwen3-Next's key-head-grouped projections -> q, k, v, z, b, a (rows as Qwen3.5's split projections)."""
+    nk, rest = dims.gdn_key_heads, qkvz.shape[1:]
+    ratio, dk = dims.gdn_value_heads // nk, dims.gdn_key_dim // nk
+    dv = dims.gdn_value_dim // dims.gdn_value_heads
+    q, k, v, z = torch.split(qkvz.reshape(nk, -1, *rest), [dk, dk, ratio * dv, ratio * dv], dim=1)
+    b, a = torch.split(ba.reshape(nk, 2 * ratio, *rest), [ratio, ratio], dim=1)
+    return [t.reshape(-1, *rest) for t in (q, k, v, z, b, a)]
+
+
+def _gdn_group(q, k, v, z, b, a, dims: Dims) -> list[torch.Tensor]:
+    nk, rest = dims.gdn_key_heads, q.shape[1:]
+    per_head = [t.reshape(nk, -1, *rest) for t in (q, k, v, z, b, a)]
+    return [torch.cat(per_head[:4], dim=1).reshape(-1, *rest), torch.cat(per_head[4:], dim=1).reshape(-1, *rest)]
+
+
 def _per_rank_cat(parts: list[torch.Tensor], rank: int, size: int) -> torch.Tensor:
     return torch.cat([part.chunk(size, dim=0)[rank] for part in parts], dim=0)
 
@@ -152,6 +172,8 @@ def to_shard(kind: str, hf: list[torch.Tensor], rank: int, size: int, dims: Dims
         return _gated_qkv_fuse(*hf, dims).chunk(size, dim=0)[rank]
     if kind == "gdn_in_proj":
         return _per_rank_cat([*torch.split(hf[0], _gdn_sections(dims)), *hf[1:]], rank, size)
+    if kind == "gdn_in_proj_grouped":
+        return _per_rank_cat(_gdn_ungroup(*hf, dims), rank, size)
     if kind == "gdn_conv":
         return _per_rank_cat(list(torch.split(hf[0], _gdn_sections(dims))), rank, size)
     raise ValueError(f"unknown layout kind {kind!r}; known: {KINDS}")
@@ -178,10 +200,10 @@ def from_shards(kind: str, shards: list[torch.Tensor], dims: Dims) -> list[torch
         return [torch.cat(shards, dim=1).t().contiguous()]
     if kind == "qkv_gated":
         return _gated_qkv_split(torch.cat(shards, dim=0), dims)
-    if kind == "gdn_in_proj":
-        heads = (shards[0].shape[0] * len(shards) - 2 * dims.gdn_key_dim - 2 * dims.gdn_value_dim) // 2
+    if kind in ("gdn_in_proj", "gdn_in_proj_grouped"):
+        heads = dims.gdn_value_heads
         q, k, v, z, b, a = _per_rank_split(shards, [*_gdn_sections(dims), dims.gdn_value_dim, heads, heads])
-        return [torch.cat([q, k, v]), z, b, a]
+        return [torch.cat([q, k, v]), z, b, a] if kind == "gdn_in_proj" else _gdn_group(q, k, v, z, b, a, dims)
     if kind == "gdn_conv":
         return [torch.cat(_per_rank_split(shards, _gdn_sections(dims)))]
     raise ValueError(f"unknown layout kind {kind!r}; known: {KINDS}")

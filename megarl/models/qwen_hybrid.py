@@ -1,6 +1,8 @@
-"""Qwen3.5 text models (HF ``Qwen3_5ForCausalLM``, ``model_type`` ``qwen3_5_text``) on megatron's local spec.
+"""Qwen3.5 text (HF ``Qwen3_5ForCausalLM``, ``model_type`` ``qwen3_5_text``) and Qwen3-Next (``Qwen3NextForCausalLM``,
+``qwen3_next``) on megatron's local spec.
 
-A Qwen3.5 decoder interleaves two layer kinds (``layer_types``), each megatron-core's own module:
+Their decoders interleave two layer kinds (``layer_types``; Qwen3-Next's checkpoints give
+``full_attention_interval`` instead), each megatron-core's own module:
 
 * ``linear_attention``: gated DeltaNet (megatron's ``GatedDeltaNet``: one input projection holding q, k, v, the
   output gate z and the beta / alpha gates, a causal depthwise convolution over q/k/v, the chunked gated delta
@@ -8,7 +10,10 @@ A Qwen3.5 decoder interleaves two layer kinds (``layer_types``), each megatron-c
 * ``full_attention``: attention with an output gate (``attention_output_gate``: q_proj holds each head's query
   and its gate), q/k RMSNorm and rotary embedding on the first ``partial_rotary_factor`` of each head.
 
-Every RMSNorm but the DeltaNet's gated one scales by ``1 + weight`` (:class:`megarl.models.gemma3.ZeroCenteredRMSNorm`).
+Qwen3-Next's MLPs are MoE (its experts, a shared expert with a sigmoid gate: :mod:`megarl.models.moe_config`),
+and its checkpoints hold the DeltaNet's input projections grouped by key head (``in_proj_qkvz``, ``in_proj_ba``)
+where Qwen3.5's hold them apart (``in_proj_qkv``, ``in_proj_z``, ``in_proj_b``, ``in_proj_a``): the converters
+map both into megatron's one ``in_proj``. Every RMSNorm but the DeltaNet's gated one scales by ``1 + weight`` (:class:`megarl.models.gemma3.ZeroCenteredRMSNorm`).
 megatron-core builds these hybrids only with transformer-engine's layer spec
 (``experimental_attention_variant_module_specs``), so this module builds the same layers from megatron's local
 modules; the DeltaNet kernels are flash-linear-attention's (fla) where it is installed, on CPU torch versions
@@ -25,20 +30,28 @@ import torch
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-__all__ = ["QWEN3_5_MODEL_TYPES", "check_qwen3_5_supported", "qwen3_5_block", "qwen3_5_transformer_kwargs",
+__all__ = ["QWEN_HYBRID_MODEL_TYPES", "check_qwen_hybrid_supported", "qwen_hybrid_block", "qwen_hybrid_transformer_kwargs",
            "require_gdn_kernels"]
 
-QWEN3_5_MODEL_TYPES = ("qwen3_5_text",)
+QWEN_HYBRID_MODEL_TYPES = ("qwen3_5_text", "qwen3_next")
 _LAYER_TYPES = ("linear_attention", "full_attention")
 _WHERE = "(actor_rollout_ref.model.path config.json)"
 LINEAR_FIELDS = ("linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim", "linear_num_key_heads",
                  "linear_num_value_heads")
 
 
-def check_qwen3_5_supported(hf_config) -> None:
-    """Refuse the Qwen3.5 options megarl does not build, naming the config.json field (raw config.json too)."""
+def layer_types(hf_config) -> list[str] | None:
+    """Each layer's kind (:func:`megarl.config.rules.model.hybrid_layer_types` of the config's fields)."""
+    from megarl.config.rules.model import hybrid_layer_types
+
+    return hybrid_layer_types(vars(hf_config))
+
+
+def check_qwen_hybrid_supported(hf_config) -> None:
+    """Refuse the Qwen3.5 / Qwen3-Next options megarl does not build, naming the config.json field (raw config.json
+    too)."""
     model_type = hf_config.model_type
-    types = getattr(hf_config, "layer_types", None)
+    types = layer_types(hf_config)
     if not types or len(types) != hf_config.num_hidden_layers or set(types) - set(_LAYER_TYPES):
         raise ValueError(f"{model_type} layer_types {types} {_WHERE}: one of {_LAYER_TYPES} per layer is needed")
     missing = [f for f in LINEAR_FIELDS if not getattr(hf_config, f, None)]
@@ -48,14 +61,14 @@ def check_qwen3_5_supported(hf_config) -> None:
         raise ValueError(f"{model_type} attention_bias=true {_WHERE} is not supported")
 
 
-def qwen3_5_transformer_kwargs(hf_config) -> dict[str, Any]:
+def qwen_hybrid_transformer_kwargs(hf_config) -> dict[str, Any]:
     """TransformerConfig fields of Qwen3.5's hybrid layers (on top of megarl's Llama-like base; the partial rotary
     comes with the rope fields)."""
     return dict(
         qk_layernorm=True,
         attention_output_gate=True,
         experimental_attention_variant="gated_delta_net",
-        linear_attention_freq=[int(t == "linear_attention") for t in hf_config.layer_types],
+        linear_attention_freq=[int(t == "linear_attention") for t in layer_types(hf_config)],
         **{field: int(getattr(hf_config, field)) for field in LINEAR_FIELDS},
     )
 
@@ -69,15 +82,15 @@ def require_gdn_kernels(device: torch.device) -> None:
 
         use_torch_gdn_kernels()
     elif not common.HAVE_FLA:
-        raise ValueError("Qwen3.5's gated DeltaNet layers need flash-linear-attention's kernels on CUDA "
+        raise ValueError("gated DeltaNet layers need flash-linear-attention's kernels on CUDA "
                          "(pip install flash-linear-attention); it is not installed")
 
 
-def _attention_layer(config: TransformerConfig) -> ModuleSpec:
+def _attention_layer(config: TransformerConfig, moe: bool) -> ModuleSpec:
     from megarl.models.gemma3 import ZeroCenteredRMSNorm
     from megarl.models.spec import get_layer_spec
 
-    spec = copy.deepcopy(get_layer_spec(config, use_te=False))
+    spec = copy.deepcopy(get_layer_spec(config, use_te=False, num_experts=config.num_moe_experts if moe else None))
     layer = spec.submodules
     layer.input_layernorm = ZeroCenteredRMSNorm
     layer.pre_mlp_layernorm = ZeroCenteredRMSNorm
@@ -86,13 +99,13 @@ def _attention_layer(config: TransformerConfig) -> ModuleSpec:
     return spec
 
 
-def _linear_attention_layer(config: TransformerConfig) -> ModuleSpec:
+def _linear_attention_layer(config: TransformerConfig, moe: bool) -> ModuleSpec:
     from megatron.core.ssm.gated_delta_net import GatedDeltaNet, GatedDeltaNetSubmodules
     from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
     from megarl.models.spec import SequenceParallelTorchNorm
 
-    spec = _attention_layer(config)
+    spec = _attention_layer(config, moe)
     spec.submodules.self_attention = ModuleSpec(
         module=GatedDeltaNet,
         submodules=GatedDeltaNetSubmodules(in_proj=ColumnParallelLinear, out_norm=SequenceParallelTorchNorm,
@@ -101,15 +114,21 @@ def _linear_attention_layer(config: TransformerConfig) -> ModuleSpec:
     return spec
 
 
-def qwen3_5_block(config: TransformerConfig, vp_stage: Optional[int]):
-    """The decoder block of one (virtual) pipeline stage: each layer's spec by ``linear_attention_freq``."""
+def qwen_hybrid_block(config: TransformerConfig, vp_stage: Optional[int]):
+    """The decoder block of one (virtual) pipeline stage: each layer's spec by ``linear_attention_freq`` and, for an
+    MoE model, ``moe_layer_freq``."""
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
     from megarl.models.gemma3 import ZeroCenteredRMSNorm
+    from megarl.models.spec import moe_pattern
 
-    attention, linear = _attention_layer(config), _linear_attention_layer(config)
+    layers = config.num_layers
+    moe = moe_pattern(config) or [int(bool(config.num_moe_experts))] * layers
+    specs = {(linear, is_moe): (_linear_attention_layer if linear else _attention_layer)(config, bool(is_moe))
+             for linear, is_moe in set(zip(config.linear_attention_freq, moe))}
     offset = get_transformer_layer_offset(config, vp_stage=vp_stage)
-    pattern = config.linear_attention_freq
-    specs = [linear if pattern[offset + i] else attention for i in range(get_num_layers_to_build(config, vp_stage=vp_stage))]
-    return TransformerBlockSubmodules(layer_specs=specs, layer_norm=ZeroCenteredRMSNorm)
+    return TransformerBlockSubmodules(
+        layer_specs=[specs[config.linear_attention_freq[offset + i], moe[offset + i]]
+                     for i in range(get_num_layers_to_build(config, vp_stage=vp_stage))],
+        layer_norm=ZeroCenteredRMSNorm)
