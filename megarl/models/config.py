@@ -6,7 +6,7 @@ Supported ``model_type``: llama, mistral (no sliding window), qwen2 (QKV bias), 
 loss per the HF config), glm4_moe (GLM-4.5: partial rotary embedding, sigmoid router with
 score-correction bias, shared experts), deepseek_v3 (the same MoE, multi-latent attention of
 :mod:`megarl.models.mla_config`), gpt_oss (attention sinks, YaRN, biased MoE: :mod:`megarl.models.gpt_oss`),
-qwen3_5_text and qwen3_next (gated DeltaNet and gated attention; Qwen3-Next's MoE: :mod:`megarl.models.qwen_hybrid`).
+qwen3_5_text, qwen3_5_moe_text and qwen3_next (gated DeltaNet and gated attention: :mod:`megarl.models.qwen_hybrid`).
 Not supported yet, refused with the reason: see :data:`NOT_YET_SUPPORTED`. gemma3_text (Gemma 3 text): :mod:`megarl.models.gemma3`.
 """
 
@@ -57,8 +57,6 @@ LOCAL_SPEC_ONLY = {**{t: "Gemma 3's sandwich norms and per-layer rotary are in m
 NOT_YET_SUPPORTED = {
     "gemma3": "it is Gemma 3's vision-language model (a SigLIP vision tower megarl does not build); "
               "its text-only checkpoints (Gemma3ForCausalLM, model_type gemma3_text) are supported",
-    "qwen3_5_moe_text": ("megarl builds Qwen3.5's dense text model (qwen3_5_text) and Qwen3-Next (qwen3_next), not yet "
-                         "Qwen3.5's MoE variant"),
     "nemotron_h": ("Nemotron-H is a Mamba-2 hybrid: megatron-core 0.19.2 builds its Mamba-2 layers (MambaMixer, in "
                    "its HybridModel, not the GPTModel megarl trains) only with the mamba-ssm and causal-conv1d CUDA "
                    "kernels, which megarl installs nowhere; megarl does not build this family yet"),

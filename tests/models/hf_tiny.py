@@ -90,6 +90,14 @@ TINY = {
              linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
              layer_types=["linear_attention", "full_attention"] * 2),
     ),
+    # Qwen3.5-MoE text: Qwen3.5's layers with 4 experts (top-2, always renormalised) and a gated shared expert
+    "qwen3_5_moe": (
+        "Qwen3_5MoeTextConfig",
+        dict(tie_word_embeddings=False, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+             linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
+             layer_types=["linear_attention", "full_attention"] * 2, num_experts=4, num_experts_per_tok=2,
+             moe_intermediate_size=32, shared_expert_intermediate_size=48),
+    ),
     # Qwen3-Next: the same hybrid with key-head-grouped DeltaNet projections, 4 experts (top-2, renormalised) and a
     # gated shared expert in every layer; 4 layers, the 4th full attention (full_attention_interval, no layer_types).
     "qwen3_next": (

@@ -1,13 +1,14 @@
-"""Qwen3.5 text and Qwen3-Next (gated DeltaNet and gated-attention layers, zero-centred norms, partial rotary;
-Qwen3-Next: key-head-grouped DeltaNet projections, MoE with a gated shared expert in every layer) built in
-megatron-core from their HF configs, against HF transformers.
+"""Qwen3.5 text, its MoE variant and Qwen3-Next (gated DeltaNet and gated-attention layers, zero-centred norms,
+partial rotary; Qwen3.5-MoE and Qwen3-Next: MoE with a gated shared expert in every layer; Qwen3-Next:
+key-head-grouped DeltaNet projections) built in megatron-core from their HF configs, against HF transformers.
 
 Log-probs equal HF's eager fp32 forward (atol 1e-5) on a batch whose rows have their padding after their tokens
 (megatron's GatedDeltaNet takes no padding mask; megarl's workers lay rows out so), through megatron's pipeline
 schedule and packed as thd sequences, at TP=1 and TP=2 (DeltaNet heads, convolution channels, gated attention and
 experts split); the HF -> megatron -> HF export is bitwise the safetensors on every rank. On CPU the DeltaNet
-kernels are megarl's torch ones (megarl.compat.megatron_core.gdn_torch). With ``-m extended``: PP=2, and Qwen3-Next
-at EP=2 (its MoE is Qwen2-MoE's, held at EP=2 by test_megatron_vs_hf.py).
+kernels are megarl's torch ones (megarl.compat.megatron_core.gdn_torch). Qwen3.5-MoE at TP=1 only (its layers split
+over TP as Qwen3.5's and Qwen3-Next's). With ``-m extended``: PP=2, and the MoE models at EP=2 (their MoE is
+Qwen2-MoE's, held at EP=2 by test_megatron_vs_hf.py).
 """
 
 from __future__ import annotations
@@ -25,14 +26,15 @@ LAYOUTS = {
     "ep2": (2, {"expert_model_parallel_size": 2}),
     "pp2": (2, {"pipeline_model_parallel_size": 2}),
 }
-CASES = [("qwen3_5", "tp1"), ("qwen3_5", "tp2"), ("qwen3_5", "pp2"),
+CASES = [("qwen3_5", "tp1"), ("qwen3_5", "tp2"), ("qwen3_5", "pp2"), ("qwen3_5_moe", "tp1"), ("qwen3_5_moe", "ep2"),
          ("qwen3_next", "tp1"), ("qwen3_next", "tp2"), ("qwen3_next", "ep2"), ("qwen3_next", "pp2")]
-EXTENDED = {("qwen3_5", "pp2"), ("qwen3_next", "ep2"), ("qwen3_next", "pp2")}
+EXTENDED = {("qwen3_5", "pp2"), ("qwen3_5_moe", "ep2"), ("qwen3_next", "ep2"), ("qwen3_next", "pp2")}
 
 
 @pytest.fixture(scope="module")
 def hf_dirs(tmp_path_factory):
-    return {family: make_tiny_hf(family, str(tmp_path_factory.mktemp(family))) for family in ("qwen3_5", "qwen3_next")}
+    return {family: make_tiny_hf(family, str(tmp_path_factory.mktemp(family)))
+            for family in ("qwen3_5", "qwen3_5_moe", "qwen3_next")}
 
 
 @pytest.mark.parametrize("family,layout", [pytest.param(*case, marks=pytest.mark.extended) if case in EXTENDED

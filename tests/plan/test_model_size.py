@@ -42,6 +42,10 @@ CONFIGS = {
     "qwen3_5_text": lambda: T.Qwen3_5TextConfig(
         num_hidden_layers=4, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
         linear_value_head_dim=12, linear_conv_kernel_dim=4, tie_word_embeddings=True, **COMMON),
+    "qwen3_5_moe_text": lambda: T.Qwen3_5MoeTextConfig(
+        num_hidden_layers=4, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+        linear_value_head_dim=12, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+        shared_expert_intermediate_size=40, **COMMON),
     # Qwen3-Next: the same hybrid (every 2nd layer full attention), MoE with a gated shared expert in every layer
     "qwen3_next": lambda: T.Qwen3NextConfig(
         num_hidden_layers=4, full_attention_interval=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,

@@ -119,6 +119,7 @@ MOE_FIELDS = {
                     "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"),
     "gpt_oss": ("num_experts_per_tok", "sliding_window"),
     "qwen3_next": ("num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size"),
+    "qwen3_5_moe_text": ("num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size"),
 }
 
 

@@ -153,6 +153,7 @@ _GDN_IN_PROJ = {  # model_type -> the DeltaNet's input projection
                          "gdn_in_proj"),
     "qwen3_next": Rule(_A + "in_proj.weight", (_G + "in_proj_qkvz.weight", _G + "in_proj_ba.weight"), "gdn_in_proj_grouped"),
 }
+_GDN_IN_PROJ["qwen3_5_moe_text"] = _GDN_IN_PROJ["qwen3_5_text"]
 _GATED_DELTANET = (
     Rule(_A + "conv1d.weight", (_G + "conv1d.weight",), "gdn_conv"),
     Rule(_A + "A_log", (_G + "A_log",), "split0"),
@@ -185,6 +186,7 @@ _MOE = {
     "qwen3_moe": (_QWEN_ROUTER, _QWEN_EXPERTS),
     "qwen2_moe": (_QWEN_ROUTER + _SHARED_EXPERT, _QWEN_EXPERTS),
     "qwen3_next": (_QWEN_ROUTER + _SHARED_EXPERT, _QWEN_EXPERTS),
+    "qwen3_5_moe_text": (_QWEN_ROUTER + _SHARED_EXPERT, _QWEN_EXPERTS),
     "mixtral": (_MIXTRAL_ROUTER, _MIXTRAL_EXPERTS),
 }
 _EMBEDDING = (Rule("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), "vocab"),)
