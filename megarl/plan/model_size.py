@@ -1,8 +1,8 @@
 """Parameter counts of a decoder-only HF model from its config.json alone (no weights loaded).
 
 Covers the families megarl builds: Llama, Mistral, Qwen2, Qwen3, Qwen3.5 text (dense); Mixtral, Qwen2-MoE,
-Qwen3-MoE, GLM-4.5 (``glm4_moe``), DeepSeek-V3 / Moonlight (``deepseek_v3``), GPT-OSS and Qwen3-Next (MoE), and
-DeepSeek-V2 (``deepseek_v2``, counted only). What is counted:
+Qwen3-MoE, GLM-4.5 (``glm4_moe``), DeepSeek-V3 / Moonlight (``deepseek_v3``), GPT-OSS, Qwen3-Next and Qwen3.5-MoE
+(MoE), and DeepSeek-V2 (``deepseek_v2``, counted only). What is counted:
 
 * embeddings and a tied or untied LM head; RMS norms (two per layer, the final one);
 * attention: GQA (q/k/v biases: Qwen2 always, Qwen2-MoE per ``qkv_bias``, GLM-4.5 per
@@ -10,8 +10,8 @@ DeepSeek-V2 (``deepseek_v2``, counted only). What is counted:
   ``use_qk_norm`` q/k norms) or DeepSeek's multi-latent attention (``q_lora_rank`` (null: one
   ``q_proj``), ``kv_lora_rank``, ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``,
   the q/kv latent norms, ``attention_bias`` on q_a / kv_a / o);
-* Qwen3.5's and Qwen3-Next's hybrid layers: gated attention (q_proj holds a gate per head) on its ``full_attention`` layers,
-  gated DeltaNet on its ``linear_attention`` layers (input projections of q, k, v, z and the beta / alpha gates,
+* Qwen3.5's (dense, MoE) and Qwen3-Next's hybrid layers: gated attention (q_proj holds a gate per head) on their
+  ``full_attention`` layers, gated DeltaNet on their ``linear_attention`` layers (input projections of q, k, v, z and the beta / alpha gates,
   the q/k/v convolution, ``A_log``, ``dt_bias``, the gated norm, the output projection; which layers: ``layer_types``
   or ``full_attention_interval``);
 * dense SwiGLU MLPs (``intermediate_size``) and MoE layers: the router, routed experts from
