@@ -45,10 +45,13 @@ def side_load_untracked(model: torch.nn.Module, named_tensors: Iterable[tuple[st
     """``named_tensors`` for vLLM's ``reload_weights`` into ``model`` (vLLM's module, in this process), less
     GPT-OSS's sinks and stacked experts, which are loaded here as they come (see the module docstring).
     Any other architecture: ``named_tensors`` unchanged."""
-    if type(model).__name__ != _ARCH:
+    try:
+        from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
+    except ImportError:  # a vLLM without the layerwise reload loads in place: nothing is lost
+        LAYERWISE_INFO = None
+    if type(model).__name__ != _ARCH or LAYERWISE_INFO is None:
         yield from named_tensors
         return
-    from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
 
     holders = [m for m in model.modules() if m._parameters and set(m._parameters) <= _UNTRACKED_VLLM]
     for name, tensor in named_tensors:
