@@ -121,7 +121,7 @@ def _stage_params(p: ParamCount, layout: ParallelLayout, value_head: bool) -> tu
     s = p.shape
     per_stage = -(-s.layers // layout.pp)
     share = per_stage / s.layers
-    layers_dense = s.layers * p.attention_and_norms + p.dense_layers * p.dense_mlp + s.moe_layers * p.moe_shared
+    layers_dense = p.attention_params + p.dense_layers * p.dense_mlp + s.moe_layers * p.moe_shared
     head = s.hidden if value_head else (p.lm_head or p.embedding)
     if layout.pp == 1:
         ends = p.embedding + (s.hidden if value_head else p.lm_head) + p.final_norm
@@ -140,7 +140,12 @@ def activation_bytes(p: ParamCount, layout: ParallelLayout, setup: TrainSetup, t
     norm_div = tp if setup.sequence_parallel else 1
     q_k = (s.heads + s.kv_heads) * s.head_dim  # q, k
     v_out = (s.kv_heads + s.heads) * s.v_dim  # v, attention output
-    attention = 2 * s.hidden / norm_div + (q_k + v_out) / tp
+    gate = s.heads * s.head_dim if s.attention_gate else 0
+    attention = 2 * s.hidden / norm_div + (q_k + v_out + gate) / tp
+    if s.linear_layers:  # gated DeltaNet: q/k/v before and after the convolution, z, its output and gated norm
+        qkv = 2 * s.linear_key_dim + s.linear_value_dim
+        linear = 2 * s.hidden / norm_div + (2 * qkv + 3 * s.linear_value_dim) / tp
+        attention = ((s.layers - s.linear_layers) * attention + s.linear_layers * linear) / s.layers
     dense_mlp = 2 * s.hidden / norm_div + 3 * s.ffn / tp
     copies = s.experts_per_token * etp / norm_div  # expert token copies on this rank per token
     moe_mlp = 2 * s.hidden / norm_div + copies * (s.hidden + 3 * s.expert_ffn / etp) + 3 * s.shared_expert_ffn / tp
@@ -215,12 +220,13 @@ class VllmMemory:
 def vllm_memory(p: ParamCount, tp: int, dtype: str, gpu_bytes: int, utilization: float) -> VllmMemory:
     """vLLM at tensor-parallel size ``tp``: weights / tp; KV cache = budget - weights (vLLM's
     own activation and CUDA-graph memory are not counted, so the KV figure is an upper bound).
-    KV per token = layers x (k + v: 2 x kv heads (at least one per rank) x head_dim; multi-latent
+    KV per token = softmax-attention layers (Qwen3.5's gated DeltaNet layers keep a fixed state per sequence
+    instead) x (k + v: 2 x kv heads (at least one per rank) x head_dim; multi-latent
     attention: the latent and rotary key, ``kv_lora_rank + qk_rope_head_dim``, on every rank)
     x dtype bytes."""
     s = p.shape
     budget = int(gpu_bytes * utilization)
     weights = int(p.total / tp * DTYPE_BYTES[dtype])
     per_layer = s.kv_lora_rank + s.qk_rope_head_dim if s.mla else max(1, s.kv_heads // tp) * (s.head_dim + s.v_dim)
-    kv_per_token = s.layers * per_layer * DTYPE_BYTES[dtype]
+    kv_per_token = (s.layers - s.linear_layers) * per_layer * DTYPE_BYTES[dtype]  # gated DeltaNet: a state, no KV
     return VllmMemory(budget=budget, weights=weights, kv_cache=max(0, budget - weights), kv_bytes_per_token=kv_per_token)
