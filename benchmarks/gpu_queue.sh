@@ -7,6 +7,7 @@
 #   bash benchmarks/gpu_queue.sh stop             (ends the queue and everything it started)
 # An ITEM is a step, run on every GPU after the steps before it; GPUS:STEP,STEP... (e.g. 0,1:model7b,e2e7b_tp2)
 # starts those steps in order on those GPUs beside the items that follow; `join` waits for every such group.
+# Change scripts here, never on the device: every device call copies the working tree again, which reverts them.
 Q=/tmp/gpu-queue
 case $1 in
   run)  shift; mkdir -p $Q/out; echo $$ > $Q/pid; echo running > $Q/state

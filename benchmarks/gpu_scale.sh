@@ -25,9 +25,10 @@
 #               update's activations on pipeline stage 0 (its peak less the parameters, gradients, optimizer state and
 #               reference the plan lists) against the plan's 52.3 GiB, the term that puts verl's 8-GPU layout at 81.0 GiB
 #               (issue 34). With 4 GPUs DP=1 leaves the optimizer state unsharded: 92.5 GiB, so run it on nvidia-h200-x4
-#   oom_update  issue 37: the 0.5B TP=2 run with an update micro-batch the plan says cannot fit, started anyway
-#               (trainer.memory_plan.enforce=false): it must end with exit 7 naming phase update_actor, the rank, the
-#               GPU's memory by pool and the keys to change, and leave no process on the GPUs
+#   oom_update  issue 37: 2 GPUs, the 7B TP=2 run (model7b first) with an update micro-batch of 64 x ~1,088 tokens the
+#               plan says cannot fit, started anyway (trainer.memory_plan.enforce=false): it must end with exit 7 naming
+#               phase update_actor, the rank, the GPU's memory by pool and the keys to change, and leave no process on
+#               the GPUs. (The 0.5B shape cannot show it: its random policy stops after ~60 tokens, and the update fits.)
 #   tests       the GPU tests of tests/gpu (the e2e module aside) and tests/models, on the GPUs the machine has
 #   baselines   same-run copy and NCCL all-gather of one rank's 7B share (benchmarks/bench_sync_baselines.py)
 #   model30b    a random Qwen3-30B-A3B-shaped policy (128 experts top 8, real vocabulary) in /tmp/q30b with
@@ -72,6 +73,9 @@ merged() {  # merged ARRAY key=value...: ARRAY's overrides with each given key's
 mapfile -t SCALE7B_4GPU < <(merged SCALE7B data.train_batch_size=32 actor_rollout_ref.actor.ppo_mini_batch_size=32 \
   actor_rollout_ref.actor.megatron.param_offload=true actor_rollout_ref.rollout.gpu_memory_utilization=0.5 \
   trainer.total_training_steps=4)
+mapfile -t OOM7B < <(merged SCALE7B actor_rollout_ref.actor.megatron.param_offload=true \
+  actor_rollout_ref.rollout.gpu_memory_utilization=0.5 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64 \
+  trainer.memory_plan.enforce=false trainer.total_training_steps=1)
 mapfile -t SCALE7B_TP4 < <(merged SCALE7B_4GPU actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4 \
   actor_rollout_ref.rollout.tensor_model_parallel_size=4)
 
@@ -133,19 +137,14 @@ for step in "$@"; do
               CUDA_VISIBLE_DEVICES=3 bash "$0" model30b > "$OUT/stage4.model30b.txt" 2>&1; wait
               CUDA_VISIBLE_DEVICES=2,3 bash "$0" tests > "$OUT/stage4.tests.txt" 2>&1) &
              CUDA_VISIBLE_DEVICES=0,1 bash "$0" e2e05_tp2; wait; cat "$OUT"/stage4.*.txt ;;
-    tests)   timeout 480 python3 -m pytest -q -m gpu tests/gpu tests/models --deselect tests/gpu/test_gpu_e2e.py -rA \
-               -p no:cacheprovider > "$OUT/pytest_gpu.log" 2>&1; echo rc $?
+    tests)   timeout "${TESTS_LIMIT:-540}" python3 -m pytest -v --tb=short -m gpu tests/gpu tests/models \
+               --deselect tests/gpu/test_gpu_e2e.py -rA -p no:cacheprovider > "$OUT/pytest_gpu.log" 2>&1; echo rc $?
              grep -E "passed|failed|PASSED|FAILED|SKIPPED|Error" "$OUT/pytest_gpu.log" | tail -24 ;;
     model8b) [ -f /tmp/q8b/config.json ] || timeout 300 python3 benchmarks/grpo_model_dir.py /tmp/q8b --8b > "$OUT/model8b.log" 2>&1
              echo rc $?; du -sh /tmp/q8b ;;
     e2e8b_verl) plan_e2e e2e8b_verl /tmp/q8b 4 "${VERL8B[@]}"
              run_e2e e2e8b_verl /tmp/q8b 4 540 "${VERL8B[@]}" ;;
-    oom_update) [ -f /tmp/q05/model.safetensors ] || python3 benchmarks/grpo_model_dir.py /tmp/q05 > "$OUT/e2e_model_q05.log" 2>&1
-             run_e2e oom_update /tmp/q05 2 300 actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 \
-               actor_rollout_ref.rollout.tensor_model_parallel_size=2 data.train_batch_size=64 data.max_prompt_length=32 \
-               data.max_response_length=2048 actor_rollout_ref.rollout.n=8 actor_rollout_ref.actor.ppo_mini_batch_size=64 \
-               actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=512 actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 \
-               actor_rollout_ref.rollout.gpu_memory_utilization=0.3 trainer.memory_plan.enforce=false trainer.total_training_steps=1
+    oom_update) run_e2e oom_update /tmp/q7b 2 420 "${OOM7B[@]}"
              grep -A4 "the run failed" "$OUT/oom_update.log"; nvidia-smi --query-compute-apps=pid,used_memory --format=csv ;;
     model30b) [ -f /tmp/q30b/config.json ] || timeout 420 python3 benchmarks/grpo_model_dir.py /tmp/q30b --30b \
                --layers "${MOE30B_LAYERS:-24}" > "$OUT/model30b.log" 2>&1
