@@ -19,7 +19,10 @@ measured peak can be set beside each one:
   ``param_offload``; its gradients and optimizer state stay where they are between phases),
   vLLM's weights awake (weights / rollout TP), one weight-sync bucket
   (``rollout.weight_sync.bucket_size_mb``) and the other roles' between-phase state. vLLM's KV
-  cache is not awake yet.
+  cache is not awake yet. An MoE actor syncs through vLLM's ``reload_weights`` (its fused expert
+  parameters load through vLLM's own loaders), whose layer-wise loader keeps a bucket's tensors
+  until their layer is complete, so two buckets are alive (4.29 GB with 2,048 MiB buckets measured,
+  Qwen3-30B-A3B shape at EP=4, benchmarks/RESULTS.md 2026-11-27).
 * ``generate``: vLLM's whole budget (``gpu_memory_utilization`` x GPU) + every role's
   between-phase state (the actor's parameters offloaded again when ``param_offload``). On
   separate_async's pool: the budget + one weight-push bucket being received, nothing else; the
@@ -375,8 +378,10 @@ def phases(plan: Plan) -> dict[str, Phase]:
     out["init"] = init
     actor = roles["actor"]
     vllm_here = plan.rollout_pool is None  # separate_async: the engines are on their own GPUs
+    buckets = ({"weight-sync buckets (2: vLLM's reload)": 2 * plan.bucket_bytes} if actor.params.expert_params
+               else {"weight-sync bucket": plan.bucket_bytes})
     out["sync"] = Phase({**actor.kept(params_onloaded=True), **({"vLLM weights": plan.vllm.weights} if vllm_here else {}),
-                         "weight-sync bucket": plan.bucket_bytes, **others("actor"), **overhead}, "actor")
+                         **buckets, **others("actor"), **overhead}, "actor")
     if vllm_here:
         out["generate"] = Phase({"vLLM budget": plan.vllm.budget, **others(None), **overhead}, None)
     else:

@@ -134,6 +134,33 @@ def test_phases_follow_the_offloaded_choreography(tmp_path):
     assert not plan.issues, [i.format() for i in plan.issues]
 
 
+def test_moe_sync_holds_two_buckets(tmp_path):
+    """An MoE actor syncs through vLLM's reload_weights, whose layer loader keeps the previous bucket:
+    the sync phase counts two buckets (4.29 GB measured with 2,048 MiB buckets, 30B-A3B shape, EP=4);
+    a dense actor's sync counts one."""
+    from test_model_size import QWEN3_30B_A3B  # tests/plan, on sys.path as every test file's folder
+
+    moe_dir, dense_dir = tmp_path / "moe", tmp_path / "dense"
+    for d, shape in ((moe_dir, QWEN3_30B_A3B), (dense_dir, QWEN25_7B)):
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(shape))
+    layout = ("actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4",
+              "actor_rollout_ref.ref.megatron.tensor_model_parallel_size=4",
+              "actor_rollout_ref.rollout.tensor_model_parallel_size=4",
+              "actor_rollout_ref.rollout.weight_sync.bucket_size_mb=2048")
+    moe = ("actor_rollout_ref.actor.megatron.expert_model_parallel_size=4",
+           "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1")  # the reference mirrors both
+
+    def sync_terms(model_dir, *extra):
+        cfg = resolve_config(load_config([f"actor_rollout_ref.model.path={model_dir}", "trainer.nnodes=1",
+                                          "trainer.n_gpus_per_node=4", *layout, *extra]))
+        return build_plan(cfg, gpu_memory_gib=140, host_memory_gib=2048).phases["sync"].terms
+
+    assert sync_terms(moe_dir, *moe)["weight-sync buckets (2: vLLM's reload)"] == 2 * 2048 * 2**20
+    dense = sync_terms(dense_dir)
+    assert dense["weight-sync bucket"] == 2048 * 2**20 and not any("buckets" in k for k in dense)
+
+
 def test_phases_without_offload_keep_every_role_resident(tmp_path):
     plan = build_plan(_cfg(tmp_path, *GRPO_KL_TP2, nodes=1, gpus=2), gpu_memory_gib=80, host_memory_gib=2048)
     total = 7_615_616_512
