@@ -17,8 +17,8 @@ SEPARATE = ["trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.hybrid_
             "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl", "trainer.v1.separate_async.parameter_sync_step=2"]
 
 
-def test_engine_killed_stops_the_run_naming_it(tmp_path):
-    driver = Driver(tmp_path / "demo", tmp_path / "run",
+def test_engine_killed_stops_the_run_naming_it(demo_dir, tmp_path):
+    driver = Driver(demo_dir, tmp_path / "run",
                     ["trainer.total_epochs=1000", "trainer.total_training_steps=1000", "trainer.save_freq=-1", *SEPARATE])
     try:
         pid = int(driver.wait_for(r"\[megarl\] worker group rollout_engine: rank pids \[(\d+)\]").group(1))

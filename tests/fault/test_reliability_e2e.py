@@ -52,10 +52,10 @@ NO_RAY = "Started a local Ray instance"
 
 
 @pytest.fixture(scope="module")
-def demo_dir(tmp_path_factory):
-    demo = tmp_path_factory.mktemp("demo")
-    (demo / "rel_reward.py").write_text(REWARD_FILE)
-    return demo
+def demo_dir(demo_dir):
+    """The session's demo assets (tests/conftest.py) with this module's reward file."""
+    (demo_dir / "rel_reward.py").write_text(REWARD_FILE)
+    return demo_dir
 
 
 @pytest.fixture(scope="module")

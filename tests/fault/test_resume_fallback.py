@@ -25,11 +25,6 @@ RAY_STARTED = "Started a local Ray instance"
 
 
 @pytest.fixture(scope="module")
-def demo_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("demo")
-
-
-@pytest.fixture(scope="module")
 def saved(demo_dir, tmp_path_factory) -> Path:
     run = tmp_path_factory.mktemp("saved")
     driver = Driver(demo_dir, run, STEPS)

@@ -11,8 +11,8 @@ from fault_driver import Driver, alive, kill_worker_and_expect_its_name
 pytestmark = pytest.mark.slow
 
 
-def test_worker_killed_mid_step_stops_the_run_naming_it(tmp_path):
-    driver = Driver(tmp_path / "demo", tmp_path / "run",
+def test_worker_killed_mid_step_stops_the_run_naming_it(demo_dir, tmp_path):
+    driver = Driver(demo_dir, tmp_path / "run",
                     ["trainer.total_epochs=1000", "trainer.total_training_steps=1000", "trainer.save_freq=-1"])
     try:
         pid = int(driver.wait_for(r"\[megarl\] worker group actor_rollout_ref: rank pids \[(\d+)\]").group(1))
