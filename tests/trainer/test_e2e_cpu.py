@@ -12,25 +12,22 @@ import math
 
 import pytest
 
-from e2e_utils import demo_config, read_metrics, read_rollouts
+from e2e_utils import demo_config, module_ray, read_metrics, read_rollouts
 from megarl.reward.demo_task import compute_score
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def demo_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("demo")
-
-
 @pytest.fixture(scope="module", autouse=True)
 def config_reads(tmp_path_factory):
-    """Every typed key the runs of this module read, in the driver and in every worker process."""
+    """Every typed key the runs of this module read, in the driver and in every worker process; the
+    runs share one Ray."""
     from megarl.config.schema.field import record_reads_to
 
     path = tmp_path_factory.mktemp("reads") / "reads"
     record_reads_to(str(path))
-    yield path
+    with module_ray():  # started after the recording is on: its workers inherit it
+        yield path
     record_reads_to(None)
 
 

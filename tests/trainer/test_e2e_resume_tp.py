@@ -13,7 +13,7 @@ import json
 import pytest
 import torch
 
-from e2e_utils import demo_config, read_metrics
+from e2e_utils import demo_config, module_ray, read_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -40,9 +40,10 @@ def text_hash_score(data_source, solution_str, ground_truth, extra_info, scale=1
 """
 
 
-@pytest.fixture(scope="module")
-def demo_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("demo")
+@pytest.fixture(scope="module", autouse=True)
+def ray_for_the_module():
+    with module_ray():
+        yield
 
 
 def _run(demo_dir, run_dir, overrides):
