@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from fault_driver import Driver, read_metrics
+from fault_driver import Driver, read_metrics, side_by_side
 
 pytestmark = pytest.mark.slow
 
@@ -192,15 +192,6 @@ def test_4_auto_resume_falls_back_and_applies_the_new_lr(first_run, demo_dir, ru
     assert not (root / "global_step_4.saving").exists() and (root / "global_step_5" / "checksums.json").is_file()
 
 
-def test_reward_exception_in_validation_is_one_message_with_the_sample(demo_dir, tmp_path):
-    code, text = _run(demo_dir, tmp_path, "trainer.val_before_train=true", "trainer.total_training_steps=1", fail=True)
-    _assert_one_message(text, code, 5)
-    for word in ("validation", "step 0", "row 0", "prompt=", "ground_truth=", "KeyError", "fix:"):
-        assert word in text, (word, text[-4000:])
-    log = re.search(r"full traceback: (\S+)", text).group(1)
-    assert 'rel_reward.py", line 6, in score' in Path(log).read_text()
-
-
 def _mount_tmpfs(path: Path, size: str) -> bool:
     path.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0:
@@ -208,16 +199,40 @@ def _mount_tmpfs(path: Path, size: str) -> bool:
     return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True).returncode == 0
 
 
-def test_disk_full_during_save_is_named_and_leaves_no_partial_step(demo_dir, tmp_path):
-    ckpt = tmp_path / "ckpt"
-    if not _mount_tmpfs(ckpt, "1m"):
-        pytest.skip("needs root to mount a 1 MiB tmpfs")
+@pytest.fixture(scope="module")
+def stopped_runs(demo_dir, tmp_path_factory) -> dict[str, tuple[Path, int, str] | None]:
+    """The runs that stop in their first step, side by side: a reward that raises in validation; a
+    checkpoint on a full disk (a 1 MiB tmpfs: None where it cannot be mounted, which needs root).
+    Each (run dir, exit code, output)."""
+    failing, full = tmp_path_factory.mktemp("failing_reward"), tmp_path_factory.mktemp("disk_full")
+    runs = {"failing_reward": lambda: (failing, *_run(demo_dir, failing, "trainer.val_before_train=true",
+                                                      "trainer.total_training_steps=1", fail=True))}
+    mounted = _mount_tmpfs(full / "ckpt", "1m")
+    if mounted:
+        runs["disk_full"] = lambda: (full, *_run(demo_dir, full, "trainer.total_training_steps=1", "trainer.save_freq=1"))
     try:
-        code, text = _run(demo_dir, tmp_path, "trainer.total_training_steps=1", "trainer.save_freq=1")
-        _assert_one_message(text, code, 6)
-        assert f"no space left on {ckpt}" in text and "save_checkpoint" in text and "global step 1" in text, text[-4000:]
-        assert not [p.name for p in ckpt.iterdir() if p.name.startswith("global_step")], list(ckpt.iterdir())
-        log = re.search(r"full traceback: (\S+)", text).group(1)
-        assert "Traceback" in Path(log).read_text()
+        yield {"disk_full": None} | dict(zip(runs, side_by_side(*runs.values())))
     finally:
-        subprocess.run(["umount", str(ckpt)], check=False)
+        if mounted:
+            subprocess.run(["umount", str(full / "ckpt")], check=False)
+
+
+def test_reward_exception_in_validation_is_one_message_with_the_sample(stopped_runs):
+    _, code, text = stopped_runs["failing_reward"]
+    _assert_one_message(text, code, 5)
+    for word in ("validation", "step 0", "row 0", "prompt=", "ground_truth=", "KeyError", "fix:"):
+        assert word in text, (word, text[-4000:])
+    log = re.search(r"full traceback: (\S+)", text).group(1)
+    assert 'rel_reward.py", line 6, in score' in Path(log).read_text()
+
+
+def test_disk_full_during_save_is_named_and_leaves_no_partial_step(stopped_runs):
+    if stopped_runs["disk_full"] is None:
+        pytest.skip("needs root to mount a 1 MiB tmpfs")
+    run_dir, code, text = stopped_runs["disk_full"]
+    ckpt = run_dir / "ckpt"
+    _assert_one_message(text, code, 6)
+    assert f"no space left on {ckpt}" in text and "save_checkpoint" in text and "global step 1" in text, text[-4000:]
+    assert not [p.name for p in ckpt.iterdir() if p.name.startswith("global_step")], list(ckpt.iterdir())
+    log = re.search(r"full traceback: (\S+)", text).group(1)
+    assert "Traceback" in Path(log).read_text()

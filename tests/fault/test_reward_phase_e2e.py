@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from fault_driver import Driver, alive, describe, read_metrics
+from fault_driver import Driver, alive, describe, read_metrics, side_by_side
 
 pytestmark = pytest.mark.slow
 
@@ -80,8 +80,17 @@ def _driver_lines(text: str) -> str:
 HANGING = ["reward.timeout=600", "reward.num_workers=2"]
 
 
-def test_a_hanging_reward_ends_at_the_phase_bound_naming_the_pending_rows(demo_dir, tmp_path):
-    code, text, pids = _run(demo_dir, tmp_path, "hang", *HANGING, "reward.phase_timeout=3", "trainer.total_training_steps=1")
+@pytest.fixture(scope="module")
+def stopped_runs(demo_dir, tmp_path_factory) -> dict[str, tuple[int, str, list[int]]]:
+    """The two runs that exit 5, side by side: every call hangs; a score overflows float32."""
+    hang, huge = tmp_path_factory.mktemp("hang"), tmp_path_factory.mktemp("huge")
+    return dict(zip(("hang", "huge"), side_by_side(
+        lambda: _run(demo_dir, hang, "hang", *HANGING, "reward.phase_timeout=3", "trainer.total_training_steps=1"),
+        lambda: _run(demo_dir, huge, "huge", "trainer.total_training_steps=1"))))
+
+
+def test_a_hanging_reward_ends_at_the_phase_bound_naming_the_pending_rows(stopped_runs):
+    code, text, pids = stopped_runs["hang"]
     lines = _driver_lines(text)
     assert code == 5, lines[-4000:]
     assert "in phase reward at global step 1" in lines and "reward.phase_timeout=3 s" in lines, lines[-4000:]
@@ -123,8 +132,8 @@ def test_under_nan_policy_skip_the_pending_rows_score_zero_and_are_named_then_ex
         assert "reward/pred/mean" not in record
 
 
-def test_a_score_that_overflows_float32_names_row_source_and_function(demo_dir, tmp_path):
-    code, text, _ = _run(demo_dir, tmp_path, "huge", "trainer.total_training_steps=1")
+def test_a_score_that_overflows_float32_names_row_source_and_function(demo_dir, stopped_runs):
+    code, text, _ = stopped_runs["huge"]
     lines = _driver_lines(text)
     assert code == 5, lines[-4000:]
     problem = next(line for line in lines.splitlines() if "problem:" in line)
