@@ -31,6 +31,23 @@ REWARD_FILE = """
 def text_hash_score(data_source, solution_str, ground_truth, extra_info, scale=1.0):
     return scale * ((sum(map(ord, solution_str)) + int(ground_truth)) % 10) / 10.0
 """
+# The text-hash reward above, plus: the first call made with `hang_marker` (the marker file absent) never
+# returns; every call raises when `fail` is set. Line 6 is the raise.
+HUNG_ONCE_REWARD = """
+import os, time
+
+def score(data_source, solution_str, ground_truth, extra_info, hang_marker=None, fail=False, scale=1.0):
+    if fail:
+        raise KeyError("no 'answer' field in " + repr(solution_str))
+    if hang_marker:
+        try:  # exactly one call hangs: rows are scored in parallel (reward.num_workers), creation is the atomic test
+            os.close(os.open(hang_marker, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            pass
+        else:
+            time.sleep(10**6)
+    return scale * ((sum(map(ord, solution_str)) + int(ground_truth)) % 10) / 10.0
+"""
 COMPARED = ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/grad_norm", "actor/ppo_kl",
             "critic/advantages/max")
 

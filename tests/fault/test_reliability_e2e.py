@@ -2,7 +2,8 @@
 taken through the failures in order.
 
 1. 4 steps, checkpoints 2 and 4; the first scoring call hangs: reward.timeout cuts it, the
-   sample scores 0, reward/timeouts counts it, one warning shows it.
+   sample scores 0, reward/timeouts counts it, one warning shows it (the run is tests/fault/conftest.py's
+   four_steps, which resume_fallback starts from too; copied here).
 2. resume_path=global_step_2, killed while step 4 is saved again: the complete step 4 is
    untouched (the new one was written aside).
 3. 4 KiB of a step-4 shard zeroed: resume_path to it exits 4 naming the file (before Ray);
@@ -27,35 +28,17 @@ from pathlib import Path
 
 import pytest
 
-from fault_driver import Driver, read_metrics, side_by_side
+from fault_driver import HUNG_ONCE_REWARD, Driver, read_metrics, side_by_side
 
 pytestmark = pytest.mark.slow
 
-# The fault driver's text-hash reward, plus: the first call ever made (marker file absent)
-# never returns; every call raises when `fail` is set.
-REWARD_FILE = """
-import os, time
-
-def score(data_source, solution_str, ground_truth, extra_info, hang_marker=None, fail=False, scale=1.0):
-    if fail:
-        raise KeyError("no 'answer' field in " + repr(solution_str))
-    if hang_marker:
-        try:  # exactly one call hangs: rows are scored in parallel (reward.num_workers), creation is the atomic test
-            os.close(os.open(hang_marker, os.O_CREAT | os.O_EXCL))
-        except FileExistsError:
-            pass
-        else:
-            time.sleep(10**6)
-    return scale * ((sum(map(ord, solution_str)) + int(ground_truth)) % 10) / 10.0
-"""
 NO_RAY = "Started a local Ray instance"
 
 
-@pytest.fixture(scope="module")
-def demo_dir(demo_dir):
-    """The session's demo assets (tests/conftest.py) with this module's reward file."""
-    (demo_dir / "rel_reward.py").write_text(REWARD_FILE)
-    return demo_dir
+@pytest.fixture(scope="module", autouse=True)
+def reward_file(demo_dir) -> None:
+    """The reward file of these runs, in the session's demo dir (four_steps writes it too)."""
+    (demo_dir / "hung_once_reward.py").write_text(HUNG_ONCE_REWARD)
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +47,7 @@ def run_dir(tmp_path_factory):
 
 
 def _args(demo_dir, *extra, **kwargs):
-    reward = [f"custom_reward_function.path={demo_dir / 'rel_reward.py'}", "custom_reward_function.name=score"]
+    reward = [f"custom_reward_function.path={demo_dir / 'hung_once_reward.py'}", "custom_reward_function.name=score"]
     reward += [f"+custom_reward_function.reward_kwargs.{k}={v}" for k, v in kwargs.items()]
     return [*reward, *extra]
 
@@ -104,12 +87,11 @@ def _assert_one_message(text: str, code: int, want_code: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def first_run(demo_dir, run_dir):
-    marker = run_dir / "hung_once"
-    code, text = _run(demo_dir, run_dir, "trainer.total_training_steps=4", "trainer.save_freq=2", "reward.timeout=3",
-                      hang_marker=marker)
-    assert code == 0, text[-4000:]
-    return text
+def first_run(four_steps, run_dir) -> str:
+    """Step 1's run (tests/fault/conftest.py: resume_fallback starts from it too), copied into this
+    module's run directory; its output."""
+    shutil.copytree(four_steps, run_dir, dirs_exist_ok=True)
+    return (run_dir / "driver_0.log").read_text()
 
 
 def test_1_a_hung_reward_call_is_cut_and_counted(first_run, run_dir):
@@ -223,7 +205,7 @@ def test_reward_exception_in_validation_is_one_message_with_the_sample(stopped_r
     for word in ("validation", "step 0", "row 0", "prompt=", "ground_truth=", "KeyError", "fix:"):
         assert word in text, (word, text[-4000:])
     log = re.search(r"full traceback: (\S+)", text).group(1)
-    assert 'rel_reward.py", line 6, in score' in Path(log).read_text()
+    assert 'hung_once_reward.py", line 6, in score' in Path(log).read_text()
 
 
 def test_disk_full_during_save_is_named_and_leaves_no_partial_step(stopped_runs):
