@@ -31,6 +31,20 @@ REWARD_FILE = """
 def text_hash_score(data_source, solution_str, ground_truth, extra_info, scale=1.0):
     return scale * ((sum(map(ord, solution_str)) + int(ground_truth)) % 10) / 10.0
 """
+# For reward files: the number of a scoring call, counted over every call made with `calls_dir` (in files
+# created atomically: scoring may run in several processes).
+CALL_NUMBER = """
+import os
+
+def call_number(calls_dir):
+    n = 1
+    while True:
+        try:
+            os.close(os.open(os.path.join(calls_dir, str(n)), os.O_CREAT | os.O_EXCL))
+            return n
+        except FileExistsError:
+            n += 1
+"""
 # The text-hash reward above, plus: the first call made with `hang_marker` (the marker file absent) never
 # returns; every call raises when `fail` is set. Line 6 is the raise.
 HUNG_ONCE_REWARD = """

@@ -18,27 +18,19 @@ import time
 
 import pytest
 
-from fault_driver import COMPARED, Driver, alive, describe, read_metrics
+from fault_driver import CALL_NUMBER, COMPARED, Driver, alive, describe, read_metrics
 from megarl.utils.checkpoint import read_tracker
 
 pytestmark = pytest.mark.slow
 
 STEPS = ["trainer.total_training_steps=3", "trainer.save_freq=1"]
 
-# The fault driver's text-hash reward; the call numbered `hang_at` (counted over every run of
-# `calls_dir`, in files created atomically: scoring may run in several processes) never returns.
-HANGING_REWARD = """
-import os, time
+# The fault driver's text-hash reward; the call numbered `hang_at` (over every run of `calls_dir`) never returns.
+HANGING_REWARD = CALL_NUMBER + """
+import time
 
 def score(data_source, solution_str, ground_truth, extra_info, calls_dir, hang_at, scale=1.0):
-    n = 1
-    while True:
-        try:
-            os.close(os.open(os.path.join(calls_dir, str(n)), os.O_CREAT | os.O_EXCL))
-            break
-        except FileExistsError:
-            n += 1
-    if n == hang_at:
+    if call_number(calls_dir) == hang_at:
         time.sleep(10**6)
     return scale * ((sum(map(ord, solution_str)) + int(ground_truth)) % 10) / 10.0
 """

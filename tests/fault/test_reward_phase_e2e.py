@@ -17,12 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from fault_driver import Driver, alive, describe, read_metrics, side_by_side
+from fault_driver import CALL_NUMBER, Driver, alive, describe, read_metrics, side_by_side
 
 pytestmark = pytest.mark.slow
 
-REWARD_FILE = """
-import os
+REWARD_FILE = CALL_NUMBER + """
 import time
 
 def _h(solution_str, ground_truth):
@@ -34,17 +33,10 @@ def hang(data_source, solution_str, ground_truth, extra_info, scale=1.0):
 def huge(data_source, solution_str, ground_truth, extra_info, scale=1.0):
     return 1e300
 
-# calls 1..hang_calls (counted in files created atomically in calls_dir) hang, the others return dict
-# extras; with reward.num_workers=hang_calls, step 1's first calls hang and no other call of it starts
+# calls 1..hang_calls hang, the others return dict extras; with reward.num_workers=hang_calls, step 1's
+# first calls hang and no other call of it starts
 def hang_then_extras(data_source, solution_str, ground_truth, extra_info, calls_dir, hang_calls, scale=1.0):
-    n = 1
-    while True:
-        try:
-            os.close(os.open(os.path.join(calls_dir, str(n)), os.O_CREAT | os.O_EXCL))
-            break
-        except FileExistsError:
-            n += 1
-    if n <= hang_calls:
+    if call_number(calls_dir) <= hang_calls:
         time.sleep(10**6)
     h = _h(solution_str, ground_truth)
     out = {"score": h / 10, "acc": h >= 5, "pred": solution_str}
