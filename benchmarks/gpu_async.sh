@@ -10,15 +10,17 @@
 #   async2   two GPUs: sync and colocate_async on both (actor DP=2, two vLLM replicas) vs separate_async
 #            (trainer on one GPU, one standalone engine on the other)
 # The policy: a random Qwen2.5-0.5B shape (benchmarks/grpo_model_dir.py /tmp/q05), the demo task's prompts,
-# 64 prompts x 8 samples a step, responses of 1,024 (1 prompt in 8) or 128 tokens, 8 steps (medians of the last 6).
+# 64 prompts x 8 samples a step, responses of 992 (1 prompt in 8) or 124 tokens (prompt + response
+# within the shape's 1,024 positions), 8 steps (medians of the last 6).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export VLLM_USE_FLASHINFER_SAMPLER=0  # vLLM 0.26 imports flashinfer for its sampler check unless this is 0; the stack has none
 export PYTHONPATH=/tmp/site:/tmp/site-te:$PWD MEGARL_DEMO_DIR=/tmp/gpu-demo
 OUT=${OUT:-$PWD/outputs}; mkdir -p "$OUT"
 [ -f /tmp/q05/model.safetensors ] || python3 benchmarks/grpo_model_dir.py /tmp/q05 > "$OUT/model_q05.log" 2>&1
 
 COMMON=(--model /tmp/q05 --data /tmp/gpu-demo/train.parquet --batch 64 --n 8 --mini-batch 16 --micro-batch 16
-  --response-length 1024 --steps 8 --skip 2 --timeout 540
+  --response-length 992 --steps 8 --skip 2 --timeout 540
   data.max_prompt_length=32 actor_rollout_ref.rollout.calculate_log_probs=true
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32 actor_rollout_ref.rollout.gpu_memory_utilization=0.5
   actor_rollout_ref.actor.megatron.override_transformer_config.attention_backend=auto ray_kwargs.ray_init.num_cpus=8)

@@ -5,24 +5,51 @@
 #   bash benchmarks/gpu_scale.sh e2e7b_tp2 baselines      (5 GRPO steps at 7B, TP=2, 2 GPUs; sync baselines)
 #   bash benchmarks/gpu_scale.sh model30b plan30b48 e2e30b_r3   (issue 35, 4 GPUs; then e2e30b in a call of its own)
 # Steps:
+#   model05     the demo assets and the random Qwen2.5-0.5B shape in /tmp/q05 (a queue's first step: side-by-side steps then
+#               find them built)
+#   async1, async2  benchmarks/gpu_async.sh's steps (issue 36)
 #   model7b     a random Qwen2.5-7B-shaped policy (real vocabulary, padded demo tokenizer) in /tmp/q7b, built on the GPU
 #   e2e05_tp2   2 GRPO steps of the 0.5B shape with actor TP=2 and one vLLM TP=2 replica (shard-to-shard sync)
 #   e2e7b_tp2   5 GRPO steps of the 7B shape, actor TP=2 (+ reference), one vLLM TP=2 replica, 16 prompts x 8 x <= 1024
 #               tokens, offload as verl's 7B Megatron scripts set it; the launch plan of the same command first
 #   e2e7b_tp2_optim  the same with only the optimizer state offloaded (parameters and gradients stay on the GPUs)
+#   e2e7b_tp2dp2  4 GPUs: 4 GRPO steps of the 7B shape, actor TP=2 x DP=2, two vLLM TP=2 replicas, 32 prompts x 8
+#               (the per-GPU work of e2e7b_tp2), offload as e2e7b_tp2; the launch plan of the same command first
+#   e2e7b_tp4   4 GPUs: the same with actor TP=4 and one vLLM TP=4 replica (shard-to-shard at TP=4)
+#   stage4      4 GPUs at once: e2e05_tp2 on GPUs 0-1 (the stack's first check) while model7b builds on GPU 2
+#               and model30b on GPU 3, then the tests on GPUs 2-3
+#   model8b     a random Qwen3-8B-shaped policy in /tmp/q8b (built on the GPU)
+#   e2e8b_verl  4 GPUs: verl's Qwen3-8B GRPO script's actor and reference layout (TP=2 x PP=2), dynamic batch
+#               size with its 24,576 tokens per micro-batch, responses up to 2,048 tokens (the random policy writes
+#               them all, so micro-batches pack near the bound), one vLLM TP=2 replica per 2 GPUs at 0.6: the
+#               update's activations on pipeline stage 0 (its peak less the parameters, gradients, optimizer state and
+#               reference the plan lists) against the plan's 52.3 GiB, the term that puts verl's 8-GPU layout at 81.0 GiB
+#               (issue 34). With 4 GPUs DP=1 leaves the optimizer state unsharded: 92.5 GiB, so run it on nvidia-h200-x4
+#   oom_update  issue 37: 2 GPUs, the 7B TP=2 run (model7b first) with an update micro-batch of 64 x ~1,088 tokens the
+#               plan says cannot fit, started anyway (trainer.memory_plan.enforce=false): it must end with exit 7 naming
+#               phase update_actor, the rank, the GPU's memory by pool and the keys to change, and leave no process on
+#               the GPUs. (The 0.5B shape cannot show it: its random policy stops after ~60 tokens, and the update fits.)
+#   tests       the GPU tests of tests/gpu (the e2e module aside) and tests/models, on the GPUs the machine has
 #   baselines   same-run copy and NCCL all-gather of one rank's 7B share (benchmarks/bench_sync_baselines.py)
 #   model30b    a random Qwen3-30B-A3B-shaped policy (128 experts top 8, real vocabulary) in /tmp/q30b with
 #               MOE30B_LAYERS (default 24) of its 48 layers, built on the GPU, and the 48-layer config in /tmp/q30b48:
 #               its plan (plan30b48) is refused on 4 x 80 GiB (fp32 Adam state of 30.5B parameters over 4 ranks, 85 GiB
-#               a GPU; megarl has no CPU optimizer), 24 layers plan at 69 GiB. 2 GPUs: MOE30B_GPUS=2 MOE30B_LAYERS=12
+#               a GPU, without the CPU optimizer of e2e30b48_cpuopt), 24 layers plan at 69 GiB. 2 GPUs: MOE30B_GPUS=2 MOE30B_LAYERS=12
 #   plan30b48   the launch plan of the full 48-layer shape (what it needs per phase)
 #   e2e30b_r3   5 GRPO steps of /tmp/q30b on MOE30B_GPUS (default 4) GPUs with R3 routing replay: actor TP=4 (verl's
 #               30B script) with EP over the GPUs, ETP=1; one vLLM replica with TP = EP over the GPUs (expert-local
 #               weight sync); offload as verl's 30B scripts set it; the launch plan of the same command first
 #   e2e30b      the same without routing replay (the log-prob gap to compare)
+#   e2e30b48_cpuopt  the full 48-layer shape (weights built in /tmp/q30b48w if absent, 61 GB) on 4 GPUs with R3 and
+#               Megatron's CPU optimizer as verl's MoE scripts set it (optimizer_cpu_offload, overlap_cpu_optimizer_d2h_h2d,
+#               use_precision_aware_optimizer) at optimizer_offload_fraction MOE30B_CPUOPT_FRACTION (default 0.75; verl's
+#               1 leaves the GPUs at 48 GiB but needs 762 GiB of a node's RAM, 535 without megarl's offloads), actor
+#               parameters and its GPU optimizer part resident, vLLM at 0.4: planned at 122 GiB a GPU of 139 and 478 GiB
+#               of 503.8 of host RAM (4 x H200; on 4 x 80 GiB the plan refuses it); the launch plan of the same command first
 #   tests2      the 2-GPU tests: direct sync (shard to shard, gathered into vLLM), TP=2 paths
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export VLLM_USE_FLASHINFER_SAMPLER=0  # vLLM 0.26 imports flashinfer for its sampler check unless this is 0; the stack has none
 export PYTHONPATH=/tmp/site:/tmp/site-te:$PWD MEGARL_DEMO_DIR=/tmp/gpu-demo
 OUT=${OUT:-$PWD/outputs}; mkdir -p "$OUT"
 source benchmarks/gpu_e2e.sh
@@ -34,6 +61,34 @@ SCALE7B=(actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 actor_rol
   actor_rollout_ref.actor.megatron.optimizer_offload=true actor_rollout_ref.ref.megatron.param_offload=true
   actor_rollout_ref.actor.use_kl_loss=true actor_rollout_ref.actor.kl_loss_coef=0.001 trainer.total_training_steps=5)
 
+merged() {  # merged ARRAY key=value...: ARRAY's overrides with each given key's value replaced (Hydra refuses a key twice)
+  local -n base=$1; shift
+  local kv o keep
+  for kv in "${base[@]}"; do
+    keep=1; for o in "$@"; do [ "${kv%%=*}" = "${o%%=*}" ] && keep=0; done
+    [ $keep = 1 ] && printf '%s\n' "$kv"
+  done
+  printf '%s\n' "$@"
+}
+mapfile -t SCALE7B_4GPU < <(merged SCALE7B data.train_batch_size=32 actor_rollout_ref.actor.ppo_mini_batch_size=32 \
+  actor_rollout_ref.actor.megatron.param_offload=true actor_rollout_ref.rollout.gpu_memory_utilization=0.5 \
+  trainer.total_training_steps=4)
+mapfile -t OOM7B < <(merged SCALE7B actor_rollout_ref.actor.megatron.param_offload=true \
+  actor_rollout_ref.rollout.gpu_memory_utilization=0.5 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64 \
+  trainer.memory_plan.enforce=false trainer.total_training_steps=1)
+mapfile -t SCALE7B_TP4 < <(merged SCALE7B_4GPU actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4 \
+  actor_rollout_ref.rollout.tensor_model_parallel_size=4)
+
+VERL8B=(actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2
+  actor_rollout_ref.ref.megatron.tensor_model_parallel_size=2 actor_rollout_ref.ref.megatron.pipeline_model_parallel_size=2
+  actor_rollout_ref.rollout.tensor_model_parallel_size=2 actor_rollout_ref.rollout.gpu_memory_utilization=0.6
+  data.train_batch_size=32 data.max_prompt_length=1024 data.max_response_length=2048 actor_rollout_ref.rollout.n=5
+  actor_rollout_ref.actor.ppo_mini_batch_size=32 actor_rollout_ref.actor.use_dynamic_bsz=true
+  actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24576 actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true
+  actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=24576 actor_rollout_ref.ref.log_prob_use_dynamic_bsz=true
+  actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=24576 actor_rollout_ref.actor.use_kl_loss=true
+  actor_rollout_ref.actor.kl_loss_coef=0.001 actor_rollout_ref.actor.kl_loss_type=low_var_kl trainer.total_training_steps=3)
+
 MOE30B_GPUS=${MOE30B_GPUS:-4}
 MOE30B=(actor_rollout_ref.actor.megatron.tensor_model_parallel_size="$MOE30B_GPUS"
   actor_rollout_ref.actor.megatron.expert_model_parallel_size="$MOE30B_GPUS" actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1
@@ -44,12 +99,21 @@ MOE30B=(actor_rollout_ref.actor.megatron.tensor_model_parallel_size="$MOE30B_GPU
   data.train_batch_size=16 data.max_prompt_length=64 data.max_response_length=1024 actor_rollout_ref.rollout.n=8
   actor_rollout_ref.actor.ppo_mini_batch_size=16 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16
-  actor_rollout_ref.actor.use_kl_loss=true actor_rollout_ref.actor.kl_loss_coef=0.001 trainer.total_training_steps=5)
+  actor_rollout_ref.actor.use_kl_loss=true actor_rollout_ref.actor.kl_loss_coef=0.001
+  trainer.total_training_steps="${MOE30B_STEPS:-5}")
 R3=(actor_rollout_ref.actor.megatron.router_replay.mode=R3 actor_rollout_ref.rollout.enable_rollout_routing_replay=true)
+CPUOPT=actor_rollout_ref.actor.optim.override_optimizer_config
+mapfile -t MOE30B48_CPUOPT < <(merged MOE30B actor_rollout_ref.actor.megatron.param_offload=false \
+  actor_rollout_ref.actor.megatron.optimizer_offload=false actor_rollout_ref.rollout.gpu_memory_utilization=0.4 \
+  "+$CPUOPT.optimizer_cpu_offload=true" "+$CPUOPT.optimizer_offload_fraction=${MOE30B_CPUOPT_FRACTION:-0.75}" \
+  "+$CPUOPT.overlap_cpu_optimizer_d2h_h2d=true" "+$CPUOPT.use_precision_aware_optimizer=true")
 
 for step in "$@"; do
   echo "=== $step $(date -u +%T)"
   case $step in
+    model05) [ -f /tmp/q05/model.safetensors ] || python3 benchmarks/grpo_model_dir.py /tmp/q05 > "$OUT/model05.log" 2>&1
+             echo rc $? ;;
+    async1|async2) bash benchmarks/gpu_async.sh "$step" ;;
     model7b) [ -f /tmp/q7b/config.json ] || timeout 300 python3 benchmarks/grpo_model_dir.py /tmp/q7b --7b > "$OUT/model7b.log" 2>&1
              echo rc $?; ls /tmp/q7b | head; du -sh /tmp/q7b ;;
     e2e05_tp2) [ -f /tmp/q05/model.safetensors ] || python3 benchmarks/grpo_model_dir.py /tmp/q05 > "$OUT/e2e_model_q05.log" 2>&1
@@ -65,6 +129,23 @@ for step in "$@"; do
                actor_rollout_ref.rollout.gpu_memory_utilization=0.5 ;;
     e2e7b_tp2_optim) plan_e2e e2e7b_tp2_optim /tmp/q7b 2 "${SCALE7B[@]}" actor_rollout_ref.rollout.gpu_memory_utilization=0.45
              run_e2e e2e7b_tp2_optim /tmp/q7b 2 540 "${SCALE7B[@]}" actor_rollout_ref.rollout.gpu_memory_utilization=0.45 ;;
+    e2e7b_tp2dp2) plan_e2e e2e7b_tp2dp2 /tmp/q7b 4 "${SCALE7B_4GPU[@]}"
+             run_e2e e2e7b_tp2dp2 /tmp/q7b 4 480 "${SCALE7B_4GPU[@]}" ;;
+    e2e7b_tp4) plan_e2e e2e7b_tp4 /tmp/q7b 4 "${SCALE7B_TP4[@]}"
+             run_e2e e2e7b_tp4 /tmp/q7b 4 480 "${SCALE7B_TP4[@]}" ;;
+    stage4)  (CUDA_VISIBLE_DEVICES=2 bash "$0" model7b > "$OUT/stage4.model7b.txt" 2>&1 &
+              CUDA_VISIBLE_DEVICES=3 bash "$0" model30b > "$OUT/stage4.model30b.txt" 2>&1; wait
+              CUDA_VISIBLE_DEVICES=2,3 bash "$0" tests > "$OUT/stage4.tests.txt" 2>&1) &
+             CUDA_VISIBLE_DEVICES=0,1 bash "$0" e2e05_tp2; wait; cat "$OUT"/stage4.*.txt ;;
+    tests)   timeout "${TESTS_LIMIT:-540}" python3 -m pytest -v --tb=short -m gpu tests/gpu tests/models \
+               --deselect tests/gpu/test_gpu_e2e.py -rA -p no:cacheprovider > "$OUT/pytest_gpu.log" 2>&1; echo rc $?
+             grep -E "passed|failed|PASSED|FAILED|SKIPPED|Error" "$OUT/pytest_gpu.log" | tail -24 ;;
+    model8b) [ -f /tmp/q8b/config.json ] || timeout 300 python3 benchmarks/grpo_model_dir.py /tmp/q8b --8b > "$OUT/model8b.log" 2>&1
+             echo rc $?; du -sh /tmp/q8b ;;
+    e2e8b_verl) plan_e2e e2e8b_verl /tmp/q8b 4 "${VERL8B[@]}"
+             run_e2e e2e8b_verl /tmp/q8b 4 540 "${VERL8B[@]}" ;;
+    oom_update) run_e2e oom_update /tmp/q7b 2 420 "${OOM7B[@]}"
+             grep -A4 "the run failed" "$OUT/oom_update.log"; nvidia-smi --query-compute-apps=pid,used_memory --format=csv ;;
     model30b) [ -f /tmp/q30b/config.json ] || timeout 420 python3 benchmarks/grpo_model_dir.py /tmp/q30b --30b \
                --layers "${MOE30B_LAYERS:-24}" > "$OUT/model30b.log" 2>&1
              echo rc $?; python3 benchmarks/grpo_model_dir.py /tmp/q30b48 --30b --config-only >> "$OUT/model30b.log" 2>&1
@@ -74,6 +155,11 @@ for step in "$@"; do
              run_e2e e2e30b_r3 /tmp/q30b "$MOE30B_GPUS" 570 "${MOE30B[@]}" "${R3[@]}" ;;
     e2e30b)  plan_e2e e2e30b /tmp/q30b "$MOE30B_GPUS" "${MOE30B[@]}"
              run_e2e e2e30b /tmp/q30b "$MOE30B_GPUS" 570 "${MOE30B[@]}" ;;
+    e2e30b48_cpuopt) [ -f /tmp/q30b48w/config.json ] || timeout 420 python3 benchmarks/grpo_model_dir.py /tmp/q30b48w --30b \
+               > "$OUT/model30b48w.log" 2>&1
+             echo model rc $?; du -sh /tmp/q30b48w
+             plan_e2e e2e30b48_cpuopt /tmp/q30b48w "$MOE30B_GPUS" "${MOE30B48_CPUOPT[@]}" "${R3[@]}"
+             run_e2e e2e30b48_cpuopt /tmp/q30b48w "$MOE30B_GPUS" "${MOE30B48_LIMIT:-1200}" "${MOE30B48_CPUOPT[@]}" "${R3[@]}" ;;
     baselines) timeout 120 torchrun --nproc_per_node=2 benchmarks/bench_sync_baselines.py --model /tmp/q7b --tp 2 \
                > "$OUT/baselines.log" 2>&1; echo rc $?; grep -E "baseline|Error" "$OUT/baselines.log" ;;
     tests2)  timeout 420 python3 -m pytest -q -m gpu tests/gpu/test_vllm_direct_sync.py tests/gpu/test_gpu_paths.py -rA \

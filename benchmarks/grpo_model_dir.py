@@ -1,6 +1,6 @@
 """Write a random Qwen2.5-0.5B-shaped policy with the demo tokenizer (issue 23's GRPO run).
 
-  MEGARL_DEMO_DIR=/tmp/demo python benchmarks/grpo_model_dir.py /tmp/q05 [--config-only] [--moe | --llama | --7b | --30b [--layers N]]
+  MEGARL_DEMO_DIR=/tmp/demo python benchmarks/grpo_model_dir.py /tmp/q05 [--config-only] [--moe | --llama | --7b | --8b | --30b [--layers N]]
 
 Builds the demo assets (tokenizer, data) if missing, then saves a randomly initialised
 Qwen2 of Qwen2.5-0.5B's shape (vocabulary = the demo tokenizer's) in bf16 with the tokenizer
@@ -11,7 +11,8 @@ side: verl 0.9.1's agent loop picks its token builder by ``model_type``, and its
 tokenizer where "\\n" is one token, which the demo tokenizer does not have. ``--7b``: Qwen2.5-7B's shape
 with its real vocabulary size (152,064; the demo tokenizer padded with ``<reserved_k>`` entries, so every
 id the random policy samples decodes), untied embeddings (issue 31's scale runs; built on the GPU).
-``--30b``: Qwen3-30B-A3B's shape (48 layers, 128 experts top 8, its real vocabulary 151,936, untied; issue 35;
+``--8b``: Qwen3-8B's shape (36 layers, hidden 4,096, q/k norms, vocabulary 151,936, untied; verl's Qwen3-8B
+GRPO script's model, issue 34). ``--30b``: Qwen3-30B-A3B's shape (48 layers, 128 experts top 8, its real vocabulary 151,936, untied; issue 35;
 built on the GPU, 61 GB in bf16); ``--layers N`` keeps N of its layers (what fits 4 or 2 GPUs' training state).
 """
 
@@ -34,7 +35,8 @@ def main() -> None:
     for split in ("train.parquet", "val.parquet"):
         build_asset(split)
     tok = transformers.AutoTokenizer.from_pretrained(demo_model)
-    vocab = QWEN25_7B_VOCAB if "--7b" in sys.argv else QWEN3_30B_VOCAB if "--30b" in sys.argv else len(tok)
+    vocab = (QWEN25_7B_VOCAB if "--7b" in sys.argv else QWEN3_30B_VOCAB if ("--30b" in sys.argv or "--8b" in sys.argv)
+             else len(tok))
     common = dict(vocab_size=vocab, max_position_embeddings=1024, rope_theta=1e6, rms_norm_eps=1e-6,
                   tie_word_embeddings=True, bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id,
                   pad_token_id=tok.pad_token_id, dtype="bfloat16")
@@ -50,6 +52,10 @@ def main() -> None:
             hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_hidden_layers=layers,
             num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
             norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], **common)
+    elif "--8b" in sys.argv:
+        common.update(tie_word_embeddings=False, max_position_embeddings=40960)
+        cfg = transformers.Qwen3Config(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                                       num_attention_heads=32, num_key_value_heads=8, head_dim=128, **common)
     elif "--7b" in sys.argv:
         common.update(tie_word_embeddings=False, max_position_embeddings=32768)
         cfg = transformers.Qwen2Config(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,

@@ -229,6 +229,8 @@ CASES: tuple[Case, ...] = (
          f"{A}.optim.override_optimizer_config.bf16", (f"set actor_rollout_ref.actor.megatron.dtype",)),
     Case("precision_aware_optimizer_on_cpu", ("trainer.device=cpu", f"{A}.optim.use_precision_aware_optimizer=true"),
          f"{A}.optim.use_precision_aware_optimizer", ("precision-aware optimizer cannot run here", "trainer.device=cpu")),
+    Case("cpu_optimizer_without_a_fraction", (f"+{A}.optim.override_optimizer_config.optimizer_cpu_offload=true",),
+         f"{A}.optim.override_optimizer_config.optimizer_offload_fraction", ("must be in (0, 1]", "verl's scripts: 1")),
     Case("wsd_without_decay_steps", (f"{A}.optim.lr_decay_style=WSD",), f"{A}.optim.lr_wsd_decay_steps",
          ("needs the length of its final decay phase",)),
     Case("min_lr_above_lr", (f"{A}.optim.lr=1e-6", f"{A}.optim.min_lr=1e-5"), f"{A}.optim.min_lr", ("above the peak",)),

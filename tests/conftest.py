@@ -1,3 +1,4 @@
+import importlib.util
 import os
 from pathlib import Path
 
@@ -6,6 +7,10 @@ import pytest
 # Keep vLLM's CPU KV cache and thread pools small: CI has 2 cores and 24 GiB.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# vLLM 0.26's CUDA sampler imports flashinfer to ask whether it may use it, unless told not to; the GPU machine's
+# shipped stack has no flashinfer (a pip install of vllm brings it).
+if importlib.util.find_spec("flashinfer") is None:
+    os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
 
 
 def pytest_collection_modifyitems(config, items):

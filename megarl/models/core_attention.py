@@ -22,6 +22,8 @@ from megatron.core import parallel_state
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
+from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
+from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.transformer.utils import is_layer_window_attention
 
 from megarl.models.cp_attention import context_parallel_attention
@@ -55,9 +57,12 @@ class SDPACoreAttention(MegatronModule):
     causal mask for causal mask types) and packed ``thd`` sequences through
     ``PackedSeqParams.cu_seqlens_*`` (block-diagonal causal attention), and megatron's sliding
     window (``config.window_size = (left, 0)`` on the layers ``config.window_attn_skip_freq``
-    marks: query i sees keys i - left .. i of its own sequence). Under context
-    parallelism (``context_parallel_size > 1``) it runs
-    :func:`megarl.models.cp_attention.context_parallel_attention` (causal, no mask).
+    marks: query i sees keys i - left .. i of its own sequence), and megatron's softmax offsets
+    (``config.softmax_type``: ``learnable`` is GPT-OSS's attention sinks, one logit per head that
+    joins every query's softmax and carries no value; ``off-by-one`` the same with logit 0), which
+    SDPA has no argument for: those layers compute the attention eagerly (:meth:`_with_sinks`).
+    Under context parallelism (``context_parallel_size > 1``) it runs
+    :func:`megarl.models.cp_attention.context_parallel_attention` (causal, no mask, no sinks).
 
     Shapes: query ``[sq, b, np, hn]`` (``[t, np, hn]`` for thd), key/value
     ``[sk, b, ng, hn]``; output ``[sq, b, np * hn]`` (``[t, np * hn]`` for thd). ``np``/``ng``
@@ -91,6 +96,39 @@ class SDPACoreAttention(MegatronModule):
         self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
         if config.apply_query_key_layer_scaling:
             raise NotImplementedError("apply_query_key_layer_scaling is not supported by SDPA")
+        self.softmax_offset = self._softmax_offset(config, pg_collection)
+        if self.softmax_offset is not None and self.cp_group is not None:
+            raise NotImplementedError(f"SDPACoreAttention supports softmax_type={config.softmax_type!r} without "
+                                      "context parallelism only")
+
+    def _softmax_offset(self, config: TransformerConfig, pg_collection) -> Optional[torch.Tensor]:
+        """The per-head sink logit of this TP rank's heads ``[np]`` (megatron's ``DotProductAttention.softmax_offset``:
+        a parameter split over TP by heads for ``learnable``, zeros for ``off-by-one``), or None (``vanilla``)."""
+        if config.softmax_type == "vanilla":
+            return None
+        tp = pg_collection.tp.size() if pg_collection is not None else parallel_state.get_tensor_model_parallel_world_size()
+        heads = config.num_attention_heads // tp
+        if config.softmax_type == "off-by-one":
+            self.register_buffer("softmax_offset", torch.zeros(heads, dtype=config.params_dtype), persistent=False)
+            return self.softmax_offset
+        if config.softmax_type != "learnable":
+            raise ValueError(f"softmax_type {config.softmax_type!r} is not supported")
+        offset = torch.nn.Parameter(torch.empty(heads, dtype=config.params_dtype))
+        if config.perform_initialization:
+            config.init_method(offset)
+        set_tensor_model_parallel_attributes(offset, is_parallel=True, dim=0, stride=1)
+        return offset
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata: Optional[dict] = None):
+        """The learnable softmax offset split over TP by heads, as megatron's ``DotProductAttention`` saves it."""
+        from megatron.core.transformer.utils import ensure_metadata_has_dp_cp_group, make_sharded_tensors_for_checkpoint
+
+        state = {"softmax_offset": self.softmax_offset} if isinstance(self.softmax_offset, torch.nn.Parameter) else {}
+        return make_sharded_tensors_for_checkpoint(
+            state, prefix, {"softmax_offset": 0}, sharded_offsets,
+            tp_group=parallel_state.get_tensor_model_parallel_group(),
+            dp_cp_group=ensure_metadata_has_dp_cp_group(metadata)["dp_cp_group"],
+        )
 
     def _packed_allowed(self, params: PackedSeqParams, sq: int, sk: int, device) -> torch.Tensor:
         """[sq, sk] bool: True where query i may attend key j (same sequence, j <= i, and within
@@ -115,9 +153,9 @@ class SDPACoreAttention(MegatronModule):
         * no padding mask, sq == sk: SDPA ``is_causal`` (cuDNN / flash backend), GQA native;
         * packed thd on CUDA: ``torch.nn.attention.varlen.varlen_attn`` with a causal
           window over each sequence (KV heads repeated: its GQA support varies by torch).
-        A sliding-window layer takes the masked path (SDPA has no window argument).
+        A sliding-window or sink layer takes the masked path (SDPA has no window or sink argument).
         """
-        if self.window is not None:
+        if self.window is not None or self.softmax_offset is not None:
             return None
         dropout = self.dropout_p if self.training else 0.0
         sq, b, num_heads, _ = query.shape
@@ -211,19 +249,34 @@ class SDPACoreAttention(MegatronModule):
         if sq == sk:
             allowed = allowed | torch.eye(sq, dtype=torch.bool, device=q.device)
 
-        out = F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=allowed,
-            dropout_p=self.dropout_p if self.training else 0.0,
-            scale=self.softmax_scale,
-        )
+        if self.softmax_offset is not None:
+            out = self._with_sinks(q, k, v, allowed)
+        else:
+            out = F.scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                attn_mask=allowed,
+                dropout_p=self.dropout_p if self.training else 0.0,
+                scale=self.softmax_scale,
+            )
         # [b, n, sq, hn] -> [sq, b, n * hn]
         out = out.permute(2, 0, 1, 3).reshape(sq, out.shape[0], -1)
         if packed:
             out = out.squeeze(1)
         return out
+
+
+    def _with_sinks(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        """Attention whose softmax also holds one sink logit per head (``softmax_offset``), dropped after it
+        (HF ``GptOssAttention``'s eager path). q/k/v ``[b, n, s, hn]`` (KV heads repeated), ``allowed``
+        broadcastable to ``[b, n, sq, sk]``; returns ``[b, n, sq, hn]``. Softmax in fp32."""
+        scores = torch.matmul(q, k.transpose(-1, -2)).float() * self.softmax_scale
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        sinks = self.softmax_offset.float().view(1, -1, 1, 1).expand(scores.shape[0], -1, scores.shape[2], 1)
+        probs = torch.softmax(torch.cat([scores, sinks], dim=-1), dim=-1)[..., :-1].to(q.dtype)
+        probs = F.dropout(probs, p=self.dropout_p, training=self.training)
+        return torch.matmul(probs, v)
 
 
 class MLACoreAttention(SDPACoreAttention):

@@ -1,11 +1,13 @@
 """HF mixture-of-experts fields -> megatron ``TransformerConfig`` MoE fields.
 
-Families: ``mixtral``, ``qwen2_moe`` (shared expert with a sigmoid gate), ``qwen3_moe``,
+Families: ``mixtral``, ``qwen2_moe``, ``qwen3_next`` and ``qwen3_5_moe_text`` (shared expert with a sigmoid gate),
+``qwen3_moe``,
 ``glm4_moe`` (GLM-4.5) and ``deepseek_v3`` (its MoE; MLA in :mod:`megarl.models.mla_config`):
-sigmoid router with a score-correction bias, shared experts, dense first layers.
+sigmoid router with a score-correction bias, shared experts, dense first layers; ``gpt_oss`` (its
+router and expert biases and clamped GLU in :mod:`megarl.models.gpt_oss`).
 
 * Routing. HF: softmax over all experts, top-k; Mixtral always renormalises the k weights,
-  Qwen iff ``norm_topk_prob``. Megatron: ``moe_router_pre_softmax=False`` is top-k then
+  Qwen iff ``norm_topk_prob`` (Qwen3.5-MoE always); GPT-OSS takes the top-k logits, then their softmax (the same). Megatron: ``moe_router_pre_softmax=False`` is top-k then
   softmax over the k (= softmax, top-k, renormalise); ``True`` is softmax then top-k.
   GLM-4.5 / DeepSeek-V3: sigmoid scores, top-k of ``scores + e_score_correction_bias`` (megatron's expert
   bias, loaded and exported as a buffer, frozen: ``moe_router_bias_update_rate=0``, as HF and
@@ -47,7 +49,10 @@ from megarl.compat.megatron_core.cpu import MOE_DISPATCHER_ON_CPU
 __all__ = ["MOE_MODEL_TYPES", "check_moe_supported", "moe_layer_pattern", "moe_layers", "moe_transformer_kwargs",
            "num_experts"]
 
-MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "glm4_moe", "deepseek_v3")
+MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "glm4_moe", "deepseek_v3", "gpt_oss", "qwen3_next",
+                   "qwen3_5_moe_text")
+# Families with one shared expert behind a sigmoid gate (Qwen2-MoE's, Qwen3-Next's)
+_GATED_SHARED_EXPERT = ("qwen2_moe", "qwen3_next", "qwen3_5_moe_text")
 # Families routed like DeepSeek-V3 (sigmoid + score-correction bias, groups, scaling, shared experts)
 _SIGMOID_ROUTED = ("glm4_moe", "deepseek_v3")
 
@@ -80,8 +85,8 @@ def check_moe_supported(hf_config) -> None:
         raise ValueError("mixtral router_jitter_noise > 0 is not supported (megatron has no such router noise); set it to 0")
     if model_type == "qwen2_moe" and getattr(hf_config, "use_sliding_window", False):
         raise ValueError("qwen2_moe use_sliding_window=true is not supported; set it to false")
-    if model_type == "qwen2_moe" and not getattr(hf_config, "shared_expert_intermediate_size", 0):
-        raise ValueError("qwen2_moe without a shared expert (shared_expert_intermediate_size=0) is not supported")
+    if model_type in _GATED_SHARED_EXPERT and not getattr(hf_config, "shared_expert_intermediate_size", 0):
+        raise ValueError(f"{model_type} without a shared expert (shared_expert_intermediate_size=0) is not supported")
     if model_type in _SIGMOID_ROUTED:
         # getattr: the preflight check runs on the raw config.json (transformers fills defaults later)
         topk = getattr(hf_config, "num_experts_per_tok", 1)
@@ -103,7 +108,8 @@ def moe_transformer_kwargs(hf_config, *, grouped_gemm: bool, on_cpu: bool) -> di
     """TransformerConfig keyword arguments of an MoE family (see the module docstring)."""
     model_type = hf_config.model_type
     topk = hf_config.num_experts_per_tok
-    renormalise = model_type == "mixtral" or bool(getattr(hf_config, "norm_topk_prob", False))
+    # Qwen3.5-MoE always renormalises (it has no norm_topk_prob)
+    renormalise = model_type in ("mixtral", "gpt_oss", "qwen3_5_moe_text") or bool(getattr(hf_config, "norm_topk_prob", False))
     pattern = moe_layer_pattern(hf_config)
     # GLM-4.5 / DeepSeek-V3 balance through the router bias; HF computes no load-balancing loss for them
     aux = model_type not in _SIGMOID_ROUTED and bool(getattr(hf_config, "output_router_logits", False)) and float(
@@ -122,7 +128,7 @@ def moe_transformer_kwargs(hf_config, *, grouped_gemm: bool, on_cpu: bool) -> di
         # asks: it was slower on the small MoE models measured (benchmarks/RESULTS.md)
         moe_token_dispatcher_type=MOE_DISPATCHER_ON_CPU if on_cpu else "alltoall",
     )
-    if model_type == "qwen2_moe":
+    if model_type in _GATED_SHARED_EXPERT:
         kwargs.update(moe_shared_expert_intermediate_size=hf_config.shared_expert_intermediate_size,
                       moe_shared_expert_gate=True)
     if model_type in _SIGMOID_ROUTED:

@@ -103,6 +103,15 @@ class _SafetensorsDir:
             self._handles[path] = safe_open(str(path), framework="pt")
         return self._handles[path].get_tensor(name)
 
+    def get_row(self, name: str, index: int) -> torch.Tensor:
+        """``get(name)[index]``, reading only that row (one expert of a stacked expert tensor)."""
+        if name not in self.file_of:
+            raise KeyError(f"{self.hf_dir}: HF weight {name!r} not found in the safetensors files")
+        path = self.file_of[name]
+        if path not in self._handles:
+            self._handles[path] = safe_open(str(path), framework="pt")
+        return self._handles[path].get_slice(name)[index]
+
 
 def _local_view():
     """(pp_rank, ep_rank, tp (rank, size), etp (rank, size)) of this process."""
@@ -153,6 +162,15 @@ def load_hf_weights(chunks: Sequence[torch.nn.Module], hf_dir: str | os.PathLike
     for entry in plan:
         if entry.pp_rank != pp_rank or entry.ep_rank not in (None, ep_rank):
             continue
+        if entry.stacked:
+            local = entry.stacked // parallel_state.get_expert_model_parallel_world_size()
+            for index in range(local):
+                param = _stacked_param(params[entry.vp_stage], entry, index)
+                (name,) = entry.hf_names
+                shard = to_shard(entry.kind, [reader.get_row(name, ep_rank * local + index)], *etp, dims)
+                _copy_checked(param, shard, hf_dir, entry)
+                loaded[entry.vp_stage].add(id(param))
+            continue
         param = find_param(params[entry.vp_stage], entry.mcore_name)
         if param is None:
             raise ValueError(f"megatron parameter {entry.mcore_name!r} (chunk {entry.vp_stage}) not found")
@@ -162,18 +180,45 @@ def load_hf_weights(chunks: Sequence[torch.nn.Module], hf_dir: str | os.PathLike
             continue
         rank, size = etp if entry.tp_group == "etp" else tp
         shard = to_shard(entry.kind, [reader.get(n) for n in entry.hf_names], rank, size, dims)
-        if shard.shape != param.shape:
-            raise ValueError(
-                f"{hf_dir}: {entry.hf_names} give shape {tuple(shard.shape)} for megatron "
-                f"{entry.mcore_name!r}, which has {tuple(param.shape)}"
-            )
-        param.copy_(shard.to(param.dtype))
+        _copy_checked(param, shard, hf_dir, entry)
         loaded[entry.vp_stage].add(id(param))
 
     for index, chunk_params in enumerate(params):
         missing = [n for n, p in chunk_params.items() if id(p) not in loaded[index]]
         if missing:
             raise ValueError(f"no HF weight rule for megatron parameters {missing} (chunk {index})")
+
+
+def _stacked_param(params: dict[str, torch.nn.Parameter], entry: ParamSource, index: int) -> torch.nn.Parameter:
+    """Local expert ``index``'s parameter of a stacked-expert entry."""
+    name = entry.mcore_name.format(expert=index)
+    param = find_param(params, name)
+    if param is None:
+        raise ValueError(f"megatron parameter {name!r} (chunk {entry.vp_stage}) not found")
+    return param
+
+
+def _copy_checked(param: torch.Tensor, shard: torch.Tensor, hf_dir, entry: ParamSource) -> None:
+    if shard.shape != param.shape:
+        raise ValueError(
+            f"{hf_dir}: {entry.hf_names} give shape {tuple(shard.shape)} for megatron "
+            f"{entry.mcore_name!r}, which has {tuple(param.shape)}"
+        )
+    param.copy_(shard.to(param.dtype))
+
+
+def _stacked_full(entry: ParamSource, params: dict[str, torch.nn.Parameter], dims) -> torch.Tensor:
+    """The HF tensor of a stacked-expert entry ``[E, ...]``: each local expert gathered over expert TP, then
+    every EP rank's experts gathered in global order. Collective over ETP and EP."""
+    local = entry.stacked // parallel_state.get_expert_model_parallel_world_size()
+    mine = torch.stack([from_shards(entry.kind, _gather_shard(entry, _stacked_param(params, entry, index)), dims)[0]
+                        for index in range(local)])
+    if local == entry.stacked:
+        return mine
+    group = parallel_state.get_expert_model_parallel_group()
+    parts = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, mine, group=group)
+    return torch.cat(parts)
 
 
 def _broadcast_full(tensors: list[torch.Tensor] | None, count: int, src_stage: int, device) -> list[torch.Tensor]:
@@ -238,7 +283,8 @@ def export_hf_weights(
     ``experts``: the routed experts (global ids) this rank wants, all of them its own (a consumer whose
     experts are sharded like this rank's, e.g. vLLM with expert parallelism): only those experts are
     yielded, from this rank's parameters without a collective over the expert-parallel group (still
-    gathered over expert TP); ValueError when one lives on another rank or pipeline stage.
+    gathered over expert TP); ValueError when one lives on another rank or pipeline stage. Experts stacked
+    in one HF tensor (GPT-OSS) are yielded whole all the same (gathered over EP): the consumer takes its rows.
     """
     meta = _meta(chunks)
     models = [unwrap_chunk(c) for c in chunks]
@@ -259,7 +305,9 @@ def export_hf_weights(
             raise ValueError(f"expert {entry.expert} of layer {entry.layer} lives on expert-parallel rank {entry.ep_rank}, "
                              f"pipeline stage {entry.pp_rank}; this rank is {ep_rank}, stage {pp_rank}")
         full = None
-        if entry.pp_rank == pp_rank:
+        if entry.pp_rank == pp_rank and entry.stacked:
+            full = [_stacked_full(entry, params[entry.vp_stage], dims)]
+        elif entry.pp_rank == pp_rank:
             param = find_param(params[entry.vp_stage], entry.mcore_name)
             if param is None:
                 raise ValueError(f"megatron parameter {entry.mcore_name!r} (chunk {entry.vp_stage}) not found")

@@ -2,7 +2,10 @@
 
 Every role is colocated on every GPU of the trainer (see :mod:`megarl.plan.placement`) but the
 distillation teacher with ``distillation.nnodes > 0``, which has its own pool of
-``distillation.nnodes x distillation.n_gpus_per_node`` GPUs and one phase there. The phases follow
+``distillation.nnodes x distillation.n_gpus_per_node`` GPUs and one phase there, and the vLLM engines
+of ``trainer.v1.trainer_mode=separate_async``, one per GPU of their own pool
+(``actor_rollout_ref.rollout.nnodes x n_gpus_per_node``), where ``generate`` is their one phase and the
+trainer's GPUs hold no vLLM memory in any phase. The phases follow
 the colocated workers' memory choreography; each phase lists its terms (bytes per GPU), so a
 measured peak can be set beside each one:
 
@@ -18,7 +21,9 @@ measured peak can be set beside each one:
   (``rollout.weight_sync.bucket_size_mb``) and the other roles' between-phase state. vLLM's KV
   cache is not awake yet.
 * ``generate``: vLLM's whole budget (``gpu_memory_utilization`` x GPU) + every role's
-  between-phase state (the actor's parameters offloaded again when ``param_offload``).
+  between-phase state (the actor's parameters offloaded again when ``param_offload``). On
+  separate_async's pool: the budget + one weight-push bucket being received, nothing else; the
+  trainer's ``sync`` there is the export alone (the actor's parameters and one bucket).
 * forward passes (``old_log_prob``, ``ref_log_prob``, ``values``, ``teacher_log_prob``,
   ``reward_model``): vLLM asleep at level 2
   (weights and KV cache released; awake all along when ``rollout.free_cache_engine=false``),
@@ -34,7 +39,9 @@ Every phase also holds :data:`GPU_OVERHEAD`, and :data:`CUDA_CONTEXT` for each c
 reward-model or teacher process. The plan refuses when a phase exceeds the GPU
 (``trainer.memory_plan.gpu_memory_gib``), or when a node's host memory
 (``trainer.memory_plan.host_memory_gib``) cannot hold the page-locked copies of what every GPU of
-the node offloads plus :data:`HOST_OVERHEAD_PER_GPU` per worker process.
+the node offloads, the state Megatron's CPU optimizer keeps in host memory for each
+(``override_optimizer_config.optimizer_cpu_offload``; its GPU part is the role's ``optimizer`` term,
+which ``optimizer_offload`` moves between phases) plus :data:`HOST_OVERHEAD_PER_GPU` per worker process.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from megarl.config.errors import Issue
 from megarl.config.read import typed_config
 from megarl.config.rules.roles import ACTOR, CRITIC, REF, RM_ROLE, TEACHER_ROLE, Role, need_critic, need_reference
 from megarl.config.rules.view import value_at
+from megarl.config.schema.megatron import cpu_offload_fraction
 from megarl.config.schema.trainer import MemoryPlanConfig
 from megarl.parallel.layout import ParallelLayout
 from megarl.plan.memory import RankMemory, TrainSetup, VllmMemory, rank_memory, vllm_memory
@@ -75,7 +83,7 @@ FORWARD_PHASE = {"actor": "old_log_prob", "ref": "ref_log_prob", "critic": "valu
 # megarl.trainer.ppo_trainer.init_workers: critic, reward model and teacher first, then the actor's group
 BUILD_ORDER = ("critic", "reward_model", "teacher", "actor", "ref")
 SERVED = (RM_ROLE, TEACHER_ROLE)  # forward-only models verl serves with vLLM: layout and offload from its keys
-TRAINER_POOL, TEACHER_POOL = "trainer", "distillation"
+TRAINER_POOL, TEACHER_POOL, ROLLOUT_POOL = "trainer", "distillation", "rollout"
 
 
 @dataclass(frozen=True)
@@ -113,6 +121,11 @@ class RolePlan:
         return sum(self.kept().values())
 
     @property
+    def optim_section(self) -> str:
+        """Its optimizer node (`*.optim`)."""
+        return f"{self.role.megatron.rsplit('.', 1)[0]}.optim"
+
+    @property
     def offloaded(self) -> int:
         """Bytes it keeps in (page-locked) host memory between phases, per GPU."""
         m = self.memory
@@ -128,8 +141,8 @@ class RolePlan:
 @dataclass(frozen=True)
 class Phase:
     """One phase's peak on one GPU: named terms in bytes; ``role``: the Megatron role whose
-    state the phase loads (None for ``generate``); ``pool``: whose GPUs (TRAINER_POOL or
-    TEACHER_POOL)."""
+    state the phase loads (None for ``generate``); ``pool``: whose GPUs (TRAINER_POOL,
+    TEACHER_POOL or ROLLOUT_POOL)."""
 
     terms: dict[str, int]
     role: str | None
@@ -152,6 +165,7 @@ class Plan:
     bucket_bytes: int
     host_bytes: int | None  # one node's RAM (None: not known, not judged)
     teacher_pool: tuple[int, int] | None = None  # the teacher's own (nodes, GPUs per node); None: colocated or none
+    rollout_pool: tuple[int, int] | None = None  # separate_async's engines' (nodes, GPUs per node); None: colocated
     phases: dict[str, Phase] = field(default_factory=dict)
     issues: list[Issue] = field(default_factory=list)
 
@@ -189,9 +203,14 @@ def host_memory_gib(memory_plan: MemoryPlanConfig, device: str) -> float | None:
 
 def host_terms(plan: Plan) -> dict[str, int]:
     """One node's host memory need, by term."""
-    per_gpu = sum(r.offloaded for r in plan.roles.values() if r.pool == TRAINER_POOL)
-    return {f"offload copies ({plan.per_node} GPUs x {per_gpu / GIB:.1f})": plan.per_node * per_gpu,
-            f"worker processes ({plan.per_node} x {HOST_OVERHEAD_PER_GPU / GIB:.0f})": plan.per_node * HOST_OVERHEAD_PER_GPU}
+    roles = [r for r in plan.roles.values() if r.pool == TRAINER_POOL]
+    per_gpu = sum(r.offloaded for r in roles)
+    cpu_optimizer = sum(r.memory.optimizer_host for r in roles)
+    terms = {f"offload copies ({plan.per_node} GPUs x {per_gpu / GIB:.1f})": plan.per_node * per_gpu}
+    if cpu_optimizer:
+        terms[f"CPU optimizer ({plan.per_node} GPUs x {cpu_optimizer / GIB:.1f})"] = plan.per_node * cpu_optimizer
+    terms[f"worker processes ({plan.per_node} x {HOST_OVERHEAD_PER_GPU / GIB:.0f})"] = plan.per_node * HOST_OVERHEAD_PER_GPU
+    return terms
 
 
 def _megatron_dtype(cfg: DictConfig, role: Role) -> str:
@@ -229,6 +248,7 @@ def _setup(cfg: DictConfig, role: Role) -> TrainSetup:
     optim_section = "actor_rollout_ref.actor.optim" if role is not CRITIC else "critic.optim"
     optim = OmegaConf.select(cfg, optim_section)
     precision_aware = bool(optim.use_precision_aware_optimizer)
+    cpu_fraction = cpu_offload_fraction(optim.override_optimizer_config) if trainable else 0.0
     override = value_at(cfg, f"{m}.override_transformer_config") or {}
     return TrainSetup(
         dtype=_megatron_dtype(cfg, role), trainable=trainable, tokens=train_tokens, forward_tokens=forward,
@@ -242,6 +262,7 @@ def _setup(cfg: DictConfig, role: Role) -> TrainSetup:
         forward_entropy=role is ACTOR,
         loss_topk=_teacher_topk(cfg) if role is ACTOR else 0,
         response_share=value_at(cfg, "data.max_response_length") / seq,
+        cpu_offload_fraction=cpu_fraction,
     )
 
 
@@ -323,6 +344,8 @@ def build_plan(cfg: DictConfig, gpu_memory_gib: float, host_memory_gib: float | 
                 host_bytes=None if host_memory_gib is None else int(host_memory_gib * GIB))
     if roles.get("teacher") is not None and roles["teacher"].pool == TEACHER_POOL:
         plan.teacher_pool = (value_at(cfg, "distillation.nnodes"), value_at(cfg, "distillation.n_gpus_per_node"))
+    if typed_config(cfg).trainer.trainer_mode() == "separate_async":
+        plan.rollout_pool = (value_at(cfg, f"{rollout}.nnodes"), value_at(cfg, f"{rollout}.n_gpus_per_node"))
     plan.phases = phases(plan)
     plan.issues = _fit_issues(plan, cfg, gpu_memory_gib)
     return plan
@@ -351,10 +374,16 @@ def phases(plan: Plan) -> dict[str, Phase]:
     assert init is not None
     out["init"] = init
     actor = roles["actor"]
-    out["sync"] = Phase({**actor.kept(params_onloaded=True), "vLLM weights": plan.vllm.weights,
+    vllm_here = plan.rollout_pool is None  # separate_async: the engines are on their own GPUs
+    out["sync"] = Phase({**actor.kept(params_onloaded=True), **({"vLLM weights": plan.vllm.weights} if vllm_here else {}),
                          "weight-sync bucket": plan.bucket_bytes, **others("actor"), **overhead}, "actor")
-    out["generate"] = Phase({"vLLM budget": plan.vllm.budget, **others(None), **overhead}, None)
-    asleep = {"vLLM (awake: free_cache_engine=false)": plan.vllm.budget} if plan.vllm_awake_in_training else {}
+    if vllm_here:
+        out["generate"] = Phase({"vLLM budget": plan.vllm.budget, **others(None), **overhead}, None)
+    else:
+        out["generate"] = Phase({"vLLM budget": plan.vllm.budget, "weight-push bucket": plan.bucket_bytes,
+                                 "overhead": GPU_OVERHEAD}, None, ROLLOUT_POOL)
+    asleep = ({"vLLM (awake: free_cache_engine=false)": plan.vllm.budget}
+              if plan.vllm_awake_in_training and vllm_here else {})
     for name, r in roles.items():
         out[FORWARD_PHASE[name]] = Phase({**r.kept(params_onloaded=True), f"{name} activations (forward)":
                                           r.memory.activations_forward, **others(name), **asleep, **overhead}, name)
@@ -384,10 +413,14 @@ def _fit_issues(plan: Plan, cfg: DictConfig, gib: float) -> list[Issue]:
     if plan.host_bytes is not None and host_need > plan.host_bytes:
         offloading = [key for r in plan.roles.values() if r.pool == TRAINER_POOL
                       for key, on in ((r.param_offload_key, r.param_offload),
-                                      (f"{r.role.megatron}.optimizer_offload", r.optimizer_offload)) if on]
+                                      (f"{r.role.megatron}.optimizer_offload", r.optimizer_offload and bool(r.memory.optimizer)),
+                                      (f"{r.optim_section}.override_optimizer_config.optimizer_offload_fraction",
+                                       bool(r.memory.optimizer_host))) if on]
         issues.append(Issue("trainer.memory_plan.host_memory_gib", round(plan.host_bytes / GIB, 1),
                             f"a node needs {host_need / GIB:.1f} GiB of host memory (the page-locked copies of what its "
-                            f"{plan.per_node} GPUs offload, and their worker processes), the node has {plan.host_bytes / GIB:.1f}",
+                            f"{plan.per_node} GPUs offload, " + ("the CPU optimizer's state, " if any(
+                                r.memory.optimizer_host for r in plan.roles.values()) else "")
+                            + f"and their worker processes), the node has {plan.host_bytes / GIB:.1f}",
                             "offload less (" + ", ".join(offloading) + "), put fewer GPUs on a node "
                             "(trainer.n_gpus_per_node), or set trainer.memory_plan.host_memory_gib to the nodes' RAM "
                             "if it is not this machine's"))
@@ -424,6 +457,10 @@ def _fit_issues(plan: Plan, cfg: DictConfig, gib: float) -> list[Issue]:
                     f"{m}.override_transformer_config.recompute_granularity=full"]
             if r.memory.optimizer != r.memory.optimizer_sharded:
                 fix.append(f"{m}.use_distributed_optimizer=true")
+            cpu_optimizer = f"{r.optim_section}.override_optimizer_config"
+            fix.append(f"{cpu_optimizer}.optimizer_offload_fraction (higher)" if r.memory.optimizer_host else
+                       f"Megatron's CPU optimizer ({cpu_optimizer}.optimizer_cpu_offload=true, optimizer_offload_fraction=1, "
+                       f"{r.optim_section}.use_precision_aware_optimizer=true)")
         elif name != "init":
             fix.append(f"{m}.max_num_seqs" if r.role in SERVED else "the log-prob micro-batch size")
         gpus = cluster if r.pool == TRAINER_POOL else "distillation.nnodes / distillation.n_gpus_per_node"

@@ -12,6 +12,14 @@ layout (:class:`~megarl.parallel.layout.ParallelLayout`). The model of each term
 * optimizer (Adam): fp32 main parameters (none when training in fp32) + ``exp_avg`` +
   ``exp_avg_sq`` per parameter, divided by DP x CP (dense) / expert DP under the
   distributed optimizer.
+* Megatron's CPU optimizer (``override_optimizer_config.optimizer_cpu_offload``, its
+  HybridDeviceOptimizer, with the precision-aware optimizer the config rules require): of the
+  rank's optimizer share, the fraction ``f`` (``optimizer_offload_fraction``, by elements) lives in
+  host memory for good: fp32 main parameters + ``exp_avg`` + ``exp_avg_sq`` (torch's AdamW, fp32) +
+  an fp32 gradient copy, 16 bytes a parameter (page-locked copies of exactly their size:
+  megarl.compat.megatron_core.hybrid_optimizer); ``1 - f`` on the GPU: fp32 copies + fp32 moments, 12
+  bytes a parameter, plus an fp32 copy of its gradients (4) when ``main_grads_dtype`` is below fp32
+  (the hybrid optimizer keeps it from one step to the next). The gradient buffer stays on the GPU.
 * activations saved for backward, per token of a micro-batch (``tokens / cp`` per rank),
   2 bytes each (bf16) per decoder layer: attention block = norm input + norm output
   (``/tp`` with sequence parallelism) + q, k, v + attention output (``/tp``); MLP block = norm
@@ -36,7 +44,7 @@ layout (:class:`~megarl.parallel.layout.ParallelLayout`). The model of each term
   ``[tokens x response share, vocab/tp]`` sliced out in bf16 and their log-softmax in fp32, two fp32
   copies while it is made (10 bytes per logit), plus the teacher's ``[tokens, k]`` inputs.
 * host memory (offload): every offloaded byte has an exact page-locked host copy for the run
-  (megarl.workers.megatron.offload), per GPU.
+  (megarl.workers.megatron.offload), per GPU; the CPU optimizer's part of the state, per GPU.
 """
 
 from __future__ import annotations
@@ -84,12 +92,14 @@ class TrainSetup:
     forward_topk: int = 0  # the forward pass takes the top-k log-probs per token (the distillation teacher's)
     loss_topk: int = 0  # the training loss is forward_kl_topk against the teacher's top-k (the distillation student's)
     response_share: float = 1.0  # response positions per token of a micro-batch (forward_kl_topk reads them alone)
+    cpu_offload_fraction: float = 0.0  # Megatron's CPU optimizer: the share of the optimizer state in host memory
 
 
 @dataclass(frozen=True)
 class RankMemory:
     """Bytes on one rank. ``optimizer_sharded`` = with the distributed optimizer's DP
-    sharding, ``optimizer_full`` = without; ``optimizer`` is the configured one."""
+    sharding, ``optimizer_full`` = without; ``optimizer`` is the configured one, on the GPU;
+    ``optimizer_host``: what Megatron's CPU optimizer keeps in host memory for the rank's process."""
 
     params: int
     grads: int
@@ -98,6 +108,7 @@ class RankMemory:
     optimizer_sharded: int
     activations_train: int
     activations_forward: int
+    optimizer_host: int = 0
 
     @property
     def resident(self) -> int:
@@ -110,7 +121,7 @@ def _stage_params(p: ParamCount, layout: ParallelLayout, value_head: bool) -> tu
     s = p.shape
     per_stage = -(-s.layers // layout.pp)
     share = per_stage / s.layers
-    layers_dense = s.layers * p.attention_and_norms + p.dense_layers * p.dense_mlp + s.moe_layers * p.moe_shared
+    layers_dense = p.attention_params + p.dense_layers * p.dense_mlp + s.moe_layers * p.moe_shared
     head = s.hidden if value_head else (p.lm_head or p.embedding)
     if layout.pp == 1:
         ends = p.embedding + (s.hidden if value_head else p.lm_head) + p.final_norm
@@ -129,7 +140,12 @@ def activation_bytes(p: ParamCount, layout: ParallelLayout, setup: TrainSetup, t
     norm_div = tp if setup.sequence_parallel else 1
     q_k = (s.heads + s.kv_heads) * s.head_dim  # q, k
     v_out = (s.kv_heads + s.heads) * s.v_dim  # v, attention output
-    attention = 2 * s.hidden / norm_div + (q_k + v_out) / tp
+    gate = s.heads * s.head_dim if s.attention_gate else 0
+    attention = 2 * s.hidden / norm_div + (q_k + v_out + gate) / tp
+    if s.linear_layers:  # gated DeltaNet: q/k/v before and after the convolution, z, its output and gated norm
+        qkv = 2 * s.linear_key_dim + s.linear_value_dim
+        linear = 2 * s.hidden / norm_div + (2 * qkv + 3 * s.linear_value_dim) / tp
+        attention = ((s.layers - s.linear_layers) * attention + s.linear_layers * linear) / s.layers
     dense_mlp = 2 * s.hidden / norm_div + 3 * s.ffn / tp
     copies = s.experts_per_token * etp / norm_div  # expert token copies on this rank per token
     moe_mlp = 2 * s.hidden / norm_div + copies * (s.hidden + 3 * s.expert_ffn / etp) + 3 * s.shared_expert_ffn / tp
@@ -164,17 +180,24 @@ def rank_memory(p: ParamCount, layout: ParallelLayout, setup: TrainSetup) -> Ran
     dense, expert = _stage_params(p, layout, setup.value_head)
     n = dense + expert
     params = int(n * DTYPE_BYTES[setup.dtype])
-    grads = optimizer_full = optimizer_sharded = optimizer = 0
+    grads = optimizer_full = optimizer_sharded = optimizer = optimizer_host = 0
     if setup.trainable:
         grads = int(n * DTYPE_BYTES[setup.main_grads_dtype])
         main = 0 if setup.dtype == "float32" else 4
         per_param = main + DTYPE_BYTES[setup.exp_avg_dtype] + DTYPE_BYTES[setup.exp_avg_sq_dtype]
-        optimizer_full = int(n * per_param)
-        optimizer_sharded = int((dense / (layout.dp * layout.cp) + expert / layout.expert_dp) * per_param)
+        share_full, share_sharded = n, dense / (layout.dp * layout.cp) + expert / layout.expert_dp
+        f = setup.cpu_offload_fraction
+        host_per_param = 0
+        if f:  # Megatron's CPU optimizer (precision-aware): fp32 copies and moments on either side
+            host_per_param = f * (4 + 4 + 4 + 4)  # main params, exp_avg, exp_avg_sq, gradient copy
+            per_param = (1 - f) * (4 + 4 + 4 + (4 if setup.main_grads_dtype != "fp32" else 0))
+        optimizer_full = int(share_full * per_param)
+        optimizer_sharded = int(share_sharded * per_param)
         optimizer = optimizer_sharded if setup.distributed_optimizer else optimizer_full
+        optimizer_host = int((share_sharded if setup.distributed_optimizer else share_full) * host_per_param)
     return RankMemory(
         params=params, grads=grads, optimizer=optimizer, optimizer_full=optimizer_full,
-        optimizer_sharded=optimizer_sharded,
+        optimizer_sharded=optimizer_sharded, optimizer_host=optimizer_host,
         activations_train=activation_bytes(p, layout, setup, setup.tokens, train=True) if setup.trainable else 0,
         activations_forward=activation_bytes(p, layout, setup, setup.forward_tokens, train=False),
     )
@@ -197,12 +220,13 @@ class VllmMemory:
 def vllm_memory(p: ParamCount, tp: int, dtype: str, gpu_bytes: int, utilization: float) -> VllmMemory:
     """vLLM at tensor-parallel size ``tp``: weights / tp; KV cache = budget - weights (vLLM's
     own activation and CUDA-graph memory are not counted, so the KV figure is an upper bound).
-    KV per token = layers x (k + v: 2 x kv heads (at least one per rank) x head_dim; multi-latent
+    KV per token = softmax-attention layers (Qwen3.5's gated DeltaNet layers keep a fixed state per sequence
+    instead) x (k + v: 2 x kv heads (at least one per rank) x head_dim; multi-latent
     attention: the latent and rotary key, ``kv_lora_rank + qk_rope_head_dim``, on every rank)
     x dtype bytes."""
     s = p.shape
     budget = int(gpu_bytes * utilization)
     weights = int(p.total / tp * DTYPE_BYTES[dtype])
     per_layer = s.kv_lora_rank + s.qk_rope_head_dim if s.mla else max(1, s.kv_heads // tp) * (s.head_dim + s.v_dim)
-    kv_per_token = s.layers * per_layer * DTYPE_BYTES[dtype]
+    kv_per_token = (s.layers - s.linear_layers) * per_layer * DTYPE_BYTES[dtype]  # gated DeltaNet: a state, no KV
     return VllmMemory(budget=budget, weights=weights, kv_cache=max(0, budget - weights), kv_bytes_per_token=kv_per_token)

@@ -1,8 +1,8 @@
 """Parameter counts of a decoder-only HF model from its config.json alone (no weights loaded).
 
-Covers the families megarl builds: Llama, Mistral, Qwen2, Qwen3 (dense); Mixtral, Qwen2-MoE,
-Qwen3-MoE, GLM-4.5 (``glm4_moe``) and DeepSeek-V3 / Moonlight (``deepseek_v3``) (MoE), and
-DeepSeek-V2 (``deepseek_v2``, counted only). What is counted:
+Covers the families megarl builds: Llama, Mistral, Qwen2, Qwen3, Qwen3.5 text (dense); Mixtral, Qwen2-MoE,
+Qwen3-MoE, GLM-4.5 (``glm4_moe``), DeepSeek-V3 / Moonlight (``deepseek_v3``), GPT-OSS, Qwen3-Next and Qwen3.5-MoE
+(MoE), and DeepSeek-V2 (``deepseek_v2``, counted only). What is counted:
 
 * embeddings and a tied or untied LM head; RMS norms (two per layer, the final one);
 * attention: GQA (q/k/v biases: Qwen2 always, Qwen2-MoE per ``qkv_bias``, GLM-4.5 per
@@ -10,13 +10,18 @@ DeepSeek-V2 (``deepseek_v2``, counted only). What is counted:
   ``use_qk_norm`` q/k norms) or DeepSeek's multi-latent attention (``q_lora_rank`` (null: one
   ``q_proj``), ``kv_lora_rank``, ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``,
   the q/kv latent norms, ``attention_bias`` on q_a / kv_a / o);
+* Qwen3.5's (dense, MoE) and Qwen3-Next's hybrid layers: gated attention (q_proj holds a gate per head) on their
+  ``full_attention`` layers, gated DeltaNet on their ``linear_attention`` layers (input projections of q, k, v, z and the beta / alpha gates,
+  the q/k/v convolution, ``A_log``, ``dt_bias``, the gated norm, the output projection; which layers: ``layer_types``
+  or ``full_attention_interval``);
 * dense SwiGLU MLPs (``intermediate_size``) and MoE layers: the router, routed experts from
   whichever field the family spells (``num_experts``, ``num_local_experts``,
   ``n_routed_experts``) of ``moe_intermediate_size``, shared experts (Qwen2-MoE:
   ``shared_expert_intermediate_size`` + its sigmoid gate; DeepSeek / GLM:
   ``n_shared_experts x moe_intermediate_size``) and the router's score-correction bias
   (``e_score_correction_bias`` of DeepSeek-V3 / GLM-4.5, a buffer in HF and megatron, held
-  in memory all the same);
+  in memory all the same); GPT-OSS's router bias and expert biases (``2 x I + hidden`` per expert) and its
+  attention sinks (one per head and layer);
 * which layers are MoE: Qwen's ``mlp_only_layers`` / ``decoder_sparse_step``; DeepSeek's / GLM's
   ``first_k_dense_replace`` (dense first) and ``moe_layer_freq`` (every n-th after that).
 
@@ -32,11 +37,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from megarl.config.rules.model import hybrid_layer_types
+
 __all__ = ["ModelShape", "ParamCount", "count_params", "load_shape"]
 
 _EXPERT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts")
 _DEEPSEEK_MOE = ("deepseek_v2", "deepseek_v3", "glm4_moe")  # first_k_dense_replace, n_shared_experts
-_ROUTER_BIAS = ("deepseek_v3", "glm4_moe")  # sigmoid router with e_score_correction_bias
+_ROUTER_BIAS = ("deepseek_v3", "glm4_moe", "gpt_oss")  # e_score_correction_bias; GPT-OSS's router bias
+_GPT_OSS = ("gpt_oss",)  # expert biases (gate_up, down), attention sinks, q/k/v/o biases by default
 
 
 def _moe_layer_count(c: dict[str, Any], model_type: str, layers: int) -> int:
@@ -78,7 +86,16 @@ class ModelShape:
     experts_per_token: int = 0
     shared_expert_ffn: int = 0  # all shared experts of a layer together
     shared_expert_gate: bool = False  # Qwen2-MoE's sigmoid gate on the shared expert
-    router_bias: bool = False  # DeepSeek-V3 / GLM-4.5 e_score_correction_bias
+    router_bias: bool = False  # DeepSeek-V3 / GLM-4.5 e_score_correction_bias, GPT-OSS's router bias
+    expert_bias: bool = False  # GPT-OSS: biases on each expert's projections
+    attention_sinks: bool = False  # GPT-OSS: one sink logit per head
+    attention_gate: bool = False  # Qwen3.5: q_proj holds a gate per head
+    linear_layers: int = 0  # Qwen3.5: gated DeltaNet layers among `layers` (no KV cache)
+    linear_key_dim: int = 0  # their key heads x key head dim
+    linear_value_dim: int = 0  # value heads x value head dim
+    linear_value_heads: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv: int = 0  # convolution width
     moe_layers: int = 0  # how many of `layers` are MoE layers
 
     @property
@@ -102,9 +119,11 @@ class ModelShape:
         if experts and model_type in _DEEPSEEK_MOE:
             moe["shared_expert_ffn"] = (c.get("n_shared_experts") or 0) * moe["expert_ffn"]
             moe["router_bias"] = model_type in _ROUTER_BIAS
+        elif experts and model_type in _GPT_OSS:
+            moe.update(router_bias=True, expert_bias=True)
         elif experts and c.get("shared_expert_intermediate_size"):
             moe.update(shared_expert_ffn=c["shared_expert_intermediate_size"], shared_expert_gate=True)
-        bias = bool(c.get("attention_bias", False))
+        bias = bool(c.get("attention_bias", model_type in _GPT_OSS))  # GPT-OSS: biased unless it says not
         attention: dict[str, Any]
         if c.get("kv_lora_rank"):  # DeepSeek multi-latent attention
             attention = dict(kv_heads=heads, head_dim=c["qk_nope_head_dim"] + c["qk_rope_head_dim"],
@@ -117,7 +136,16 @@ class ModelShape:
                              head_dim=c.get("head_dim") or hidden // heads, qkv_bias=qkv_bias,
                              out_bias=bias and model_type not in ("qwen2", "qwen2_moe", "glm4_moe"),
                              qk_norm=model_type in ("qwen3", "qwen3_moe") or (
-                                 model_type == "glm4_moe" and bool(c.get("use_qk_norm", False))))
+                                 model_type == "glm4_moe" and bool(c.get("use_qk_norm", False))),
+                             attention_sinks=model_type in _GPT_OSS)
+        kinds = hybrid_layer_types(c) or []
+        if "linear_attention" in kinds:  # Qwen3.5's / Qwen3-Next's gated DeltaNet layers
+            attention.update(
+                attention_gate=True, qk_norm=True, linear_layers=kinds.count("linear_attention"),
+                linear_key_dim=c["linear_num_key_heads"] * c["linear_key_head_dim"],
+                linear_value_dim=c["linear_num_value_heads"] * c["linear_value_head_dim"],
+                linear_value_heads=c["linear_num_value_heads"], linear_value_head_dim=c["linear_value_head_dim"],
+                linear_conv=c.get("linear_conv_kernel_dim") or 4)
         return cls(model_type=model_type, vocab=c["vocab_size"], hidden=hidden, ffn=c["intermediate_size"],
                    layers=layers, heads=heads, tied_embeddings=bool(c.get("tie_word_embeddings", False)),
                    **attention, **moe)
@@ -130,7 +158,8 @@ class ParamCount:
 
     embedding: int
     lm_head: int  # 0 when tied to the embedding
-    attention_and_norms: int  # per layer
+    attention_and_norms: int  # per (softmax) attention layer
+    linear_attention_and_norms: int  # per gated DeltaNet layer (Qwen3.5)
     dense_mlp: int  # per dense layer
     moe_shared: int  # per MoE layer: router (+ its bias) + shared experts (+ gate), replicated over EP
     expert: int  # one routed expert
@@ -142,6 +171,12 @@ class ParamCount:
         return self.shape.layers - self.shape.moe_layers
 
     @property
+    def attention_params(self) -> int:
+        """Every layer's attention (softmax or gated DeltaNet) and norms."""
+        s = self.shape
+        return (s.layers - s.linear_layers) * self.attention_and_norms + s.linear_layers * self.linear_attention_and_norms
+
+    @property
     def expert_params(self) -> int:
         """All routed-expert parameters (sharded over expert parallelism)."""
         return self.shape.moe_layers * self.shape.experts * self.expert
@@ -149,7 +184,7 @@ class ParamCount:
     @property
     def total(self) -> int:
         s = self.shape
-        return (self.embedding + self.lm_head + self.final_norm + s.layers * self.attention_and_norms
+        return (self.embedding + self.lm_head + self.final_norm + self.attention_params
                 + self.dense_layers * self.dense_mlp + s.moe_layers * self.moe_shared + self.expert_params)
 
     @property
@@ -175,7 +210,17 @@ def _attention(s: ModelShape) -> int:
         return q + kv_a + kv_b + s.heads * s.v_head_dim * h + bias
     q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
     return (h * (q + 2 * kv) + q * h + (q + 2 * kv if s.qkv_bias else 0) + (h if s.out_bias else 0)
-            + (2 * s.head_dim if s.qk_norm else 0))
+            + (h * q if s.attention_gate else 0)
+            + (2 * s.head_dim if s.qk_norm else 0) + (s.heads if s.attention_sinks else 0))
+
+
+def _linear_attention(s: ModelShape) -> int:
+    """One gated DeltaNet: in_proj_qkv / z / b / a, the q/k/v convolution, A_log, dt_bias, the gated norm, out_proj."""
+    if not s.linear_layers:
+        return 0
+    qkv = 2 * s.linear_key_dim + s.linear_value_dim
+    return (s.hidden * (qkv + s.linear_value_dim + 2 * s.linear_value_heads) + qkv * s.linear_conv
+            + 2 * s.linear_value_heads + s.linear_value_head_dim + s.linear_value_dim * s.hidden)
 
 
 def count_params(s: ModelShape) -> ParamCount:
@@ -187,7 +232,9 @@ def count_params(s: ModelShape) -> ParamCount:
     return ParamCount(
         embedding=s.vocab * s.hidden, lm_head=0 if s.tied_embeddings else s.vocab * s.hidden,
         attention_and_norms=_attention(s) + 2 * s.hidden, dense_mlp=3 * s.hidden * s.ffn, moe_shared=moe_shared,
-        expert=3 * s.hidden * s.expert_ffn, final_norm=s.hidden, shape=s,
+        linear_attention_and_norms=_linear_attention(s) + 2 * s.hidden if s.linear_layers else 0,
+        expert=3 * s.hidden * s.expert_ffn + (2 * s.expert_ffn + s.hidden if s.expert_bias else 0),
+        final_norm=s.hidden, shape=s,
     )
 
 

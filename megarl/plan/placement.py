@@ -65,9 +65,10 @@ def group_lines(name: str, layout: ParallelLayout, shown: int = 4, compact: bool
     return lines
 
 
-def slot_lines(nnodes: int, per_node: int, roles: dict[str, ParallelLayout], rollout_tp: int) -> list[str]:
-    """One line per GPU: ``node n gpu g rank r: actor dp/tp/pp/cp/ep, rollout replica, ...``."""
-    rollout = ParallelLayout(nnodes * per_node, tp=rollout_tp)
+def slot_lines(nnodes: int, per_node: int, roles: dict[str, ParallelLayout], rollout_tp: int | None) -> list[str]:
+    """One line per GPU: ``node n gpu g rank r: actor dp/tp/pp/cp/ep, rollout replica, ...``
+    (``rollout_tp`` None: no vLLM replica on these GPUs, as with separate_async)."""
+    rollout = None if rollout_tp is None else ParallelLayout(nnodes * per_node, tp=rollout_tp)
     lines = []
     for node in range(nnodes):
         for gpu in range(per_node):
@@ -77,13 +78,14 @@ def slot_lines(nnodes: int, per_node: int, roles: dict[str, ParallelLayout], rol
                 c = layout.coordinates(rank)
                 ep = f" ep{c.ep}" if layout.ep > 1 else ""
                 parts.append(f"{name} dp{c.dp} tp{c.tp} pp{c.pp} cp{c.cp}{ep}")
-            r = rollout.coordinates(rank)
-            parts.append(f"rollout replica {r.dp} tp{r.tp}" + (" (head)" if r.tp == 0 else ""))
+            if rollout is not None:
+                r = rollout.coordinates(rank)
+                parts.append(f"rollout replica {r.dp} tp{r.tp}" + (" (head)" if r.tp == 0 else ""))
             lines.append(f"node {node} gpu {gpu} (rank {rank}): " + "; ".join(parts))
     return lines
 
 
-def _node(ranks: range, roles: dict[str, ParallelLayout], rollout: ParallelLayout) -> tuple[tuple, str, str]:
+def _node(ranks: range, roles: dict[str, ParallelLayout], rollout: ParallelLayout | None) -> tuple[tuple, str, str]:
     """(what the node's ranks hold but for DP index and replica, that as text, the DP indices and
     replicas as text) of one node."""
     shape, parts, shifted = [], [], []
@@ -95,19 +97,20 @@ def _node(ranks: range, roles: dict[str, ParallelLayout], rollout: ParallelLayou
         shape.append((name, tuple((d, tuple(v)) for d, v in dims), len(dp)))
         parts.append(f"{name} " + " ".join(f"{d}{ranks_text(v)}" for d, v in dims))
         shifted.append(f"{name} dp{ranks_text(dp)}")
-    coords = [rollout.coordinates(r) for r in ranks]
-    tps, replicas = sorted({c.tp for c in coords}), sorted({c.dp for c in coords})
-    shape.append(("rollout", tuple(tps), len(replicas)))
-    parts.append(f"rollout tp{ranks_text(tps)}")
-    shifted.append(f"rollout replica {ranks_text(replicas)}")
+    if rollout is not None:
+        coords = [rollout.coordinates(r) for r in ranks]
+        tps, replicas = sorted({c.tp for c in coords}), sorted({c.dp for c in coords})
+        shape.append(("rollout", tuple(tps), len(replicas)))
+        parts.append(f"rollout tp{ranks_text(tps)}")
+        shifted.append(f"rollout replica {ranks_text(replicas)}")
     return tuple(shape), "; ".join(parts), ", ".join(shifted)
 
 
-def node_lines(nnodes: int, per_node: int, roles: dict[str, ParallelLayout], rollout_tp: int) -> list[str]:
+def node_lines(nnodes: int, per_node: int, roles: dict[str, ParallelLayout], rollout_tp: int | None) -> list[str]:
     """One line per run of consecutive nodes whose ranks hold the same TP/PP/CP/EP coordinates
     (their DP indices and rollout replicas shifting from node to node): the coordinates, then
     the DP indices and replicas on the run's first and last node."""
-    rollout = ParallelLayout(nnodes * per_node, tp=rollout_tp)
+    rollout = None if rollout_tp is None else ParallelLayout(nnodes * per_node, tp=rollout_tp)
     runs: list[tuple[tuple, str, list[tuple[int, str]]]] = []
     for node in range(nnodes):
         shape, text, shifted = _node(range(node * per_node, (node + 1) * per_node), roles, rollout)

@@ -17,7 +17,7 @@ def format_plan(plan: Plan, notes: tuple[str, ...] | list[str] = ()) -> str:
     world = plan.nnodes * plan.per_node
     out = [f"megarl plan: {plan.nnodes} node(s) x {plan.per_node} GPU(s) = {world} ranks, "
            f"{plan.gpu_bytes / GIB:g} GiB per GPU; every role is colocated on every GPU"
-           + (" but the teacher" if plan.teacher_pool else "")]
+           + (" but the teacher" if plan.teacher_pool else "") + (" but vLLM" if plan.rollout_pool else "")]
     out += [f"note: {note}" for note in notes]
     if "reward_model" in plan.roles:
         out.append("reward: the reward model (reward.reward_model) on every GPU, scoring after generation")
@@ -28,28 +28,34 @@ def format_plan(plan: Plan, notes: tuple[str, ...] | list[str] = ()) -> str:
         out.append(f"teacher: its own pool of {nodes} node(s) x {gpus} GPU(s) (distillation.nnodes > 0), "
                    f"{plan.gpu_bytes / GIB:g} GiB per GPU")
     layouts = {name: r.layout for name, r in plan.roles.items() if r.pool == TRAINER_POOL}
-    rollout_replicas = world // plan.rollout_tp
-    out.append(f"rollout: {rollout_replicas} vLLM replica(s) of TP={plan.rollout_tp}")
+    if plan.rollout_pool:
+        nodes, gpus = plan.rollout_pool
+        out.append(f"rollout: {nodes * gpus} vLLM engine(s) of TP={plan.rollout_tp}, one per GPU of their own pool of "
+                   f"{nodes} node(s) x {gpus} GPU(s) (trainer.v1.trainer_mode=separate_async), {plan.gpu_bytes / GIB:g} GiB per GPU")
+    else:
+        out.append(f"rollout: {world // plan.rollout_tp} vLLM replica(s) of TP={plan.rollout_tp}")
+    replica_tp = None if plan.rollout_pool else plan.rollout_tp
     out.append("")
     detailed = plan.nnodes <= DETAILED_NODES
     if detailed:
         out.append("placement (node, GPU -> coordinates):")
-        out += ["  " + line for line in slot_lines(plan.nnodes, plan.per_node, layouts, plan.rollout_tp)]
+        out += ["  " + line for line in slot_lines(plan.nnodes, plan.per_node, layouts, replica_tp)]
     else:
         out.append("placement per run of alike nodes (coordinates; DP indices and replicas shift node to node):")
-        out += ["  " + line for line in node_lines(plan.nnodes, plan.per_node, layouts, plan.rollout_tp)]
+        out += ["  " + line for line in node_lines(plan.nnodes, plan.per_node, layouts, replica_tp)]
     out.append("")
     for name, r in plan.roles.items():
         out += group_lines(name, r.layout, compact=not detailed)
     out.append("")
     out.append("memory per GPU, GiB (estimate; see megarl/plan/memory.py for the model):")
     out.append(f"  {'role':<13}{'params(B)':>10}{'weights':>9}{'grads':>8}{'optim':>8}{'optim unsharded':>16}"
-               f"{'offloaded between phases':>26}{'act train':>11}{'act fwd':>9}")
+               f"{'optim on host':>14}{'offloaded between phases':>26}{'act train':>11}{'act fwd':>9}")
     for name, r in plan.roles.items():
         m = r.memory
         offload = r.offloaded
         out.append(f"  {name:<13}{r.params.total / 1e9:>10.3f}{_g(m.params):>9}{_g(m.grads):>8}{_g(m.optimizer):>8}"
-                   f"{_g(m.optimizer_full):>16}{_g(offload):>26}{_g(m.activations_train):>11}{_g(m.activations_forward):>9}")
+                   f"{_g(m.optimizer_full):>16}{_g(m.optimizer_host):>14}{_g(offload):>26}{_g(m.activations_train):>11}"
+                   f"{_g(m.activations_forward):>9}")
     v = plan.vllm
     out.append(f"  vLLM: budget {_g(v.budget)} = weights {_g(v.weights)} + KV cache {_g(v.kv_cache)} "
                f"({v.kv_tokens} tokens at {v.kv_bytes_per_token} B/token)")

@@ -17,7 +17,8 @@ from pathlib import Path
 __all__ = ["GPU_LOCK", "in_gpu_stack", "shipped_distributions"]
 
 GPU_LOCK = Path(__file__).resolve().parents[2] / "requirements" / "gpu-lock.txt"
-DISTRIBUTION_OF = {"fused_weight_gradient_mlp_cuda": "apex"}  # import names unlike their distribution's
+DISTRIBUTION_OF = {"fused_weight_gradient_mlp_cuda": "apex", "fla": "flash-linear-attention"}  # import names unlike
+# their distribution's
 
 
 def _canonical(name: str) -> str:

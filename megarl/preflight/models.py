@@ -19,11 +19,11 @@ def model_support(v: View) -> Iterator[Issue]:
     for role, hf in built_models(v):
         where = f"{v.path(role.model_path)}/config.json"
         model_type = hf.get("model_type")
+        reason = unsupported_reason(types.SimpleNamespace(**hf))
         if model_type not in SUPPORTED_MODEL_TYPES:
-            yield Issue(role.model_path, v.get(role.model_path), f"model_type {model_type!r} in config.json is not supported by megarl",
+            yield Issue(role.model_path, v.get(role.model_path), f"{where}: {reason}",
                         f"use a model of type: {', '.join(SUPPORTED_MODEL_TYPES)}")
             continue
-        reason = unsupported_reason(types.SimpleNamespace(**hf))
         if reason:
             fix = f"use a supported model, or override the field with {role.override_config}" if role.override_config else "use a supported model"
             yield Issue(role.model_path, v.get(role.model_path), f"{where}: {reason}", fix)

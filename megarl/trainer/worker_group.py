@@ -94,10 +94,15 @@ class WorkerHost:
             return result if _keep_result else None
         except Exception as error:
             trace = traceback.format_exc()
+            text = str(error)
+            if type(error).__name__ == "OutOfMemoryError":  # torch's; the memory by pool while it is still held
+                from megarl.utils.gpu_memory import oom_report
+
+                text = f"{text.splitlines()[0] if text else ''}\n{oom_report()}"
             raise WorkerError(
                 f"rank {os.environ.get('RANK')}: {type(self.worker).__name__}.{method} failed:\n{trace}",
                 rank=int(os.environ.get("RANK", "-1")), pid=os.getpid(), method=method, error_type=type(error).__name__,
-                error_text=str(error), remote_traceback=trace,
+                error_text=text, remote_traceback=trace,
             ) from error
 
 

@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-__all__ = ["device_used_gib", "phase_memory"]
+__all__ = ["device_used_gib", "oom_report", "phase_memory"]
 
 GIB = 2**30
 
@@ -32,6 +32,30 @@ def _vllm_pool_bytes() -> int:
     cumem = sys.modules.get("vllm.device_allocator.cumem")
     allocator = getattr(getattr(cumem, "CuMemAllocator", None), "instance", None)
     return allocator.get_current_usage() if allocator is not None else 0
+
+
+def _vllm_pool_by_tag() -> dict[str, int]:
+    """vLLM's sleep-mode pool by tag (``weights``, ``kv_cache``), bytes; {} without one. The handle's
+    second field is its size, as ``CuMemAllocator.get_current_usage`` reads it (vLLM 0.20-0.32)."""
+    cumem = sys.modules.get("vllm.device_allocator.cumem")
+    allocator = getattr(getattr(cumem, "CuMemAllocator", None), "instance", None)
+    tags: dict[str, int] = {}
+    for data in getattr(allocator, "pointer_to_data", {}).values():
+        tags[data.tag] = tags.get(data.tag, 0) + data.handle[1]
+    return tags
+
+
+def oom_report() -> str:
+    """One line on this GPU's memory when an allocation failed: the device (every process), this
+    process's torch allocator (Megatron's tensors) and vLLM's pool by tag."""
+    if not torch.cuda.is_available():
+        return "memory: no CUDA device in this process"
+    free, total = torch.cuda.mem_get_info()
+    pool = _vllm_pool_by_tag()
+    vllm = ", ".join(f"{tag} {size / GIB:.1f}" for tag, size in sorted(pool.items())) or "none"
+    return (f"memory (GiB): GPU {(total - free) / GIB:.1f} of {total / GIB:.1f} in use (every process); this process: "
+            f"torch allocated {(torch.cuda.memory_allocated() - sum(pool.values())) / GIB:.1f} and reserved "
+            f"{torch.cuda.memory_reserved() / GIB:.1f} beside vLLM's pool (allocated through torch, mapped or asleep: {vllm})")
 
 
 def phase_memory(phase: str) -> dict[str, float]:

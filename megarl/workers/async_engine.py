@@ -127,19 +127,27 @@ class AsyncEngine:
         """Run ``coroutines`` concurrently while stepping the engine; their results in order.
 
         A coroutine that raises fails the call after its siblings' requests are aborted (the
-        engine is left empty for the next batch)."""
+        engine is left empty for the next batch). An engine step that raises fails the call with
+        that error at once (no request could finish any more)."""
 
         async def main() -> list[T]:
             work = asyncio.gather(*coroutines)
             driver = asyncio.ensure_future(self.drive(work.done))
             try:
+                await asyncio.wait({work, driver}, return_when=asyncio.FIRST_COMPLETED)
+                if not work.done():  # the driver died: the engine's step raised
+                    work.cancel()
+                    await asyncio.gather(work, return_exceptions=True)
+                    driver.result()
                 return await work
             finally:
-                await driver
-                if self._pending:
+                if not driver.done():
+                    await driver
+                engine_failed = driver.cancelled() or driver.exception() is not None
+                if self._pending and not engine_failed:
                     self.engine.abort_request(list(self._pending))
-                    for future in self._pending.values():
-                        future.cancel()
-                    self._pending.clear()
+                for future in self._pending.values():
+                    future.cancel()
+                self._pending.clear()
 
         return asyncio.run(main())

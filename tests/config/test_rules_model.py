@@ -133,3 +133,69 @@ def test_lora_keys_are_checked_up_front(make):
         issue_for(make({key: value}), key, "not supported")
     issue_for(make({"actor_rollout_ref.model.lora_rank": 8}), "actor_rollout_ref.model.lora_rank",
               "actor_rollout_ref.model.lora.rank / alpha / target_modules")
+
+
+GPT_OSS = {"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"], "num_local_experts": 4,
+           "num_experts_per_tok": 2, "sliding_window": 8, "head_dim": 16, "hidden_act": "silu"}
+M = "actor_rollout_ref.actor.megatron"
+
+
+def test_gpt_oss_is_accepted_without_expert_tensor_parallelism(make):
+    no_issues(make(hf=GPT_OSS))
+    tp2 = {"trainer.n_gpus_per_node": 2, f"{M}.tensor_model_parallel_size": 2}
+    no_issues(make({**tp2, f"{M}.expert_tensor_parallel_size": 1}, hf=GPT_OSS))
+    # its biased experts: expert TP (by default the TP size) is refused by key
+    issue_for(make(tp2, hf=GPT_OSS), f"{M}.expert_tensor_parallel_size",
+              "experts have biases", "expert_tensor_parallel_size=1")
+
+
+def test_gpt_oss_mxfp4_checkpoint_is_refused_with_the_dequantizing_fix(make):
+    mxfp4 = {**GPT_OSS, "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": ["router"]}}
+    issue_for(make(hf=mxfp4), P, "quant_method 'mxfp4'", "Mxfp4Config(dequantize=True)")
+
+
+def test_nemotron_h_is_refused_naming_what_megarl_lacks(make):
+    issue_for(make(hf={"model_type": "nemotron_h"}), P, "model_type 'nemotron_h'", "Mamba-2 layers", "mamba-ssm",
+              "megarl does not build this family yet")
+
+
+QWEN3_5 = {"model_type": "qwen3_5_text", "architectures": ["Qwen3_5ForCausalLM"], "head_dim": 16,
+           "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+           "linear_conv_kernel_dim": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+           "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+           "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}}
+
+
+R = "actor_rollout_ref.rollout"
+HYBRID_ROLLOUT = {f"{R}.enable_chunked_prefill": True, f"{R}.dtype": "bfloat16"}
+
+
+def test_qwen3_5_text_is_accepted_and_its_deltanet_fields_are_required(make):
+    no_issues(make(HYBRID_ROLLOUT, hf=QWEN3_5))
+    issue_for(make(HYBRID_ROLLOUT, hf={**QWEN3_5, "linear_num_value_heads": None}), P, "lacks linear_num_value_heads")
+    issue_for(make(HYBRID_ROLLOUT, hf={**QWEN3_5, "layer_types": ["full_attention"] * 3}), P, "layer_types")
+
+
+def test_qwen3_5_rollout_needs_chunked_prefill_with_prefix_caching_and_bf16_on_cpu(make):
+    issue_for(make({**HYBRID_ROLLOUT, f"{R}.enable_chunked_prefill": False}, hf=QWEN3_5), f"{R}.enable_chunked_prefill",
+              "gated DeltaNet", "enable_prefix_caching=false")
+    no_issues(make({**HYBRID_ROLLOUT, f"{R}.enable_chunked_prefill": False, f"{R}.enable_prefix_caching": False},
+                   hf=QWEN3_5))
+    issue_for(make({**HYBRID_ROLLOUT, f"{R}.dtype": "float32"}, hf=QWEN3_5), f"{R}.dtype", "bfloat16 only")
+
+
+def test_qwen3_5_on_cuda_needs_flash_linear_attention(make):
+    issue_for(make({**HYBRID_ROLLOUT, "trainer.device": "cuda"}, hf=QWEN3_5), P, "flash-linear-attention")
+
+
+QWEN3_NEXT = {"model_type": "qwen3_next", "architectures": ["Qwen3NextForCausalLM"], "head_dim": 16,
+              "full_attention_interval": 4, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 16,
+              "linear_value_head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 4, "num_experts": 4,
+              "num_experts_per_tok": 2, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48}
+
+
+def test_qwen3_next_is_accepted_from_its_full_attention_interval(make):
+    no_issues(make(HYBRID_ROLLOUT, hf=QWEN3_NEXT))  # its checkpoints give full_attention_interval, no layer_types
+    issue_for(make(HYBRID_ROLLOUT, hf={**QWEN3_NEXT, "shared_expert_intermediate_size": None}), P,
+              "lacks shared_expert_intermediate_size")
+    issue_for(make({**HYBRID_ROLLOUT, f"{R}.dtype": "float32"}, hf=QWEN3_NEXT), f"{R}.dtype", "bfloat16 only")

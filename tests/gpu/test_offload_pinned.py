@@ -12,10 +12,10 @@ pytestmark = pytest.mark.gpu
 def test_pinned_offload_buffer_is_exact_and_page_locked():
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    from megarl.workers.megatron.offload import _pinned
+    from megarl.compat.pinned_memory import exact_pinned
 
     nbytes = 3 * 2**20 + 5  # not a power of two
-    storage = _pinned(nbytes)
+    storage = exact_pinned(nbytes)
     assert storage.nbytes() == nbytes
     host = torch.empty(0, dtype=torch.uint8).set_(storage)
     assert host.is_pinned()

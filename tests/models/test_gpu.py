@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers.dist_utils import run_distributed
-from hf_tiny import make_tiny_hf, padded_batch
+from hf_tiny import assert_matches_hf, make_tiny_hf, padded_batch
 from mcore_body import convert_and_forward
-from test_megatron_vs_hf import _check, _check_grads
+from test_megatron_vs_hf import _check_grads
 
 
 @pytest.mark.gpu
@@ -29,6 +29,6 @@ def test_cuda_logprobs_grads_and_roundtrip(megatron_cfg, tmp_path):
         cases.append({"hf_dir": hf_dir, "batch": padded_batch(96), "packed": False, "grad": grad})
     per_rank = run_distributed(convert_and_forward, 2, megatron_cfg, cases, "cuda", timeout=300)
     for index, case in enumerate(cases):
-        _check(case["hf_dir"], case["batch"], [r[index] for r in per_rank], False)
+        assert_matches_hf(case["hf_dir"], case["batch"], [r[index] for r in per_rank], False)
         if case["grad"]:
             _check_grads(case["hf_dir"], case["batch"], [r[index]["grads"] for r in per_rank])

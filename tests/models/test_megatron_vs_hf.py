@@ -19,9 +19,8 @@ import pytest
 import torch
 import transformers
 from helpers.dist_utils import run_distributed
-from hf_tiny import MOE_FAMILIES, checkpoint_named_grads, hf_token_log_probs, make_tiny_hf, padded_batch
+from hf_tiny import MOE_FAMILIES, assert_matches_hf, checkpoint_named_grads, make_tiny_hf, padded_batch
 from mcore_body import convert_and_forward
-from safetensors.torch import load_file
 
 # layout name -> (world size, megatron cfg, models run in that layout)
 LAYOUTS = {
@@ -67,29 +66,6 @@ def hf_dirs(tmp_path_factory):
     return dirs
 
 
-def _check(hf_dir: str, batch, per_rank: list[dict], packed: bool) -> None:
-    input_ids, attention_mask, position_ids = batch
-    expected = hf_token_log_probs(hf_dir, input_ids, attention_mask, position_ids)
-    # Next-token log-probs where both the token and its context position are real.
-    valid = (attention_mask[:, :-1] * attention_mask[:, 1:]).bool()
-    results = [r["result"] for r in per_rank if r["result"] is not None]
-    packed_results = [r["packed"] for r in per_rank if r["packed"] is not None]
-    assert len(packed_results) == (len(per_rank) if packed else 0)
-    results += packed_results
-    assert results, "no rank returned log-probs"
-    for got in results:
-        assert got.shape == expected.shape
-        torch.testing.assert_close(got[valid], expected[valid], atol=1e-5, rtol=1e-5)
-
-    saved = load_file(f"{hf_dir}/model.safetensors")
-    for rank_result in per_rank:
-        exported = rank_result["export"]
-        assert list(exported) == list(dict.fromkeys(exported))  # no duplicates
-        assert set(exported) == set(saved)
-        for name, tensor in saved.items():
-            assert torch.equal(exported[name], tensor), name
-
-
 def _check_grads(hf_dir: str, batch, per_rank_grads: list[dict]) -> None:
     """Megatron gradients (exported to HF layout) equal HF autograd's for the same loss."""
     input_ids, attention_mask, position_ids = batch
@@ -128,7 +104,7 @@ def test_logprobs_and_roundtrip(layout, hf_dirs):
                       "grad": grad})
     per_rank = run_distributed(convert_and_forward, world, megatron_cfg, cases, timeout=240)
     for index, case in enumerate(cases):
-        _check(case["hf_dir"], case["batch"], [r[index] for r in per_rank], case["packed"])
+        assert_matches_hf(case["hf_dir"], case["batch"], [r[index] for r in per_rank], case["packed"])
         # CPU: sequential experts (grouped GEMM only where the transformer-engine spec runs)
         assert all(r[index]["experts"] in ([], ["SequentialMLP"]) for r in per_rank)
         if case["grad"]:

@@ -26,6 +26,25 @@ def test_hand_computed_rank_memory_dp2():
     assert m.activations_forward == 83200 + 300000
 
 
+def test_cpu_optimizer_splits_the_state_between_host_and_gpu():
+    """Megatron's CPU optimizer at fraction f (precision-aware, DP=2: 69152 parameters in this rank's share):
+    f of the share on the host at 16 bytes (fp32 main param, exp_avg, exp_avg_sq, gradient copy), 1 - f on
+    the GPU at 12 (fp32 copy, exp_avg, exp_avg_sq) + 4 for an fp32 gradient copy under bf16 main grads;
+    the gradient buffer stays whole on the GPU."""
+    share = 138304 // 2
+    for f, main_grads, gpu_per_param, grad_bytes in ((0.5, "fp32", 6, 4), (0.5, "bf16", 8, 2), (1.0, "fp32", 0, 4),
+                                                       (0.25, "fp32", 9, 4)):
+        setup = TrainSetup(dtype="bfloat16", trainable=True, tokens=100, forward_tokens=50, main_grads_dtype=main_grads,
+                           cpu_offload_fraction=f)
+        m = rank_memory(TINY, ParallelLayout(world_size=2), setup)
+        assert m.grads == grad_bytes * 138304
+        assert m.optimizer == m.optimizer_sharded == gpu_per_param * share
+        assert m.optimizer_host == 16 * f * share
+    plain = rank_memory(TINY, ParallelLayout(world_size=2), TrainSetup(dtype="bfloat16", trainable=True, tokens=100,
+                                                                      forward_tokens=50))
+    assert plain.optimizer_host == 0 and plain.optimizer == 12 * share
+
+
 def test_pipeline_peak_is_the_first_stage_or_the_last_not_both():
     """1F1B at PP=2: the first stage holds 2 micro-batches of its 1 layer (no logits), the last
     stage 1 micro-batch of its layer plus the logits; the peak is the larger, not their sum."""

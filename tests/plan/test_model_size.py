@@ -35,6 +35,22 @@ CONFIGS = {
         moe_intermediate_size=24, q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4,
         v_head_dim=12, **COMMON),
     # GLM-4.5: q/k/v biases (none on o), q/k norms, one dense layer first, router bias (a buffer)
+    # GPT-OSS: q/k/v/o biases, attention sinks, router bias, expert biases (experts stacked in one tensor)
+    "gpt_oss": lambda: T.GptOssConfig(num_hidden_layers=2, num_local_experts=4, num_experts_per_tok=2, head_dim=16,
+                                      **COMMON),
+    # Qwen3.5 text: three gated DeltaNet layers, one gated-attention layer (q_proj holds a gate per head)
+    "qwen3_5_text": lambda: T.Qwen3_5TextConfig(
+        num_hidden_layers=4, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+        linear_value_head_dim=12, linear_conv_kernel_dim=4, tie_word_embeddings=True, **COMMON),
+    "qwen3_5_moe_text": lambda: T.Qwen3_5MoeTextConfig(
+        num_hidden_layers=4, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+        linear_value_head_dim=12, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+        shared_expert_intermediate_size=40, **COMMON),
+    # Qwen3-Next: the same hybrid (every 2nd layer full attention), MoE with a gated shared expert in every layer
+    "qwen3_next": lambda: T.Qwen3NextConfig(
+        num_hidden_layers=4, full_attention_interval=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=8, linear_value_head_dim=12, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+        shared_expert_intermediate_size=40, **COMMON),
     "glm4_moe": lambda: T.Glm4MoeConfig(
         num_hidden_layers=3, first_k_dense_replace=1, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
         moe_intermediate_size=24, head_dim=16, attention_bias=True, use_qk_norm=True, partial_rotary_factor=0.5,
@@ -100,24 +116,45 @@ GLM45_AIR = dict(
 GLM45 = {**GLM45_AIR, "hidden_size": 5120, "intermediate_size": 12288, "moe_intermediate_size": 1536,
          "num_hidden_layers": 92, "first_k_dense_replace": 3, "n_routed_experts": 160, "use_qk_norm": True}
 
-PUBLISHED = {  # name: (config, total, active or None, whether active counts embedding and head)
-    "Qwen2.5-7B": (QWEN25_7B, 7.62e9, None, True),
-    "Mixtral-8x7B": (MIXTRAL_8X7B, 46.7e9, 12.9e9, True),
-    "Qwen3-30B-A3B": (QWEN3_30B_A3B, 30.5e9, 3.3e9, True),
-    "DeepSeek-V3": (DEEPSEEK_V3, 671e9, 37e9, True),
-    "Moonlight-16B-A3B": (MOONLIGHT_16B_A3B, 16e9, 3e9, True),
-    "GLM-4.5-Air": (GLM45_AIR, 106e9, 12e9, False),
-    "GLM-4.5": (GLM45, 355e9, 32e9, False),
+# openai/gpt-oss-20b config.json (tests/fixtures/verl_scripts/models/gpt-oss-20b) and gpt-oss-120b's (36 layers,
+# 128 experts, the rest alike); 20.91 B / 3.61 B active and 116.83 B / 5.13 B active (OpenAI's model card, whose
+# active counts leave the embedding out and keep the unembedding)
+GPT_OSS_20B = dict(
+    model_type="gpt_oss", vocab_size=201088, hidden_size=2880, intermediate_size=2880, num_hidden_layers=24,
+    num_attention_heads=64, num_key_value_heads=8, head_dim=64, num_local_experts=32, num_experts_per_tok=4,
+    sliding_window=128, tie_word_embeddings=False)
+GPT_OSS_120B = {**GPT_OSS_20B, "num_hidden_layers": 36, "num_local_experts": 128}
+
+# Qwen/Qwen3-Next-80B-A3B-Instruct config.json (tests/fixtures/verl_scripts/models/Qwen3-Next-80B-A3B: no
+# layer_types, full_attention_interval 4); 80 B total (its card; its multi-token-prediction layer not counted)
+QWEN3_NEXT_80B = dict(
+    model_type="qwen3_next", vocab_size=151936, hidden_size=2048, intermediate_size=5120, moe_intermediate_size=512,
+    shared_expert_intermediate_size=512, num_hidden_layers=48, full_attention_interval=4, num_attention_heads=16,
+    num_key_value_heads=2, head_dim=256, linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_num_key_heads=16,
+    linear_num_value_heads=32, linear_value_head_dim=128, num_experts=512, num_experts_per_tok=10, decoder_sparse_step=1,
+    tie_word_embeddings=False)
+
+PUBLISHED = {  # name: (config, total, active or None, what the active count leaves out)
+    "Qwen2.5-7B": (QWEN25_7B, 7.62e9, None, ()),
+    "Mixtral-8x7B": (MIXTRAL_8X7B, 46.7e9, 12.9e9, ()),
+    "Qwen3-30B-A3B": (QWEN3_30B_A3B, 30.5e9, 3.3e9, ()),
+    "DeepSeek-V3": (DEEPSEEK_V3, 671e9, 37e9, ()),
+    "Moonlight-16B-A3B": (MOONLIGHT_16B_A3B, 16e9, 3e9, ()),
+    "GLM-4.5-Air": (GLM45_AIR, 106e9, 12e9, ("embedding", "lm_head")),
+    "GLM-4.5": (GLM45, 355e9, 32e9, ("embedding", "lm_head")),
+    "gpt-oss-20b": (GPT_OSS_20B, 20.91e9, 3.61e9, ("embedding",)),
+    "gpt-oss-120b": (GPT_OSS_120B, 116.83e9, 5.13e9, ("embedding",)),
+    "Qwen3-Next-80B-A3B": (QWEN3_NEXT_80B, 80e9, None, ()),
 }
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_published_totals(name):
-    config, total, active, with_embeddings = PUBLISHED[name]
+    config, total, active, left_out = PUBLISHED[name]
     p = count_params(ModelShape.from_hf_config(config))
     assert p.total == pytest.approx(total, rel=0.015)
     if active is not None:
-        counted = p.active if with_embeddings else p.active - p.embedding - p.lm_head
+        counted = p.active - sum(getattr(p, part) for part in left_out)
         # published active counts are rounded to one or two digits ("3B", "12B")
         assert counted == pytest.approx(active, rel=0.05 if active < 10e9 else 0.02)
 

@@ -10,7 +10,7 @@ import pytest
 from megarl.config import resolve_config
 from megarl.config.compose import load_config
 from megarl.plan.__main__ import main as plan_main
-from megarl.plan.build import GIB, build_plan
+from megarl.plan.build import GIB, build_plan, host_terms
 from megarl.plan.placement import groups, node_lines, ranks_text
 from megarl.plan.report import format_plan
 from megarl.parallel.layout import ParallelLayout
@@ -97,6 +97,7 @@ def test_7b_tp1_is_refused_naming_the_keys(tmp_path, capsys):
     assert "actor_rollout_ref.actor.megatron.tensor_model_parallel_size" in text
     assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu" in text
     assert "actor_rollout_ref.actor.megatron.use_distributed_optimizer=true" in text
+    assert "override_optimizer_config.optimizer_cpu_offload=true" in text  # Megatron's CPU optimizer
     assert plan.phases["update_actor"].total > 80 * GIB
 
 
@@ -159,6 +160,39 @@ def test_grad_offload_keeps_the_gradients_alone_on_the_host(tmp_path):
     assert "actor grads" not in gen and gen["actor params"] == total and gen["actor optimizer"] == 6 * total
     assert plan.roles["actor"].offloaded == 2 * total
     assert "actor grads" in plan.phases["update_actor"].terms
+
+
+def _cpu_optimizer(fraction: float) -> tuple[str, ...]:
+    """verl's keys for Megatron's CPU optimizer (its MoE scripts)."""
+    o = "actor_rollout_ref.actor.optim.override_optimizer_config"
+    return (f"+{o}.optimizer_cpu_offload=true", f"+{o}.optimizer_offload_fraction={fraction}",
+            f"+{o}.overlap_cpu_optimizer_d2h_h2d=true", f"+{o}.use_precision_aware_optimizer=true")
+
+
+def test_cpu_optimizer_state_is_in_host_memory_for_good(tmp_path):
+    """7B at TP=2 on 2 GPUs, offloaded as verl's scripts, Megatron's CPU optimizer at fraction 0.5: per GPU
+    3.8B parameters -> 16 bytes x half of them on the host for the run, 12 x the other half on the GPU
+    (which optimizer_offload moves between phases); at fraction 1 no optimizer state on the GPU at all."""
+    total = 7_615_616_512  # parameters; bf16 over TP=2 -> `total` bytes per GPU
+    half = build_plan(_cfg(tmp_path, *GRPO_KL_TP2, *OFFLOAD, *_cpu_optimizer(0.5), nodes=1, gpus=2),
+                      gpu_memory_gib=80, host_memory_gib=2048)
+    actor = half.roles["actor"].memory
+    assert (actor.optimizer, actor.optimizer_host, actor.grads) == (3 * total, 4 * total, 2 * total)
+    assert half.phases["update_actor"].terms["actor optimizer"] == 3 * total
+    copies = total + 2 * total + 3 * total + total  # actor params, grads, optimizer (GPU part); ref params
+    assert host_terms(half) == {f"offload copies (2 GPUs x {copies / GIB:.1f})": 2 * copies,
+                                f"CPU optimizer (2 GPUs x {4 * total / GIB:.1f})": 2 * 4 * total,
+                                "worker processes (2 x 20)": 2 * 20 * GIB}
+    whole = build_plan(_cfg(tmp_path, *GRPO_KL_TP2, *OFFLOAD, *_cpu_optimizer(1), nodes=1, gpus=2),
+                       gpu_memory_gib=80, host_memory_gib=2048)
+    assert whole.roles["actor"].memory.optimizer_host == 8 * total
+    assert "actor optimizer" not in whole.phases["update_actor"].terms and "actor optimizer" not in whole.phases["init"].terms
+    small = build_plan(_cfg(tmp_path, *GRPO_KL_TP2, *OFFLOAD, *_cpu_optimizer(1), nodes=1, gpus=2),
+                       gpu_memory_gib=80, host_memory_gib=100)
+    issue = next(i for i in small.issues if i.key == "trainer.memory_plan.host_memory_gib")
+    assert "the CPU optimizer's state" in issue.problem
+    assert "override_optimizer_config.optimizer_offload_fraction" in issue.fix
+    assert "actor_rollout_ref.actor.megatron.optimizer_offload" not in issue.fix  # it moves nothing at fraction 1
 
 
 def test_vllm_budget_without_room_for_kv_is_refused(tmp_path):

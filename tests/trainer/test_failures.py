@@ -139,3 +139,60 @@ def test_checkpoint_lock_config_and_unknown_errors_have_their_codes(tmp_path, ca
 def test_log_file_falls_back_to_the_temp_dir_when_the_run_dir_cannot_be_written(tmp_path, capsys):
     failure = _explain(RuntimeError("x"), run_dir="/proc/megarl-cannot-write-here")
     assert failure.log_file and os.path.isfile(failure.log_file) and not failure.log_file.startswith("/proc")
+
+
+class _OutOfMemoryWorker:
+    def update_actor(self):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+                                     "79.19 GiB of which 1.06 GiB is free.\nIf reserved but unallocated memory is large "
+                                     "try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+
+    generate_sequences = update_actor
+
+
+@pytest.mark.parametrize("phase,method,keys", [
+    ("update_actor", "update_actor", ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+                                      "recompute_granularity=full", "pipeline_model_parallel_size")),
+    ("gen", "generate_sequences", ("actor_rollout_ref.rollout.gpu_memory_utilization",
+                                   "actor_rollout_ref.actor.megatron.param_offload")),
+])
+def test_out_of_memory_gives_the_memory_by_pool_and_the_phases_keys(tmp_path, capsys, monkeypatch, phase, method, keys):
+    """A worker's torch OutOfMemoryError goes through the worker host (which adds the GPU's memory by
+    pool while it is still held) and the controller (the keys the plan names for that phase)."""
+    from megarl.trainer.worker_group import WorkerError, WorkerHost
+
+    host = WorkerHost.__new__(WorkerHost)  # the Ray actor's body, without Ray
+    host.worker = _OutOfMemoryWorker()
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(WorkerError) as info:
+        host.call(method)
+    error = info.value
+    error.group = "actor_rollout_ref"
+    assert error.error_type == "OutOfMemoryError"
+    first, report = error.error_text.splitlines()
+    assert first.startswith("CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert report.startswith("memory (GiB): GPU" if torch.cuda.is_available() else "memory: no CUDA device"), report
+    code, err = _report(_explain(error, phase=phase, tmp_path=tmp_path), capsys)
+    assert code == 7
+    for word in (f"phase {phase}", "actor_rollout_ref rank 1", "out of GPU memory: CUDA out of memory. Tried to allocate",
+                 report, "python -m megarl.plan", *keys):
+        assert word in err, (word, err)
+    assert "expandable_segments" not in err  # torch's advice stays in the log
+
+
+def test_oom_report_reads_vllms_pool_by_tag_as_vllm_counts_it(monkeypatch):
+    """The pool by tag sums each allocation's handle[1], the size vLLM's own get_current_usage sums."""
+    import inspect
+    import sys
+    from types import SimpleNamespace
+
+    from megarl.utils import gpu_memory
+
+    cumem = pytest.importorskip("vllm.device_allocator.cumem")
+    assert "handle[1]" in inspect.getsource(cumem.CuMemAllocator.get_current_usage)
+    gib = 2**30
+    data = {1: SimpleNamespace(tag="weights", handle=(0, 7 * gib)), 2: SimpleNamespace(tag="kv_cache", handle=(0, 30 * gib)),
+            3: SimpleNamespace(tag="weights", handle=(0, gib))}
+    fake = SimpleNamespace(CuMemAllocator=SimpleNamespace(instance=SimpleNamespace(pointer_to_data=data)))
+    monkeypatch.setitem(sys.modules, "vllm.device_allocator.cumem", fake)
+    assert gpu_memory._vllm_pool_by_tag() == {"weights": 8 * gib, "kv_cache": 30 * gib}

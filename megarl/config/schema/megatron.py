@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,6 +102,15 @@ class OptimConfig(Section):
     exp_avg_dtype: str = spec(choices=OPTIM_STATE_DTYPES)
     exp_avg_sq_dtype: str = spec(choices=OPTIM_STATE_DTYPES)
     override_optimizer_config: dict[str, Any] = spec()
+
+
+def cpu_offload_fraction(overrides: Mapping[str, Any]) -> float:
+    """The share of the fp32 main parameters and Adam state Megatron's CPU optimizer (HybridDeviceOptimizer)
+    keeps and steps in host memory: ``optimizer_offload_fraction`` of an ``override_optimizer_config`` with
+    ``optimizer_cpu_offload`` set, else 0. Absent fields take Megatron OptimizerConfig's defaults (off, 0.0)."""
+    if not overrides.get("optimizer_cpu_offload", False):
+        return 0.0
+    return float(overrides.get("optimizer_offload_fraction", 0.0))
 
 
 @dataclass

@@ -21,11 +21,11 @@ HF names), not the converter megarl runs, because where megarl needs it, it fail
 Its config builders are not used either (see :mod:`megarl.models.moe_config`).
 
 Megatron-Bridge 0.6.2 (verl 0.9.1's bridge; :func:`megarl.compat.megatron_bridge.auto_bridge`) converts
-Qwen2, Llama, Qwen3, Qwen3-MoE and DeepSeek-V3 exactly as these tables do: its load into megarl's models
-and its export equal megarl's bitwise on CPU (``tests/models/test_megatron_bridge.py``); GLM-4.5 and
-Gemma 3 it does not load into megarl's models (see that test). It covers families megarl does not convert
-(GPT-OSS, Qwen3-Next, Qwen3.5, Nemotron-H, DeepSeek-V4, ...: the verl-scripts work goes through it). These
-tables stay because the bridge cannot serve where megarl needs them:
+Qwen2, Llama, Qwen3, Qwen3-MoE, DeepSeek-V3 and GPT-OSS (whose experts HF stacks in one tensor per layer:
+``ArchTables.stacked_experts``) exactly as these tables do: its load into megarl's models and its export
+equal megarl's bitwise on CPU (``tests/models/test_megatron_bridge.py``); GLM-4.5 and Gemma 3 it does not
+load into megarl's models (see that test). It covers families megarl does not convert (Qwen3-Next, Qwen3.5,
+Nemotron-H, DeepSeek-V4, ...). These tables stay because the bridge cannot serve where megarl needs them:
 
 * Mixtral and Qwen2-MoE: the bridge has no bridge for either (``AutoBridge.list_supported_models()``);
 * the weight sync needs every tensor's placement (PP / VPP / EP / ETP, layout kind: :class:`.plan.ParamSource`)

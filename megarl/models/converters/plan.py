@@ -37,6 +37,10 @@ class ParamSource:
         layer: global decoder layer index (None for embedding/final norm/head).
         expert: global expert index (None for non-expert parameters).
         export: False for a tied LM head's copy of the embedding (exported once).
+        stacked: > 0 when the HF tensor holds all ``stacked`` experts of the layer along dim 0
+            (``ArchTables.stacked_experts``): then ``mcore_name`` keeps an ``{expert}`` field for the
+            local expert index, every EP rank holds ``stacked / EP`` of them (``ep_rank`` None,
+            ``expert`` None) and ``kind`` is the layout of one expert's slice.
     """
 
     hf_names: tuple[str, ...]
@@ -49,6 +53,7 @@ class ParamSource:
     layer: int | None = None
     expert: int | None = None
     export: bool = True
+    stacked: int = 0
 
 
 def dims_of(hf_config) -> Dims:
@@ -59,6 +64,11 @@ def dims_of(hf_config) -> Dims:
         num_query_groups=getattr(hf_config, "num_key_value_heads", None) or heads,
         head_dim=getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads,
         vocab_size=hf_config.vocab_size,
+        gdn_key_dim=(getattr(hf_config, "linear_num_key_heads", 0) or 0) * (getattr(hf_config, "linear_key_head_dim", 0) or 0),
+        gdn_value_dim=((getattr(hf_config, "linear_num_value_heads", 0) or 0)
+                       * (getattr(hf_config, "linear_value_head_dim", 0) or 0)),
+        gdn_key_heads=getattr(hf_config, "linear_num_key_heads", 0) or 0,
+        gdn_value_heads=getattr(hf_config, "linear_num_value_heads", 0) or 0,
     )
 
 
@@ -107,10 +117,18 @@ def build_plan(hf_config, config: TransformerConfig, *, value_head: bool = False
             for local_layer in range(count):
                 layer = offset + local_layer
                 is_moe = bool(tables.moe_pattern) and tables.moe_pattern[layer] == 1
+                linear = bool(tables.linear_pattern) and tables.linear_pattern[layer] == 1
                 plan += [
                     _entry(rule, pp_rank, vp_stage, layer=layer, local_layer=local_layer)
-                    for rule in tables.layer + (tables.moe if is_moe else tables.dense_mlp)
+                    for rule in (tables.linear_layer if linear else tables.layer)
+                    + (tables.moe if is_moe else tables.dense_mlp)
                 ]
+                if is_moe and tables.stacked_experts:
+                    plan += [ParamSource(**{**_entry(rule, pp_rank, vp_stage, layer=layer, local_layer=local_layer,
+                                                     local_expert="{expert}").__dict__,
+                                            "tp_group": "etp", "stacked": num_experts})
+                             for rule in tables.expert]
+                    continue
                 for expert in range(num_experts if is_moe else 0):
                     for rule in tables.expert:
                         entry = _entry(

@@ -47,6 +47,12 @@ class ArchTables:
     expert: tuple[Rule, ...]
     last: tuple[Rule, ...]
     moe_pattern: tuple[int, ...] = ()
+    # The ``expert`` rules' HF tensors hold every expert of the layer, stacked along dim 0 (GPT-OSS), instead of
+    # one HF tensor per expert; their HF templates have no ``{expert}``.
+    stacked_experts: bool = False
+    # Hybrids (Qwen3.5): layer ``i`` takes ``linear_layer`` instead of ``layer`` where ``linear_pattern[i]`` is 1
+    linear_layer: tuple[Rule, ...] = ()
+    linear_pattern: tuple[int, ...] = ()
     # Tied embeddings: the last chunk's copy of the embedding, when it is not also the
     # first chunk (PP > 1). Loaded from the embedding; never exported (same tensor).
     tied_output: Rule | None = None
@@ -139,12 +145,48 @@ _GLM_MOE = (
     Rule(_M + "mlp.shared_experts.linear_fc1.weight", (_GS + "gate_proj.weight", _GS + "up_proj.weight"), "gate_up"),
     Rule(_M + "mlp.shared_experts.linear_fc2.weight", (_GS + "down_proj.weight",), "split1"),
 )
+# Qwen3.5's and Qwen3-Next's layers: attention with an output gate (q_proj holds each head's query and gate), or a gated DeltaNet
+_GATED_QKV = Rule(_A + "linear_qkv.weight", tuple(_H + f"{p}_proj.weight" for p in "qkv"), "qkv_gated")
+_G = _L + "linear_attn."
+_GDN_IN_PROJ = {  # model_type -> the DeltaNet's input projection
+    "qwen3_5_text": Rule(_A + "in_proj.weight", tuple(_G + f"in_proj_{p}.weight" for p in ("qkv", "z", "b", "a")),
+                         "gdn_in_proj"),
+    "qwen3_next": Rule(_A + "in_proj.weight", (_G + "in_proj_qkvz.weight", _G + "in_proj_ba.weight"), "gdn_in_proj_grouped"),
+}
+_GDN_IN_PROJ["qwen3_5_moe_text"] = _GDN_IN_PROJ["qwen3_5_text"]
+_GATED_DELTANET = (
+    Rule(_A + "conv1d.weight", (_G + "conv1d.weight",), "gdn_conv"),
+    Rule(_A + "A_log", (_G + "A_log",), "split0"),
+    Rule(_A + "dt_bias", (_G + "dt_bias",), "split0"),
+    Rule(_A + "out_norm.weight", (_G + "norm.weight",), "replicated"),
+    Rule(_A + "out_proj.weight", (_G + "out_proj.weight",), "split1"),
+)
+# GPT-OSS: biases on q/k/v/o, attention sinks (one logit per head, split over TP with the heads), a
+# biased router, and each layer's experts stacked in one HF tensor per parameter (ArchTables.stacked_experts)
+_GPT_OSS_ATTENTION = (
+    Rule(_A + "linear_proj.bias", (_H + "o_proj.bias",), "replicated"),
+    Rule(_A + "core_attention.softmax_offset", (_H + "sinks",), "split0"),
+)
+_GPT_OSS_ROUTER = (
+    Rule(_M + "mlp.router.weight", (_L + "mlp.router.weight",), "replicated"),
+    Rule(_M + "mlp.router.bias", (_L + "mlp.router.bias",), "replicated"),
+)
+_SE = _L + "mlp.experts."
+_GPT_OSS_EXPERTS = (
+    Rule(_X + "linear_fc1.weight", (_SE + "gate_up_proj",), "gate_up_interleaved"),
+    Rule(_X + "linear_fc1.bias", (_SE + "gate_up_proj_bias",), "gate_up_interleaved"),
+    Rule(_X + "linear_fc2.weight", (_SE + "down_proj",), "split1_transposed"),
+    Rule(_X + "linear_fc2.bias", (_SE + "down_proj_bias",), "replicated"),
+)
 # model_type -> (per-MoE-layer rules, per-expert rules)
 _MOE = {
+    "gpt_oss": (_GPT_OSS_ROUTER, _GPT_OSS_EXPERTS),
     "glm4_moe": (_GLM_MOE, _QWEN_EXPERTS),
     "deepseek_v3": (_GLM_MOE, _QWEN_EXPERTS),
     "qwen3_moe": (_QWEN_ROUTER, _QWEN_EXPERTS),
     "qwen2_moe": (_QWEN_ROUTER + _SHARED_EXPERT, _QWEN_EXPERTS),
+    "qwen3_next": (_QWEN_ROUTER + _SHARED_EXPERT, _QWEN_EXPERTS),
+    "qwen3_5_moe_text": (_QWEN_ROUTER + _SHARED_EXPERT, _QWEN_EXPERTS),
     "mixtral": (_MIXTRAL_ROUTER, _MIXTRAL_EXPERTS),
 }
 _EMBEDDING = (Rule("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), "vocab"),)
@@ -160,6 +202,8 @@ TE_ALIASES = {
     "pre_mlp_layernorm.weight": "mlp.linear_fc1.layer_norm_weight",
     "mlp.experts.local_experts.{expert}.linear_fc1.weight": "mlp.experts.linear_fc1.weight{expert}",
     "mlp.experts.local_experts.{expert}.linear_fc2.weight": "mlp.experts.linear_fc2.weight{expert}",
+    "mlp.experts.local_experts.{expert}.linear_fc1.bias": "mlp.experts.linear_fc1.bias{expert}",
+    "mlp.experts.local_experts.{expert}.linear_fc2.bias": "mlp.experts.linear_fc2.bias{expert}",
 }
 
 
@@ -175,15 +219,20 @@ def arch_tables(hf_config, *, value_head: bool = False) -> ArchTables:
 
     model_type = hf_config.model_type
     from megarl.models.gemma3 import GEMMA3_MODEL_TYPES
+    from megarl.models.qwen_hybrid import QWEN_HYBRID_MODEL_TYPES, layer_types
 
     if model_type == "deepseek_v3":
         layer = list(_mla_attention(hf_config))
+    elif model_type in QWEN_HYBRID_MODEL_TYPES:
+        layer = [_ATTENTION[0], _GATED_QKV, *_ATTENTION[2:]]
     else:
         layer = list(_GEMMA3_NORMS if model_type in GEMMA3_MODEL_TYPES else _ATTENTION)
     if _qkv_bias(hf_config):
         layer += _QKV_BIAS
     if _qk_norm(hf_config):
         layer += _QK_NORM
+    if model_type == "gpt_oss":
+        layer += _GPT_OSS_ATTENTION
     moe, experts = _MOE.get(model_type, ((), ()))
     last = [_FINAL_NORM]
     if value_head:
@@ -199,5 +248,10 @@ def arch_tables(hf_config, *, value_head: bool = False) -> ArchTables:
         expert=experts,
         last=tuple(last),
         moe_pattern=tuple(moe_layer_pattern(hf_config)) if model_type in _MOE else (),
+        stacked_experts=model_type == "gpt_oss",
+        linear_layer=((_ATTENTION[0], _GDN_IN_PROJ[model_type], *_GATED_DELTANET, _ATTENTION[3])
+                      if model_type in QWEN_HYBRID_MODEL_TYPES else ()),
+        linear_pattern=(tuple(int(t == "linear_attention") for t in layer_types(hf_config))
+                        if model_type in QWEN_HYBRID_MODEL_TYPES else ()),
         tied_output=Rule("output_layer.weight", ("model.embed_tokens.weight",), "vocab") if tied else None,
     )

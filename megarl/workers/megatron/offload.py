@@ -16,10 +16,11 @@ Adam state per GPU) hand the GPU to vLLM for the sync and the rollout.
 from __future__ import annotations
 
 import contextlib
-import weakref
 from collections.abc import Iterator
 
 import torch
+
+from megarl.compat.pinned_memory import exact_pinned
 
 __all__ = ["ALL", "GRADS", "OPTIMIZER", "PARAMS", "Offloader"]
 
@@ -34,23 +35,15 @@ def _optimizers(optimizer) -> list:
     return list(getattr(optimizer, "chained_optimizers", [optimizer]))
 
 
-def _pinned(nbytes: int) -> torch.UntypedStorage:
-    """``nbytes`` of page-locked host memory, exactly.
+def _on_device(torch_opt) -> list:
+    """The torch optimizers whose state lives on the training device: megatron's HybridDeviceOptimizer
+    (``optimizer_cpu_offload``) keeps its ``optimizer_offload_fraction`` of the state in host memory for
+    good, stepped there by its CPU optimizers; only its device optimizer's state moves."""
+    from megatron.core.optimizer.cpu_offloading import HybridDeviceOptimizer
 
-    torch's pinned allocator (``pin_memory()``, ``pin_memory=True``) rounds every block up to a
-    power of two, which nearly doubles per-tensor optimizer state (a 136 MB shard takes 256 MB):
-    a 7B actor at TP=2 with everything offloaded asked 243 of a node's 251 GB that way
-    (benchmarks/RESULTS.md, 2026-11-26). Plain host memory registered with CUDA is pinned as is;
-    it is unregistered when the storage is freed.
-    """
-    storage = torch.empty(nbytes, dtype=torch.uint8).untyped_storage()
-    if nbytes:
-        cudart = torch.cuda.cudart()
-        code = cudart.cudaHostRegister(storage.data_ptr(), nbytes, 0)
-        if int(code) != 0:
-            raise RuntimeError(f"cudaHostRegister of {nbytes} bytes of offload memory failed with CUDA error {int(code)}")
-        weakref.finalize(storage, cudart.cudaHostUnregister, storage.data_ptr())
-    return storage
+    if isinstance(torch_opt, HybridDeviceOptimizer):
+        return [torch_opt.gpu_optimizer] if torch_opt.gpu_optimizer is not None else []
+    return [torch_opt]
 
 
 class Offloader:
@@ -58,7 +51,9 @@ class Offloader:
 
     `params`: parameters (:data:`PARAMS`); `grads`: gradient buffers (:data:`GRADS`; verl 0.9's
     `megatron.param_offload` sets both, verl <= 0.8's `megatron.grad_offload` this one alone);
-    `optimizer`: optimizer state and fp32 main parameters (`megatron.optimizer_offload`: :data:`OPTIMIZER`).
+    `optimizer`: optimizer state and fp32 main parameters (`megatron.optimizer_offload`: :data:`OPTIMIZER`);
+    with megatron's CPU optimizer (`optim.override_optimizer_config.optimizer_cpu_offload`) only the part of
+    them it keeps on the device (verl 0.9.1's `offload_megatron_optimizer` too leaves the host part alone).
     """
 
     def __init__(self, engine, *, params: bool, grads: bool, optimizer: bool) -> None:
@@ -94,10 +89,13 @@ class Offloader:
             torch_opt = getattr(opt, "optimizer", None)
             if torch_opt is None:
                 continue
-            for state in torch_opt.state.values():
-                yield from (v for v in state.values() if isinstance(v, torch.Tensor))
             for group in torch_opt.param_groups:  # fp32 main params of mixed-precision optimizers
                 yield from (p.data for p in group["params"])
+            for inner in _on_device(torch_opt):
+                for state in inner.state.values():
+                    yield from (v for v in state.values() if isinstance(v, torch.Tensor))
+                if inner is not torch_opt:  # the hybrid optimizer's fp32 copies of its device parameters
+                    yield from (p.data for group in inner.param_groups for p in group["params"])
 
     def _storages(self, group: str) -> list[torch.UntypedStorage]:
         """The live storages of ``group``; the optimizer's never include the model's own
@@ -139,7 +137,7 @@ class Offloader:
     def _host_buffer(hosts: list[torch.UntypedStorage], index: int, storage: torch.UntypedStorage) -> torch.UntypedStorage:
         if index < len(hosts) and hosts[index].nbytes() == storage.nbytes():
             return hosts[index]
-        host = _pinned(storage.nbytes()) if storage.device.type == "cuda" else torch.UntypedStorage(storage.nbytes())
+        host = exact_pinned(storage.nbytes()) if storage.device.type == "cuda" else torch.UntypedStorage(storage.nbytes())
         if index < len(hosts):
             hosts[index] = host
         else:

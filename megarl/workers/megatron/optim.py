@@ -25,6 +25,7 @@ import torch
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
+from megarl.compat.megatron_core.hybrid_optimizer import apply_cpu_hybrid_optimizer, fit_hybrid_optimizer
 from megarl.compat.megatron_core.optimizer import (
     apply_cpu_optimizer,
     cpu_params_pass_cuda_type_checks,
@@ -124,12 +125,15 @@ def build_optimizer(
         prefix: dotted path of `optim_cfg` for error messages (e.g. "critic.optim").
         use_distributed_optimizer: shard the optimizer state over DP (on CPU too: gloo).
     """
+    config = optimizer_config(optim_cfg, use_distributed_optimizer=use_distributed_optimizer, dtype=dtype, prefix=prefix)
     if device == "cpu":
         apply_cpu_optimizer()
-    config = optimizer_config(optim_cfg, use_distributed_optimizer=use_distributed_optimizer, dtype=dtype, prefix=prefix)
+        if config.optimizer_cpu_offload:
+            apply_cpu_hybrid_optimizer()
     with cpu_params_pass_cuda_type_checks() if device == "cpu" else contextlib.nullcontext():
         optimizer = guard_nonfinite_grads(get_megatron_optimizer(config, list(chunks)))
     fit_torch_adam(optimizer)
+    fit_hybrid_optimizer(optimizer)
     match_param_groups_without_lr_bounds(optimizer)
     for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
         if getattr(opt, "init_state_fn", None) is None and config.optimizer == "sgd":
