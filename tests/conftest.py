@@ -1,5 +1,6 @@
 import importlib.util
 import os
+from pathlib import Path
 
 import pytest
 
@@ -25,3 +26,16 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def demo_dir(tmp_path_factory) -> Path:
+    """The embedded demo's model, train and val sets (megarl.data.demo), built once for the session:
+    the runs that only read them share this copy (the model's warm-up takes seconds). Tests of the
+    building itself (tests/data) use their own directories."""
+    from megarl.data.demo import MODEL_NAME, TRAIN_NAME, VAL_NAME, build_asset
+
+    root = tmp_path_factory.mktemp("demo")
+    for name in (MODEL_NAME, TRAIN_NAME, VAL_NAME):
+        build_asset(name, root)
+    return root

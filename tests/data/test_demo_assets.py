@@ -37,17 +37,13 @@ def digest(path: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    """The demo assets built twice, in two fresh demo dirs."""
-    roots = []
-    mp = pytest.MonkeyPatch()
-    for name in ("a", "b"):
-        root = tmp_path_factory.mktemp(name)
+def built(demo_dir, tmp_path_factory):
+    """The demo assets built twice, in two fresh demo dirs: the session's (tests/conftest.py) and one here."""
+    root = tmp_path_factory.mktemp("b")
+    with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MEGARL_DEMO_DIR", str(root))
         ensure_demo_assets(demo_cfg(root))
-        roots.append(root)
-    mp.undo()
-    return roots
+    return [demo_dir, root]
 
 
 def test_demo_dir_env_and_default(monkeypatch, tmp_path):

@@ -8,6 +8,7 @@ sessions) can be found and killed by pid without touching anyone else's Ray.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import re
@@ -18,6 +19,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -25,6 +29,37 @@ REPO = Path(__file__).resolve().parents[2]
 # n=1, scored by a hash of the text (the random policy never solves the demo task).
 REWARD_FILE = """
 def text_hash_score(data_source, solution_str, ground_truth, extra_info, scale=1.0):
+    return scale * ((sum(map(ord, solution_str)) + int(ground_truth)) % 10) / 10.0
+"""
+# For reward files: the number of a scoring call, counted over every call made with `calls_dir` (in files
+# created atomically: scoring may run in several processes).
+CALL_NUMBER = """
+import os
+
+def call_number(calls_dir):
+    n = 1
+    while True:
+        try:
+            os.close(os.open(os.path.join(calls_dir, str(n)), os.O_CREAT | os.O_EXCL))
+            return n
+        except FileExistsError:
+            n += 1
+"""
+# The text-hash reward above, plus: the first call made with `hang_marker` (the marker file absent) never
+# returns; every call raises when `fail` is set. Line 6 is the raise.
+HUNG_ONCE_REWARD = """
+import os, time
+
+def score(data_source, solution_str, ground_truth, extra_info, hang_marker=None, fail=False, scale=1.0):
+    if fail:
+        raise KeyError("no 'answer' field in " + repr(solution_str))
+    if hang_marker:
+        try:  # exactly one call hangs: rows are scored in parallel (reward.num_workers), creation is the atomic test
+            os.close(os.open(hang_marker, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            pass
+        else:
+            time.sleep(10**6)
     return scale * ((sum(map(ord, solution_str)) + int(ground_truth)) % 10) / 10.0
 """
 COMPARED = ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/grad_norm", "actor/ppo_kl",
@@ -136,6 +171,15 @@ class Driver:
         return before
 
 
+def side_by_side(*runs: Callable[[], T]) -> list[T]:
+    """Call each of ``runs`` in a thread of its own, all at once; their results in order (the first error
+    raised once all have ended). For independent driver runs: each has its own Ray cluster, and most of a
+    run's time is process start-up, which two runs share the cores for better than one after the other."""
+    with concurrent.futures.ThreadPoolExecutor(len(runs)) as pool:
+        futures = [pool.submit(run) for run in runs]
+    return [future.result() for future in futures]
+
+
 def _processes() -> dict[int, tuple[int, str]]:
     """pid -> (parent pid, command line) of every process."""
     procs = {}
@@ -188,22 +232,32 @@ def _running(pids: list[int]) -> list[int]:
     return out
 
 
-def kill_worker_and_expect_its_name(driver: Driver, pid: int, group: str, code: int, rank: int = 0) -> None:
-    """``kill -9`` worker ``pid`` of ``group``; the driver must exit with ``code`` within a hang guard (180 s),
-    its output naming the group, rank, pid and node with Ray's ActorDiedError report, and leave no Ray
-    process behind."""
-    ray_pids = driver.ray_pids()
-    assert pid in ray_pids
-    os.kill(pid, signal.SIGKILL)
-    killed = time.monotonic()
-    exited = driver.wait(timeout=180)  # hang guard
-    print(f"driver exited {time.monotonic() - killed:.1f} s after the worker was killed")
-    text = driver.text()
-    assert exited == code, text[-3000:]
+def killed_worker_run(demo_dir: Path, run_dir: Path, extra: list[str], group: str, after: str) -> dict:
+    """A run of (almost) endless steps; once ``after`` is printed, ``kill -9`` of rank 0 of ``group``.
+    Returns the worker's ``pid``, the driver's exit ``code`` (within a hang guard of 180 s), its
+    output ``text`` and the processes of its Ray still alive after a grace (``left``)."""
+    driver = Driver(demo_dir, run_dir, ["trainer.total_epochs=1000", "trainer.total_training_steps=1000",
+                                        "trainer.save_freq=-1", *extra])
+    try:
+        pid = int(driver.wait_for(rf"\[megarl\] worker group {group}: rank pids \[(\d+)\]").group(1))
+        driver.wait_for(after)
+        ray_pids = driver.ray_pids()
+        assert pid in ray_pids
+        os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        code = driver.wait(timeout=180)  # hang guard
+        print(f"driver exited {time.monotonic() - killed:.1f} s after the worker was killed")
+        return {"pid": pid, "code": code, "text": driver.text(), "left": alive(ray_pids)}
+    finally:
+        if driver.proc.poll() is None or alive(driver.ray_pids(), grace_s=0):
+            driver.kill()
+
+
+def assert_worker_named(text: str, group: str, pid: int, rank: int = 0) -> None:
+    """The driver's output names the group, rank, pid and node of the dead worker, with Ray's report."""
     assert re.search(rf"{group} rank {rank} \(pid {pid}, on node \w+ \([\d.]+\)\): the worker process died "
                      rf"during {group}\.", text), text[-3000:]
     assert "ActorDiedError" in text
-    assert not alive(ray_pids), f"Ray processes outlived the driver: {alive(ray_pids)}"
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

@@ -13,13 +13,13 @@ from megarl.utils.checkpoint import read_tracker
 pytestmark = pytest.mark.slow
 
 
-def test_nan_loss_stops_the_run_naming_step_and_phase(tmp_path, monkeypatch):
+def test_nan_loss_stops_the_run_naming_step_and_phase(demo_dir, tmp_path, monkeypatch):
     from megarl.config.compose import load_config
     from megarl.main_ppo import prepare
     from megarl.trainer import run_ppo
     from megarl.trainer.worker_group import WorkerError
 
-    demo, run = tmp_path / "demo", tmp_path / "run"
+    demo, run = demo_dir, tmp_path / "run"
     monkeypatch.setenv("MEGARL_DEMO_DIR", str(demo))
     args = [a for a in overrides(demo, run, ["trainer.total_training_steps=2", "trainer.save_freq=1",
                                              "actor_rollout_ref.actor.optim.lr=1e30"]) if not a.startswith("hydra.")]

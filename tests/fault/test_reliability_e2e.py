@@ -2,7 +2,8 @@
 taken through the failures in order.
 
 1. 4 steps, checkpoints 2 and 4; the first scoring call hangs: reward.timeout cuts it, the
-   sample scores 0, reward/timeouts counts it, one warning shows it.
+   sample scores 0, reward/timeouts counts it, one warning shows it (the run is tests/fault/conftest.py's
+   four_steps, which resume_fallback starts from too; copied here).
 2. resume_path=global_step_2, killed while step 4 is saved again: the complete step 4 is
    untouched (the new one was written aside).
 3. 4 KiB of a step-4 shard zeroed: resume_path to it exits 4 naming the file (before Ray);
@@ -27,35 +28,17 @@ from pathlib import Path
 
 import pytest
 
-from fault_driver import Driver, read_metrics
+from fault_driver import HUNG_ONCE_REWARD, Driver, read_metrics, side_by_side
 
 pytestmark = pytest.mark.slow
 
-# The fault driver's text-hash reward, plus: the first call ever made (marker file absent)
-# never returns; every call raises when `fail` is set.
-REWARD_FILE = """
-import os, time
-
-def score(data_source, solution_str, ground_truth, extra_info, hang_marker=None, fail=False, scale=1.0):
-    if fail:
-        raise KeyError("no 'answer' field in " + repr(solution_str))
-    if hang_marker:
-        try:  # exactly one call hangs: rows are scored in parallel (reward.num_workers), creation is the atomic test
-            os.close(os.open(hang_marker, os.O_CREAT | os.O_EXCL))
-        except FileExistsError:
-            pass
-        else:
-            time.sleep(10**6)
-    return scale * ((sum(map(ord, solution_str)) + int(ground_truth)) % 10) / 10.0
-"""
 NO_RAY = "Started a local Ray instance"
 
 
-@pytest.fixture(scope="module")
-def demo_dir(tmp_path_factory):
-    demo = tmp_path_factory.mktemp("demo")
-    (demo / "rel_reward.py").write_text(REWARD_FILE)
-    return demo
+@pytest.fixture(scope="module", autouse=True)
+def reward_file(demo_dir) -> None:
+    """The reward file of these runs, in the session's demo dir (four_steps writes it too)."""
+    (demo_dir / "hung_once_reward.py").write_text(HUNG_ONCE_REWARD)
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +47,7 @@ def run_dir(tmp_path_factory):
 
 
 def _args(demo_dir, *extra, **kwargs):
-    reward = [f"custom_reward_function.path={demo_dir / 'rel_reward.py'}", "custom_reward_function.name=score"]
+    reward = [f"custom_reward_function.path={demo_dir / 'hung_once_reward.py'}", "custom_reward_function.name=score"]
     reward += [f"+custom_reward_function.reward_kwargs.{k}={v}" for k, v in kwargs.items()]
     return [*reward, *extra]
 
@@ -104,12 +87,11 @@ def _assert_one_message(text: str, code: int, want_code: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def first_run(demo_dir, run_dir):
-    marker = run_dir / "hung_once"
-    code, text = _run(demo_dir, run_dir, "trainer.total_training_steps=4", "trainer.save_freq=2", "reward.timeout=3",
-                      hang_marker=marker)
-    assert code == 0, text[-4000:]
-    return text
+def first_run(four_steps, run_dir) -> str:
+    """Step 1's run (tests/fault/conftest.py: resume_fallback starts from it too), copied into this
+    module's run directory; its output."""
+    shutil.copytree(four_steps, run_dir, dirs_exist_ok=True)
+    return (run_dir / "driver_0.log").read_text()
 
 
 def test_1_a_hung_reward_call_is_cut_and_counted(first_run, run_dir):
@@ -192,15 +174,6 @@ def test_4_auto_resume_falls_back_and_applies_the_new_lr(first_run, demo_dir, ru
     assert not (root / "global_step_4.saving").exists() and (root / "global_step_5" / "checksums.json").is_file()
 
 
-def test_reward_exception_in_validation_is_one_message_with_the_sample(demo_dir, tmp_path):
-    code, text = _run(demo_dir, tmp_path, "trainer.val_before_train=true", "trainer.total_training_steps=1", fail=True)
-    _assert_one_message(text, code, 5)
-    for word in ("validation", "step 0", "row 0", "prompt=", "ground_truth=", "KeyError", "fix:"):
-        assert word in text, (word, text[-4000:])
-    log = re.search(r"full traceback: (\S+)", text).group(1)
-    assert 'rel_reward.py", line 6, in score' in Path(log).read_text()
-
-
 def _mount_tmpfs(path: Path, size: str) -> bool:
     path.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0:
@@ -208,16 +181,40 @@ def _mount_tmpfs(path: Path, size: str) -> bool:
     return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True).returncode == 0
 
 
-def test_disk_full_during_save_is_named_and_leaves_no_partial_step(demo_dir, tmp_path):
-    ckpt = tmp_path / "ckpt"
-    if not _mount_tmpfs(ckpt, "1m"):
-        pytest.skip("needs root to mount a 1 MiB tmpfs")
+@pytest.fixture(scope="module")
+def stopped_runs(demo_dir, tmp_path_factory) -> dict[str, tuple[Path, int, str] | None]:
+    """The runs that stop in their first step, side by side: a reward that raises in validation; a
+    checkpoint on a full disk (a 1 MiB tmpfs: None where it cannot be mounted, which needs root).
+    Each (run dir, exit code, output)."""
+    failing, full = tmp_path_factory.mktemp("failing_reward"), tmp_path_factory.mktemp("disk_full")
+    runs = {"failing_reward": lambda: (failing, *_run(demo_dir, failing, "trainer.val_before_train=true",
+                                                      "trainer.total_training_steps=1", fail=True))}
+    mounted = _mount_tmpfs(full / "ckpt", "1m")
+    if mounted:
+        runs["disk_full"] = lambda: (full, *_run(demo_dir, full, "trainer.total_training_steps=1", "trainer.save_freq=1"))
     try:
-        code, text = _run(demo_dir, tmp_path, "trainer.total_training_steps=1", "trainer.save_freq=1")
-        _assert_one_message(text, code, 6)
-        assert f"no space left on {ckpt}" in text and "save_checkpoint" in text and "global step 1" in text, text[-4000:]
-        assert not [p.name for p in ckpt.iterdir() if p.name.startswith("global_step")], list(ckpt.iterdir())
-        log = re.search(r"full traceback: (\S+)", text).group(1)
-        assert "Traceback" in Path(log).read_text()
+        yield {"disk_full": None} | dict(zip(runs, side_by_side(*runs.values())))
     finally:
-        subprocess.run(["umount", str(ckpt)], check=False)
+        if mounted:
+            subprocess.run(["umount", str(full / "ckpt")], check=False)
+
+
+def test_reward_exception_in_validation_is_one_message_with_the_sample(stopped_runs):
+    _, code, text = stopped_runs["failing_reward"]
+    _assert_one_message(text, code, 5)
+    for word in ("validation", "step 0", "row 0", "prompt=", "ground_truth=", "KeyError", "fix:"):
+        assert word in text, (word, text[-4000:])
+    log = re.search(r"full traceback: (\S+)", text).group(1)
+    assert 'hung_once_reward.py", line 6, in score' in Path(log).read_text()
+
+
+def test_disk_full_during_save_is_named_and_leaves_no_partial_step(stopped_runs):
+    if stopped_runs["disk_full"] is None:
+        pytest.skip("needs root to mount a 1 MiB tmpfs")
+    run_dir, code, text = stopped_runs["disk_full"]
+    ckpt = run_dir / "ckpt"
+    _assert_one_message(text, code, 6)
+    assert f"no space left on {ckpt}" in text and "save_checkpoint" in text and "global step 1" in text, text[-4000:]
+    assert not [p.name for p in ckpt.iterdir() if p.name.startswith("global_step")], list(ckpt.iterdir())
+    log = re.search(r"full traceback: (\S+)", text).group(1)
+    assert "Traceback" in Path(log).read_text()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from fault_driver import COMPARED, Driver, read_metrics
+from fault_driver import COMPARED, Driver, read_metrics, side_by_side
 
 pytestmark = pytest.mark.slow
 
@@ -25,17 +25,11 @@ RAY_STARTED = "Started a local Ray instance"
 
 
 @pytest.fixture(scope="module")
-def demo_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("demo")
-
-
-@pytest.fixture(scope="module")
-def saved(demo_dir, tmp_path_factory) -> Path:
-    run = tmp_path_factory.mktemp("saved")
-    driver = Driver(demo_dir, run, STEPS)
-    assert driver.wait() == 0, driver.text()[-4000:]
-    assert (run / "ckpt" / "global_step_2").is_dir() and (run / "ckpt" / "global_step_4").is_dir()
-    return run
+def saved(four_steps) -> Path:
+    """The run that saved steps 2 and 4 (tests/fault/conftest.py; its step 1 had a timed-out scoring call,
+    which does not change what a resume from step 2 must reproduce; the resumes here score with the fault
+    driver's text-hash reward, the same function)."""
+    return four_steps
 
 
 def _without_checksums(saved: Path, run: Path) -> Path:
@@ -64,29 +58,47 @@ def _resume_and_compare(demo_dir, saved: Path, run: Path) -> tuple[str, str]:
     return warning, text
 
 
-def test_a_truncated_shard_without_checksums_is_named_before_ray(demo_dir, saved, tmp_path):
-    shard = sorted(_without_checksums(saved, tmp_path).glob("*.distcp"))[-1]
+def _truncate_a_shard(ckpt_dir: Path) -> Path:
+    shard = sorted(ckpt_dir.glob("*.distcp"))[-1]
     with open(shard, "r+b") as handle:
         handle.truncate(shard.stat().st_size // 2)
-    warning, text = _resume_and_compare(demo_dir, saved, tmp_path)
-    assert str(shard) in warning and "truncated" in warning, warning
-    assert text.index(warning) < text.index(RAY_STARTED)  # decided before any worker started
+    return shard
 
 
-def test_a_shard_the_workers_cannot_load_falls_back_naming_it_and_the_error(demo_dir, saved, tmp_path):
+def _zero_a_tensor_header(ckpt_dir: Path) -> Path:
+    """Bytes inside the first tensor item's header (after its first bytes): only loading it fails."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     from megarl.utils.safe_checkpoint import read_index
 
-    ckpt_dir = _without_checksums(saved, tmp_path)
     index = read_index(str(ckpt_dir / ".metadata"))
     tensors = {fqn for fqn, item in index.state_dict_metadata.items() if isinstance(item, TensorStorageMetadata)}
     where, info = next((i, s) for i, s in sorted(index.storage_data.items(), key=lambda kv: kv[1].offset)
                        if i.fqn in tensors and "_extra_state" not in i.fqn)
-    with open(ckpt_dir / info.relative_path, "r+b") as handle:  # its header after the first bytes: only loading fails
+    with open(ckpt_dir / info.relative_path, "r+b") as handle:
         handle.seek(int(info.offset) + 16)
         handle.write(bytes(48))
-    warning, text = _resume_and_compare(demo_dir, saved, tmp_path)
+    return ckpt_dir
+
+
+@pytest.fixture(scope="module")
+def resumed(demo_dir, saved, tmp_path_factory) -> dict[str, tuple[Path, str, str]]:
+    """Both damaged copies resumed side by side: damage -> (the damaged path, the fallback warning, the output)."""
+    runs = {damage: tmp_path_factory.mktemp(damage) for damage in ("truncated", "unloadable")}
+    damaged = {"truncated": _truncate_a_shard(_without_checksums(saved, runs["truncated"])),
+               "unloadable": _zero_a_tensor_header(_without_checksums(saved, runs["unloadable"]))}
+    results = side_by_side(*(lambda run=run: _resume_and_compare(demo_dir, saved, run) for run in runs.values()))
+    return {damage: (damaged[damage], *result) for damage, result in zip(runs, results)}
+
+
+def test_a_truncated_shard_without_checksums_is_named_before_ray(resumed):
+    shard, warning, text = resumed["truncated"]
+    assert str(shard) in warning and "truncated" in warning, warning
+    assert text.index(warning) < text.index(RAY_STARTED)  # decided before any worker started
+
+
+def test_a_shard_the_workers_cannot_load_falls_back_naming_it_and_the_error(resumed):
+    ckpt_dir, warning, text = resumed["unloadable"]
     assert str(ckpt_dir) in warning and "failed to load in actor_rollout_ref rank 0" in warning, warning
     assert re.search(r"cause: [\w.]+(Error|Exception)", warning), warning
     assert text.index(RAY_STARTED) < text.index(warning)  # the workers found it, not the verification

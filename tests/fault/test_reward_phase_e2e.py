@@ -5,7 +5,8 @@
 * a reward of 1e300 (finite as a float, inf in the float32 scores) exits 5 naming the row, its
   data source and the scoring function;
 * dict extras: numeric keys logged as reward/<key>/mean over the rows that returned them (checked
-  against the dumped responses, re-scored here), a non-numeric key named once.
+  against the dumped responses, re-scored here), a non-numeric key named once. The skip run goes on
+  to score dict extras in its steps 2 and 3 (one run for both checks).
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from fault_driver import Driver, alive, describe, read_metrics
+from fault_driver import CALL_NUMBER, Driver, alive, describe, read_metrics, side_by_side
 
 pytestmark = pytest.mark.slow
 
-REWARD_FILE = """
+REWARD_FILE = CALL_NUMBER + """
 import time
 
 def _h(solution_str, ground_truth):
@@ -32,7 +33,11 @@ def hang(data_source, solution_str, ground_truth, extra_info, scale=1.0):
 def huge(data_source, solution_str, ground_truth, extra_info, scale=1.0):
     return 1e300
 
-def extras(data_source, solution_str, ground_truth, extra_info, scale=1.0):
+# calls 1..hang_calls hang, the others return dict extras; with reward.num_workers=hang_calls, step 1's
+# first calls hang and no other call of it starts
+def hang_then_extras(data_source, solution_str, ground_truth, extra_info, calls_dir, hang_calls, scale=1.0):
+    if call_number(calls_dir) <= hang_calls:
+        time.sleep(10**6)
     h = _h(solution_str, ground_truth)
     out = {"score": h / 10, "acc": h >= 5, "pred": solution_str}
     if h % 2:
@@ -42,10 +47,10 @@ def extras(data_source, solution_str, ground_truth, extra_info, scale=1.0):
 
 
 @pytest.fixture(scope="module")
-def demo_dir(tmp_path_factory):
-    demo = tmp_path_factory.mktemp("demo")
-    (demo / "phase_reward.py").write_text(REWARD_FILE)
-    return demo
+def demo_dir(demo_dir):
+    """The session's demo assets (tests/conftest.py) with this module's reward file."""
+    (demo_dir / "phase_reward.py").write_text(REWARD_FILE)
+    return demo_dir
 
 
 def _run(demo_dir: Path, run_dir: Path, name: str, *extra: str) -> tuple[int, str, list[int]]:
@@ -64,11 +69,20 @@ def _driver_lines(text: str) -> str:
     return "\n".join(line for line in text.splitlines() if "pid=" not in line)
 
 
-HANGING = ["trainer.total_training_steps=1", "reward.timeout=600", "reward.phase_timeout=3", "reward.num_workers=2"]
+HANGING = ["reward.timeout=600", "reward.num_workers=2"]
 
 
-def test_a_hanging_reward_ends_at_the_phase_bound_naming_the_pending_rows(demo_dir, tmp_path):
-    code, text, pids = _run(demo_dir, tmp_path, "hang", *HANGING)
+@pytest.fixture(scope="module")
+def stopped_runs(demo_dir, tmp_path_factory) -> dict[str, tuple[int, str, list[int]]]:
+    """The two runs that exit 5, side by side: every call hangs; a score overflows float32."""
+    hang, huge = tmp_path_factory.mktemp("hang"), tmp_path_factory.mktemp("huge")
+    return dict(zip(("hang", "huge"), side_by_side(
+        lambda: _run(demo_dir, hang, "hang", *HANGING, "reward.phase_timeout=3", "trainer.total_training_steps=1"),
+        lambda: _run(demo_dir, huge, "huge", "trainer.total_training_steps=1"))))
+
+
+def test_a_hanging_reward_ends_at_the_phase_bound_naming_the_pending_rows(stopped_runs):
+    code, text, pids = stopped_runs["hang"]
     lines = _driver_lines(text)
     assert code == 5, lines[-4000:]
     assert "in phase reward at global step 1" in lines and "reward.phase_timeout=3 s" in lines, lines[-4000:]
@@ -78,36 +92,29 @@ def test_a_hanging_reward_ends_at_the_phase_bound_naming_the_pending_rows(demo_d
     assert not left, describe(left)
 
 
-def test_under_nan_policy_skip_the_pending_rows_score_zero_and_are_named(demo_dir, tmp_path):
-    code, text, _ = _run(demo_dir, tmp_path, "hang", *HANGING, "trainer.nan_policy=skip")
+def test_under_nan_policy_skip_the_pending_rows_score_zero_and_are_named_then_extras_are_logged(demo_dir, tmp_path):
+    (tmp_path / "calls").mkdir()
+    rollouts = tmp_path / "rollouts"
+    code, text, _ = _run(demo_dir, tmp_path, "hang_then_extras", *HANGING, "reward.phase_timeout=5", "trainer.nan_policy=skip",
+                         "trainer.total_training_steps=3", f"trainer.rollout_data_dir={rollouts}",
+                         f"+custom_reward_function.reward_kwargs.calls_dir={tmp_path / 'calls'}",
+                         "+custom_reward_function.reward_kwargs.hang_calls=2")
     assert code == 0, _driver_lines(text)[-4000:]
-    (step,) = read_metrics(tmp_path)
+    records = read_metrics(tmp_path)
+    assert [r["step"] for r in records] == [1, 2, 3]
+    step = records[0]
     assert step["reward/timeouts"] == 4.0 and step["critic/score/mean"] == 0.0
+    assert "reward/acc/mean" not in step  # no row of step 1 returned extras
     warning = [line for line in text.splitlines() if "were not scored in time" in line]
     assert len(warning) == 1 and "rows 0 (megarl/arithmetic), 1 " in warning[0] and "nan_policy=skip" in warning[0]
-
-
-def test_a_score_that_overflows_float32_names_row_source_and_function(demo_dir, tmp_path):
-    code, text, _ = _run(demo_dir, tmp_path, "huge", "trainer.total_training_steps=1")
-    lines = _driver_lines(text)
-    assert code == 5, lines[-4000:]
-    problem = next(line for line in lines.splitlines() if "problem:" in line)
-    for word in ("data_source='megarl/arithmetic'", f"scorer huge in {demo_dir / 'phase_reward.py'}", "1e+300",
-                 "float32", "finite"):
-        assert word in problem, (word, problem)
-    assert "row 0 (" in problem, problem
-
-
-def test_reward_dict_extras_are_logged_over_the_rows_that_have_them(demo_dir, tmp_path):
-    rollouts = tmp_path / "rollouts"
-    code, text, _ = _run(demo_dir, tmp_path, "extras", "trainer.total_training_steps=2",
-                         f"trainer.rollout_data_dir={rollouts}")
-    assert code == 0, _driver_lines(text)[-4000:]
+    # steps 2 and 3: dict extras
     named = [line for line in text.splitlines() if "extra key 'pred'" in line]
     assert len(named) == 1 and "str" in named[0], named  # two steps: named once
-    for record in read_metrics(tmp_path):
+    for record in records[1:]:
+        assert record["reward/timeouts"] == 0.0
         rows = [json.loads(line) for line in (rollouts / f"{record['step']}.jsonl").read_text().splitlines()]
         h = [(sum(map(ord, r["output"])) + int(r["ground_truth"])) % 10 for r in rows]
+        assert record["critic/score/mean"] == pytest.approx(sum(h) / len(h) / 10)
         assert record["reward/acc/mean"] == pytest.approx(sum(x >= 5 for x in h) / len(h))
         odd = [x for x in h if x % 2]
         if odd:
@@ -115,3 +122,14 @@ def test_reward_dict_extras_are_logged_over_the_rows_that_have_them(demo_dir, tm
         else:
             assert "reward/bonus/mean" not in record
         assert "reward/pred/mean" not in record
+
+
+def test_a_score_that_overflows_float32_names_row_source_and_function(demo_dir, stopped_runs):
+    code, text, _ = stopped_runs["huge"]
+    lines = _driver_lines(text)
+    assert code == 5, lines[-4000:]
+    problem = next(line for line in lines.splitlines() if "problem:" in line)
+    for word in ("data_source='megarl/arithmetic'", f"scorer huge in {demo_dir / 'phase_reward.py'}", "1e+300",
+                 "float32", "finite"):
+        assert word in problem, (word, problem)
+    assert "row 0 (" in problem, problem

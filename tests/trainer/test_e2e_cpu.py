@@ -1,7 +1,7 @@
 """End to end on CPU through Ray: the real trainer, Megatron actor/critic, vLLM rollout.
 
-Two steps of GRPO, and three steps of PPO with a critic (GAE), in-reward KL and one
-critic-warmup step. The checks use independent references: the dumped responses are
+Two steps of GRPO (rollout.mode=sync: one batched generate), and three steps of PPO with a critic
+(GAE), in-reward KL and one critic-warmup step (rollout.mode=async, the default: agent loops). The checks use independent references: the dumped responses are
 re-scored with the demo scorer, the vLLM-vs-Megatron log-prob gap must be at fp32 noise,
 and the warm-up rule is visible in which metrics each step has.
 """
@@ -12,25 +12,22 @@ import math
 
 import pytest
 
-from e2e_utils import demo_config, read_metrics, read_rollouts
+from e2e_utils import demo_config, module_ray, read_metrics, read_rollouts
 from megarl.reward.demo_task import compute_score
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def demo_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("demo")
-
-
 @pytest.fixture(scope="module", autouse=True)
 def config_reads(tmp_path_factory):
-    """Every typed key the runs of this module read, in the driver and in every worker process."""
+    """Every typed key the runs of this module read, in the driver and in every worker process; the
+    runs share one Ray."""
     from megarl.config.schema.field import record_reads_to
 
     path = tmp_path_factory.mktemp("reads") / "reads"
     record_reads_to(str(path))
-    yield path
+    with module_ray():  # started after the recording is on: its workers inherit it
+        yield path
     record_reads_to(None)
 
 
@@ -42,12 +39,14 @@ def _run(cfg):
 
 def test_grpo_two_steps(demo_dir, tmp_path):
     cfg = demo_config(demo_dir, tmp_path, ["trainer.total_training_steps=2", "trainer.test_freq=2",
-                                           "trainer.save_freq=2", "algorithm.adv_estimator=grpo"])
+                                           "trainer.save_freq=2", "algorithm.adv_estimator=grpo",
+                                           "actor_rollout_ref.rollout.mode=sync"])
     _run(cfg)
     metrics = read_metrics(tmp_path)
     assert sorted(metrics) == [1, 2]
     for step in (1, 2):
         m = metrics[step]
+        assert "agent/num_turns/mean" not in m  # sync mode: no agent loop
         assert m["actor/grad_norm"] > 0 and math.isfinite(m["actor/pg_loss"])
         assert m["rollout/log_prob_gap_max"] < 1e-4  # vLLM and Megatron agree on the sampled tokens
         assert m["response_length/mean"] > 0 and m["perf/tokens_per_s"] > 0
@@ -102,12 +101,11 @@ def _final_answer_is_right(prompt: str, output: str) -> bool:
     return output.rsplit("</tool_response>", 1)[-1].strip() == str(truth)
 
 
-def test_grpo_learns_to_call_the_calculator_then_sync_mode(demo_dir, tmp_path):
+def test_grpo_learns_to_call_the_calculator(demo_dir, tmp_path):
     """`+tools=calculator` on the demo runs its tool task (megarl/data/demo_tool_data.py: two-digit
     + and -, which the demo model cannot compute but can copy from the calculator) through the tool
     agent. The warm-up calls the tool in ~25% of sampled answers and answers directly when greedy;
-    four GRPO steps raise the greedy validation reward (vs. the run's own step 0) and the call rate.
-    Then one step with rollout.mode=sync (one batched generate) on the plain demo."""
+    four GRPO steps raise the greedy validation reward (vs. the run's own step 0) and the call rate."""
     cfg = demo_config(demo_dir, tmp_path / "tool", [
         "+tools=calculator", "trainer.total_training_steps=4", "trainer.test_freq=2", "trainer.val_before_train=true",
     ], small_batches=False)
@@ -123,12 +121,6 @@ def test_grpo_learns_to_call_the_calculator_then_sync_mode(demo_dir, tmp_path):
     assert len(rows) == 16 * 8
     assert [r["score"] for r in rows] == [float(_final_answer_is_right(r["input"], r["output"])) for r in rows]
     assert any("<tool_call>" in r["output"] and r["score"] == 1.0 for r in rows)
-
-    cfg = demo_config(demo_dir, tmp_path / "sync", ["trainer.total_training_steps=1", "trainer.test_freq=-1",
-                                                    "actor_rollout_ref.rollout.mode=sync"])
-    _run(cfg)
-    m = read_metrics(tmp_path / "sync")[1]
-    assert "agent/num_turns/mean" not in m and m["rollout/log_prob_gap_max"] < 1e-4 and "actor/pg_loss" in m
 
 
 def test_grpo_async_reward_and_dapo_filter_groups(demo_dir, tmp_path):

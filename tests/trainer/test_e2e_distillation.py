@@ -28,11 +28,11 @@ def make_teacher(out_dir: str) -> str:
 
 @pytest.mark.parametrize("loss_mode, teacher_nodes", [("forward_kl_topk", 0), ("k3", 0), ("forward_kl_topk", 1)],
                          ids=["forward_kl_topk-colocated", "k3-colocated", "forward_kl_topk-own-pool"])
-def test_teacher_kl_falls(tmp_path_factory, tmp_path, loss_mode, teacher_nodes):
+def test_teacher_kl_falls(demo_dir, tmp_path_factory, tmp_path, loss_mode, teacher_nodes):
     """teacher_nodes: distillation.nnodes (0: on the trainer's slots; 1: its own Ray pool of one slot)."""
     teacher = make_teacher(str(tmp_path_factory.mktemp("teacher")))
     T = "distillation.teacher_models.teacher_model"
-    cfg = demo_config(tmp_path_factory.mktemp("demo"), tmp_path, [
+    cfg = demo_config(demo_dir, tmp_path, [
         f"trainer.total_training_steps={STEPS}", "trainer.test_freq=-1", "trainer.save_freq=-1",
         "algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.optim.lr=1e-2",
         "distillation.enabled=true", f"{T}.model_path={teacher}", f"{T}.inference.tensor_model_parallel_size=1",

@@ -38,9 +38,9 @@ def make_demo_reward_model(out_dir: str) -> str:
     return out_dir
 
 
-def test_grpo_step_scored_by_reward_model(tmp_path_factory, tmp_path):
+def test_grpo_step_scored_by_reward_model(demo_dir, tmp_path_factory, tmp_path):
     rm_dir = make_demo_reward_model(str(tmp_path_factory.mktemp("rm")))
-    cfg = demo_config(tmp_path_factory.mktemp("demo"), tmp_path, [
+    cfg = demo_config(demo_dir, tmp_path, [
         "trainer.total_training_steps=1", "trainer.test_freq=-1", "algorithm.adv_estimator=grpo",
         "reward.reward_model.enable=true", f"reward.reward_model.model_path={rm_dir}",
         "reward.reward_model.rollout.name=vllm", "reward.reward_model.rollout.tensor_model_parallel_size=1",

@@ -32,7 +32,6 @@ from loss_mode_bodies import CLIP_GRAD, LR, one_step_per_loss_mode
 from megarl.algorithms import ADV_ESTIMATORS, POLICY_LOSSES
 from megarl.config.names import LOSS_AGG_MODES
 from megarl.config import collect_issues, load_config
-from megarl.data.demo import ensure_demo_assets
 
 ACTOR = "actor_rollout_ref.actor"
 # Keys a name needs besides itself to form a valid config.
@@ -59,16 +58,6 @@ WORKER_CASES = {
     "bypass_mode-ppo_clip": ("bypass_mode", {}, {**RC, "loss_type": "ppo_clip"}),
     "bypass_mode-reinforce": ("bypass_mode", {}, {**RC, "loss_type": "reinforce"}),
 }
-
-@pytest.fixture(scope="module")
-def demo_dir(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("demo")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MEGARL_DEMO_DIR", str(root))  # assets are built only inside the demo dir
-        ensure_demo_assets({"data": {"train_files": str(root / "train.parquet"), "val_files": str(root / "val.parquet")},
-                            "actor_rollout_ref": {"model": {"path": str(root / "model")}}})
-    return root
-
 
 @pytest.fixture(scope="module")
 def base_cfg(demo_dir):
