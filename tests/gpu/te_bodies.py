@@ -50,28 +50,23 @@ def hf_log_probs(model_dir: str, batch: dict, use_mask: bool = True) -> torch.Te
     return (logp * batch["response_mask"]).float()
 
 
-def actor_config(model_dir: str, impl: str, packed: bool, rows: int, dtype: str = "bfloat16"):
+def actor_config(model_path: str, impl: str, packed: bool, rows: int, dtype: str = "bfloat16"):
     """The tiny worker tests' `actor_rollout_ref` config in `dtype`, with layer spec `impl`
-    (`override_transformer_config.transformer_impl`) and layout `packed`; `impl`
-    "transformer_engine:unfused" turns TE's fused RoPE and weight-gradient accumulation off."""
-    from omegaconf import open_dict
+    (`override_transformer_config.transformer_impl`, the ref's too) and layout `packed`
+    (`model.use_remove_padding`); `impl` "transformer_engine:unfused" turns TE's fused RoPE and
+    weight-gradient accumulation off."""
     from helpers.tiny import actor_rollout_ref_config, megatron_node
 
-    cfg = actor_rollout_ref_config(
-        model_dir, megatron_node(dtype=dtype, use_distributed_optimizer=False),  # SGD: Megatron shards only Adam
+    spec, _, unfused = impl.partition(":")
+    # auto: TE picks its kernels (verl's default `flash` needs flash-attn, absent on the GPU machine)
+    overrides = {"transformer_impl": spec, "attention_backend": "auto",
+                 **({"apply_rope_fusion": False, "gradient_accumulation_fusion": False} if unfused else {})}
+    megatron = megatron_node(dtype=dtype, use_distributed_optimizer=False,  # SGD: Megatron shards only Adam
+                             override_transformer_config=overrides)
+    return actor_rollout_ref_config(
+        model_path, megatron, {"model.use_remove_padding": packed, "rollout.temperature": TEMPERATURE},
         ppo_mini_batch_size=rows, ppo_micro_batch_size_per_gpu=rows // 2, entropy_coeff=0.0, use_kl_loss=False,
     )
-    with open_dict(cfg):
-        cfg.model.use_remove_padding = packed
-        cfg.rollout.temperature = TEMPERATURE
-        for node in (cfg.actor.megatron, cfg.ref.megatron):
-            overrides = dict(node.get("override_transformer_config") or {})
-            # auto: TE picks its kernels (verl's default `flash` needs flash-attn, absent on the GPU machine)
-            spec, _, unfused = impl.partition(":")
-            if unfused:
-                overrides.update(apply_rope_fusion=False, gradient_accumulation_fusion=False)
-            node.override_transformer_config = {**overrides, "transformer_impl": spec, "attention_backend": "auto"}
-    return cfg
 
 
 def actor_runs(

@@ -19,15 +19,19 @@ process group, no parallel state, no engine); with CUDA it is a fresh ``spawn`` 
 CUDA state may cross a fork). The function does its own
 ``init_process_group`` (e.g. through ``megarl.parallel.init_distributed``); the
 process group is destroyed after it returns. A failing rank's exception is re-raised
-in the caller with the rank's traceback; on timeout every rank is killed.
+in the caller with the rank's traceback; on timeout every rank still running prints its
+threads' stacks to its stderr (faulthandler, SIGUSR1) and is killed.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import pickle
 import queue
+import signal
 import socket
+import sys
 import time
 import traceback
 from typing import Any, Callable
@@ -91,6 +95,7 @@ def _rank_main(fn, rank, world_size, port, env, forked, args, kwargs, result_que
         MASTER_PORT=str(port),
         OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
     )
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # run_distributed's timeout: where it hangs
     import torch
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
@@ -118,6 +123,18 @@ def _rank_main(fn, rank, world_size, port, env, forked, args, kwargs, result_que
         _exit_as_spawned(result_queue)
 
 
+def _dump_stacks(procs) -> None:
+    """Each live rank in turn prints its threads' stacks to its stderr (what a timed-out test shows)."""
+    for rank, proc in enumerate(procs):
+        if proc.is_alive():
+            print(f"--- rank {rank} (pid {proc.pid}) stacks at the timeout:", file=sys.stderr, flush=True)
+            try:
+                os.kill(proc.pid, signal.SIGUSR1)
+            except ProcessLookupError:  # it exited meanwhile
+                continue
+            time.sleep(1)  # one rank's dump at a time
+
+
 def run_distributed(
     fn: Callable[..., Any],
     world_size: int,
@@ -137,7 +154,7 @@ def run_distributed(
     Raises:
         DistributedTestError: a rank raised (its traceback is in the message and the
             original exception is chained when picklable), died without reporting,
-            or the job timed out.
+            or the job timed out (the ranks' stacks are on their stderr).
     """
     ctx, forked = _context()
     result_queue = ctx.Queue()
@@ -161,6 +178,7 @@ def run_distributed(
         while len(results) < world_size:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                _dump_stacks(procs)
                 raise DistributedTestError(
                     f"run_distributed({fn.__name__}, world_size={world_size}) timed out after "
                     f"{timeout}s; ranks without a result: "

@@ -105,7 +105,8 @@ def project_config(model_path: str, settings: dict, megatron: dict, megatron_sec
         node = OmegaConf.select(cfg, f"{section}.megatron")
         layout.update({f"{section}.megatron.{k}": v for k, v in megatron.items() if k in node})
     for key, value in {"actor_rollout_ref.model.path": model_path, **layout, **settings}.items():
-        OmegaConf.update(cfg, key, value, merge=True)
+        # override_transformer_config is free-form (TransformerConfig fields, checked by the config rules)
+        OmegaConf.update(cfg, key, value, merge=True, force_add="override_transformer_config" in key)
     return typed_config(cfg)
 
 
@@ -132,9 +133,11 @@ def _common_settings() -> dict:
     }
 
 
-def actor_rollout_ref_config(model_path: str, megatron: dict, **actor_overrides) -> ActorRolloutRefConfig:
-    """The `actor_rollout_ref` node of the project yaml, sized for the tiny model."""
-    settings = {
+def actor_rollout_ref_config(model_path: str, megatron: dict, settings: dict | None = None,
+                             **actor_overrides) -> ActorRolloutRefConfig:
+    """The `actor_rollout_ref` node of the project yaml, sized for the tiny model; `settings`:
+    {dotted key under actor_rollout_ref (e.g. "model.use_remove_padding"): value}, applied last."""
+    keys = {
         **_common_settings(),
         **{f"actor_rollout_ref.actor.{k}": v for k, v in {**_ACTOR, **actor_overrides}.items()},
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 3,
@@ -142,8 +145,9 @@ def actor_rollout_ref_config(model_path: str, megatron: dict, **actor_overrides)
         "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": 64,
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 4,
         "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": False,
+        **{f"actor_rollout_ref.{k}": v for k, v in (settings or {}).items()},
     }
-    return project_config(model_path, settings, megatron, ("actor_rollout_ref.ref",)).actor_rollout_ref
+    return project_config(model_path, keys, megatron, ("actor_rollout_ref.ref",)).actor_rollout_ref
 
 
 def critic_config(model_path: str, megatron: dict, **overrides) -> CriticConfig:

@@ -1,4 +1,6 @@
-"""The same HF comparisons on CUDA (NCCL, CUDA init/seeding, fp32 without TF32)."""
+"""The same HF comparisons on CUDA (NCCL, CUDA init/seeding, fp32 without TF32), in the CPU tests' local
+layer spec: transformer-engine's (built on CUDA wherever TE is installed) takes no padding mask and accumulates
+weight gradients into DDP's main_grad, so it is compared packed in test_gpu_moe.py and tests/gpu/test_te_spec.py."""
 
 from __future__ import annotations
 
@@ -27,7 +29,8 @@ def test_cuda_logprobs_grads_and_roundtrip(megatron_cfg, tmp_path):
         hf_dir = make_tiny_hf(name, str(tmp_path / name))
         grad = "expert_model_parallel_size" not in megatron_cfg
         cases.append({"hf_dir": hf_dir, "batch": padded_batch(96), "packed": False, "grad": grad})
-    per_rank = run_distributed(convert_and_forward, 2, megatron_cfg, cases, "cuda", timeout=300)
+    local = {**megatron_cfg, "override_transformer_config": {"transformer_impl": "local"}}
+    per_rank = run_distributed(convert_and_forward, 2, local, cases, "cuda", timeout=300)
     for index, case in enumerate(cases):
         assert_matches_hf(case["hf_dir"], case["batch"], [r[index] for r in per_rank], False)
         if case["grad"]:
