@@ -50,7 +50,7 @@
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export VLLM_USE_FLASHINFER_SAMPLER=0  # vLLM 0.26 imports flashinfer for its sampler check unless this is 0; the stack has none
-export PYTHONPATH=/tmp/site:/tmp/site-te:$PWD MEGARL_DEMO_DIR=/tmp/gpu-demo
+export PYTHONPATH=/tmp/site:/tmp/site-te:/tmp/site-fla:$PWD MEGARL_DEMO_DIR=/tmp/gpu-demo  # site-fla: scripts/prepare_fla_overlay.sh
 OUT=${OUT:-$PWD/outputs}; mkdir -p "$OUT"
 source benchmarks/gpu_e2e.sh
 
