@@ -88,23 +88,34 @@ def test_case_fails_before_workers(case: Case, demo: Path, tmp_path: Path):
 SUBPROCESS = [c for c in CASES if c.subprocess]
 
 
+@pytest.fixture(scope="module")
+def command_lines(demo: Path, tmp_path_factory) -> dict[str, subprocess.Popen]:
+    """Every `subprocess` case's `python -m megarl.main_ppo` started at once (each is one core's
+    5-15 s of imports; side by side they share the machine's cores), by case id."""
+    env = {**os.environ, "MEGARL_DEMO_DIR": str(demo), "OMP_NUM_THREADS": "1"}  # (RAY_ADDRESS unset by `demo`)
+    procs = {}
+    for case in SUBPROCESS:
+        d = tmp_path_factory.mktemp(case.id)
+        procs[case.id] = subprocess.Popen(
+            [sys.executable, "-m", "megarl.main_ppo", "--config-name=ppo_megatron_trainer", *case_args(case, d, demo),
+             f"hydra.run.dir={d / 'hydra'}"], cwd=d, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    yield procs
+    for proc in procs.values():
+        proc.kill()
+
+
 @pytest.mark.slow  # one python -m megarl.main_ppo process each (5-15 s)
 @pytest.mark.parametrize("case", SUBPROCESS, ids=[c.id for c in SUBPROCESS])
-def test_case_through_the_command_line(case: Case, demo: Path, tmp_path: Path):
-    args = case_args(case, tmp_path, demo)
-    env = {**os.environ, "MEGARL_DEMO_DIR": str(demo), "OMP_NUM_THREADS": "1"}  # (RAY_ADDRESS unset by `demo`)
-    proc = subprocess.run(
-        [sys.executable, "-m", "megarl.main_ppo", "--config-name=ppo_megatron_trainer", *args,
-         f"hydra.run.dir={tmp_path / 'hydra'}"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
-    )
-    out = proc.stdout + proc.stderr
+def test_case_through_the_command_line(case: Case, command_lines: dict[str, subprocess.Popen]):
+    proc = command_lines[case.id]
+    stdout, stderr = proc.communicate(timeout=600)
+    out = stdout + stderr
     assert proc.returncode == 2, out
     assert "Traceback" not in out, out
-    assert "megarl: invalid megarl config" in proc.stderr, out
-    assert case.key in proc.stderr and all(w in proc.stderr for w in case.words), out
+    assert "megarl: invalid megarl config" in stderr, out
+    assert case.key in stderr and all(w in stderr for w in case.words), out
     # the trainer was never reached: no resolved config printed, no Ray started
-    assert "actor_rollout_ref:" not in proc.stdout and "Started a local Ray instance" not in out, out
+    assert "actor_rollout_ref:" not in stdout and "Started a local Ray instance" not in out, out
 
 
 def readme_row(issue: Issue, d: Path, demo: Path) -> str:
