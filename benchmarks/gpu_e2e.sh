@@ -13,13 +13,13 @@ e2e_common() {  # $1 model dir, $2 GPUs, $3 run directory (one per run: runs of 
 }
 
 run_e2e() {
-  local name=$1 model=$2 gpus=$3 limit=$4
+  local name=$1 model=$2 gpus=$3 limit=$4 dir=/tmp/e2e_run.$1
   shift 4
-  rm -rf "/tmp/e2e_run.$name"
+  rm -rf "$dir"
   # shellcheck disable=SC2046
-  timeout "$limit" python3 -m megarl.main_ppo $(e2e_common "$model" "$gpus" "/tmp/e2e_run.$name") "$@" > "$OUT/$name.log" 2>&1
+  timeout "$limit" python3 -m megarl.main_ppo $(e2e_common "$model" "$gpus" "$dir") "$@" > "$OUT/$name.log" 2>&1
   echo rc $?
-  cp "/tmp/e2e_run.$name/metrics.jsonl" "$OUT/$name.metrics.jsonl" 2>/dev/null
+  cp "$dir/metrics.jsonl" "$OUT/$name.metrics.jsonl" 2>/dev/null
   grep -iE "layer spec|weight sync into|memory plan|non-finite|Traceback|Error|step [0-9]+/" "$OUT/$name.log" | cut -c1-300 | tail -12
   [ -f "$OUT/$name.metrics.jsonl" ] && python3 benchmarks/summarize_metrics.py "$OUT/$name.metrics.jsonl" --gpus "$gpus"
 }
