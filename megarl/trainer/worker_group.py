@@ -46,6 +46,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def device_index(ray_gpu_id: int | str, visible_devices: str | None) -> int:
+    """This process's CUDA ordinal of the GPU Ray assigned (``ray.get_gpu_ids()[0]``) when Ray leaves
+    the node's GPUs visible: Ray names a GPU by its entry in the ``CUDA_VISIBLE_DEVICES`` it started
+    under (``"2,3"`` -> ids 2 and 3, or GPU UUIDs), while torch numbers the visible GPUs 0, 1, ...
+    """
+    entries = [entry.strip() for entry in (visible_devices or "").split(",") if entry.strip()]
+    if str(ray_gpu_id) in entries:
+        return entries.index(str(ray_gpu_id))
+    return int(ray_gpu_id)
+
+
 class WorkerHost:
     """Ray actor body: builds ``cls_path`` (``module:Class``) with ``args``/``kwargs`` after setting
     the distributed environment; ``call(method, *args)`` runs a method of that worker."""
@@ -55,7 +66,7 @@ class WorkerHost:
         if gpu_ids and os.environ.get("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES") == "1":
             # Ray leaves every GPU of the node visible, so NCCL and vLLM see real device ids; this
             # rank uses the one Ray assigned. (Isolated groups see only theirs, as device 0.)
-            env = {**env, "LOCAL_RANK": str(int(gpu_ids[0]))}
+            env = {**env, "LOCAL_RANK": str(device_index(gpu_ids[0], os.environ.get("CUDA_VISIBLE_DEVICES")))}
         os.environ.update(env)
         threads = os.environ.get("OMP_NUM_THREADS")
         if threads:

@@ -16,7 +16,17 @@ def group():
     from megarl.trainer.worker_group import WorkerGroup
 
     here = os.path.dirname(os.path.abspath(__file__))
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": here}})
+    # Ray starts as on a node whose launcher exposed GPUs 2 and 3 (CUDA_VISIBLE_DEVICES=2,3): Ray then
+    # names them "2" and "3" while torch in its workers numbers them 0 and 1.
+    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = "2,3"
+    try:
+        ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": here}})
+    finally:
+        if saved is None:
+            del os.environ["CUDA_VISIBLE_DEVICES"]
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = saved
     pool = create_resource_pool(1, 2, use_gpu=False, cpus_per_slot=0.5)
     wg = WorkerGroup("toy", "toy_worker:ToyWorker", ("T",), {}, pool.placements, 0.25, 0.0,
                      env={"OMP_NUM_THREADS": "1"}, call_timeout_s=120)
@@ -32,6 +42,23 @@ def test_ranks_get_distributed_env(group):
     assert {e["WORLD_SIZE"] for e in envs} == {"2"}
     assert len({(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs}) == 1 and envs[0]["MASTER_PORT"]
     assert envs[1]["OMP_NUM_THREADS"] == "1"
+
+
+def test_gpu_ranks_get_the_cuda_ordinal_of_their_ray_gpu(group):
+    """Ranks with a GPU each: LOCAL_RANK is the torch ordinal (0, 1) of the GPU Ray assigned ("2", "3"),
+    with every GPU left visible (the 2026-11-27 device run on GPUs 2-3 died with "invalid device ordinal")."""
+    from megarl.trainer.resources import create_resource_pool
+    from megarl.trainer.worker_group import WorkerGroup
+
+    pool = create_resource_pool(1, 2, use_gpu=True, cpus_per_slot=0.25)
+    wg = WorkerGroup("toy_gpu", "toy_worker:ToyWorker", ("G",), {}, pool.placements, 0.25, 1.0, call_timeout_s=120)
+    try:
+        envs = wg.call_all("env")
+    finally:
+        wg.shutdown()
+        pool.release()
+    assert {e["CUDA_VISIBLE_DEVICES"] for e in envs} == {"2,3"}
+    assert sorted(e["LOCAL_RANK"] for e in envs) == ["0", "1"]
 
 
 def test_failing_rank_stops_the_call_with_its_traceback(group):

@@ -10,7 +10,8 @@ class ToyWorker:
         self.tag = tag
 
     def env(self) -> dict:
-        return {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS")}
+        return {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS",
+                                         "LOCAL_RANK", "CUDA_VISIBLE_DEVICES")}
 
     def fail_on(self, bad_rank: int, sleep_s: float) -> str:
         if int(os.environ["RANK"]) == bad_rank:
