@@ -50,7 +50,7 @@ def overrides(args: argparse.Namespace, mode: str, run_dir: Path) -> list[str]:
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={args.micro_batch}",
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={agent_yaml}",
         "actor_rollout_ref.rollout.agent.default_agent_loop=long_tail_agent", "actor_rollout_ref.rollout.ignore_eos=true",
-        f"trainer.v1.trainer_mode={mode}",
+        f"trainer.v1.trainer_mode={mode}", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         "trainer.v1.sampler.max_off_policy_threshold=2", f"trainer.v1.sampler.max_off_policy_strategy={args.strategy}",
         f"hydra.run.dir={run_dir}/hydra",
     ]
