@@ -29,6 +29,12 @@
 #               plan says cannot fit, started anyway (trainer.memory_plan.enforce=false): it must end with exit 7 naming
 #               phase update_actor, the rank, the GPU's memory by pool and the keys to change, and leave no process on
 #               the GPUs. (The 0.5B shape cannot show it: its random policy stops after ~60 tokens, and the update fits.)
+#   kill_update, kill_sync, nccl_timeout  issue 37 item 8, 2 GPUs each, the 7B TP=2 run (model7b first) with rank 1
+#               stalled by a pause point (megarl/utils/fault_points.py, benchmarks/fault_run.py): killed after its
+#               update's first micro-batch (rank 0 waits in a TP collective), killed in the first weight sync, and
+#               left stalled in the update with actor_rollout_ref.nccl_timeout=60 (the collective timeout must end the
+#               run). Each: exit code, seconds from the kill / pause to the driver's exit, the report, what is left on
+#               the GPUs
 #   tests       the GPU tests of tests/gpu (the e2e module aside) and tests/models, on the GPUs the machine has
 #   baselines   same-run copy and NCCL all-gather of one rank's 7B share (benchmarks/bench_sync_baselines.py)
 #   model30b    a random Qwen3-30B-A3B-shaped policy (128 experts top 8, real vocabulary) in /tmp/q30b with
@@ -76,6 +82,16 @@ mapfile -t SCALE7B_4GPU < <(merged SCALE7B data.train_batch_size=32 actor_rollou
 mapfile -t OOM7B < <(merged SCALE7B actor_rollout_ref.actor.megatron.param_offload=true \
   actor_rollout_ref.rollout.gpu_memory_utilization=0.5 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64 \
   trainer.memory_plan.enforce=false trainer.total_training_steps=1)
+mapfile -t FAULT7B < <(merged SCALE7B actor_rollout_ref.actor.megatron.param_offload=true \
+  actor_rollout_ref.rollout.gpu_memory_utilization=0.5 trainer.total_training_steps=2)
+fault_run() {  # fault_run NAME PAUSE_AT [--kill] [overrides...]: benchmarks/fault_run.py on the 7B TP=2 run
+  local name=$1 pause=$2; shift 2
+  local kill=(); [ "${1:-}" = --kill ] && { kill=(--kill); shift; }
+  rm -rf "/tmp/e2e_run.$name"
+  # shellcheck disable=SC2046
+  python3 benchmarks/fault_run.py --name "$name" --pause "$pause" "${kill[@]}" --limit 480 -- \
+    $(e2e_common /tmp/q7b 2 "/tmp/e2e_run.$name") "${FAULT7B[@]}" "$@" | cut -c1-400
+}
 mapfile -t SCALE7B_TP4 < <(merged SCALE7B_4GPU actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4 \
   actor_rollout_ref.rollout.tensor_model_parallel_size=4)
 
@@ -163,6 +179,9 @@ for step in "$@"; do
              echo model rc $?; du -sh /tmp/q30b48w
              plan_e2e e2e30b48_cpuopt /tmp/q30b48w "$MOE30B_GPUS" "${MOE30B48_CPUOPT[@]}" "${R3[@]}"
              run_e2e e2e30b48_cpuopt /tmp/q30b48w "$MOE30B_GPUS" "${MOE30B48_LIMIT:-1200}" "${MOE30B48_CPUOPT[@]}" "${R3[@]}" ;;
+    kill_update) fault_run kill_update update_microbatch@2:rank1 --kill ;;
+    kill_sync) fault_run kill_sync weight_sync@1:rank1 --kill ;;
+    nccl_timeout) fault_run nccl_timeout update_microbatch@2:rank1 actor_rollout_ref.nccl_timeout=60 ;;
     baselines) timeout 120 torchrun --nproc_per_node=2 benchmarks/bench_sync_baselines.py --model /tmp/q7b --tp 2 \
                > "$OUT/baselines.log" 2>&1; echo rc $?; grep -E "baseline|Error" "$OUT/baselines.log" ;;
     tests2)  timeout 420 python3 -m pytest -q -m gpu tests/gpu/test_vllm_direct_sync.py tests/gpu/test_gpu_paths.py -rA \

@@ -38,7 +38,7 @@ from megarl.parallel.layout import ParallelLayout
 from megarl.protocol import DataProto
 from megarl.trainer import checkpointing as ckpt
 from megarl.trainer.failures import FailureContext
-from megarl.trainer.fault_points import pause_point
+from megarl.utils.fault_points import pause_point
 from megarl.trainer.metrics import compute_data_metrics, mean_metrics, num_tokens
 from megarl.trainer.resources import ResourcePool, create_resource_pool
 from megarl.trainer.resume_config import check_resume_config, run_record

@@ -228,7 +228,7 @@ class WorkerGroup:
                     rank = refs.index(ref)
                     raise WorkerError(
                         f"{self.name} rank {rank} (pid {self._pid(rank)}{self._where(rank)}): the worker process died during "
-                        f"{self.name}.{method} ({type(error).__name__}); the run stops. Ray's report:\n{error}",
+                        f"{self.name}.{method} ({type(error).__name__}); the run stops.\nRay's report:\n{error}",
                         group=self.name, rank=rank, pid=self._pid(rank), method=method, error_type=type(error).__name__,
                         error_text=f"the worker process died during {self.name}.{method}", remote_traceback=str(error),
                         died=True,

@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from megarl.models.lora import merged_weights
+from megarl.utils.fault_points import rank_pause_point
 from megarl.weight_sync.direct import ActorShards, DirectTargets, direct_targets
 from megarl.weight_sync.plan import plan_for_model
 from megarl.weight_sync.transport import SyncStats, stream_in_process
@@ -203,6 +204,7 @@ class ColocatedSync:
         mark("actor_params_on")
         timing["weight_sync/wake_weights_s"] = self.rollout.wake_up(["weights"])
         mark("vllm_weights_on")
+        rank_pause_point("weight_sync")
         stats = SyncStats()
         start = time.perf_counter()
         try:

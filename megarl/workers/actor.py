@@ -32,6 +32,7 @@ from megarl.config.schema.algorithm import RolloutCorrectionConfig
 from megarl.config.schema.distillation import DistillationConfig
 from megarl.models.lora import adapters_disabled
 from megarl.protocol import DataProto
+from megarl.utils.fault_points import rank_pause_point
 from megarl.workers.megatron.engine import MicroBatchSpec
 from megarl.workers.megatron.inputs import next_token_labels, response_mask_of, response_values, to_response
 from megarl.workers.megatron.offload import PARAMS
@@ -326,6 +327,7 @@ class ActorWorker(MegatronWorker):
 
         def make_loss_fn(denominator):
             def loss_fn(logits, mb):
+                rank_pause_point("update_microbatch")
                 t = mb.tensors
                 mask = t["response_mask"]
                 # As verl: the entropy (2 more passes over the [tokens, V/tp] logits
