@@ -7,8 +7,9 @@ Each mode is one ``python -m megarl.main_ppo`` run (GRPO on the demo task's prom
 overrides: ``--batch`` prompts x ``--n`` samples a step, and the long-tail agent loop of
 ``tests/helpers/long_tail.py`` (``ignore_eos``: 1 in 8 prompts, by ``extra_info.index``, gets
 ``--response-length`` tokens, the others 1/8 of it). The async modes run one step off policy
-(``max_off_policy_threshold=2``, one warm-up batch, strategy ``--strategy``, default ``wait``: nothing
-is discarded, so every mode trains the same prompts). GPUs are split as the mode places them:
+(``--off-policy`` 2: ``max_off_policy_threshold=2``, one warm-up batch; ``--off-policy N``: N versions, N - 1
+warm-up batches) with strategy ``--strategy``, default ``wait``: nothing is discarded, so every mode trains the
+same prompts. GPUs are split as the mode places them:
 sync and colocate_async put actor and engines on all ``--gpus`` (one replica per GPU);
 separate_async trains on ``--gpus - --engines`` and generates on ``--engines`` (default half).
 ``--device cpu`` counts CPU slots instead (a functional check: CPU timings say nothing of GPUs).
@@ -51,7 +52,10 @@ def overrides(args: argparse.Namespace, mode: str, run_dir: Path) -> list[str]:
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={agent_yaml}",
         "actor_rollout_ref.rollout.agent.default_agent_loop=long_tail_agent", "actor_rollout_ref.rollout.ignore_eos=true",
         f"trainer.v1.trainer_mode={mode}", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-        "trainer.v1.sampler.max_off_policy_threshold=2", f"trainer.v1.sampler.max_off_policy_strategy={args.strategy}",
+        f"trainer.v1.sampler.max_off_policy_threshold={args.off_policy}",
+        f"trainer.v1.sampler.max_off_policy_strategy={args.strategy}",
+        f"trainer.v1.colocate_async.num_warmup_batches={args.off_policy - 1}",
+        f"trainer.v1.separate_async.num_warmup_batches={args.off_policy - 1}",
         f"hydra.run.dir={run_dir}/hydra",
     ]
     if args.model:
@@ -109,6 +113,8 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=4, help="actor.ppo_micro_batch_size_per_gpu (responses)")
     parser.add_argument("--response-length", type=int, default=1024, help="the long responses' length")
     parser.add_argument("--strategy", default="wait", choices=("wait", "drop"))
+    parser.add_argument("--off-policy", type=int, default=2,
+                        help="async modes: the most policy versions a sample spans (warm-up batches: one less)")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--skip", type=int, default=2, help="steps left out of the medians (start-up)")
     parser.add_argument("--cpus", type=int, default=2, help="--device cpu: Ray's CPUs")

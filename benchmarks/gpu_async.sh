@@ -9,6 +9,8 @@
 #   async1   one GPU: sync vs colocate_async (separate_async needs a GPU of its own for the engine)
 #   async2   two GPUs: sync and colocate_async on both (actor DP=2, two vLLM replicas) vs separate_async
 #            (trainer on one GPU, one standalone engine on the other)
+#   async2_deep  two GPUs: colocate_async and separate_async with samples spanning up to 3 versions (2 warm-up
+#            batches): a long response then has three generation phases to finish in, not two
 # The policy: a random Qwen2.5-0.5B shape (benchmarks/grpo_model_dir.py /tmp/q05), the demo task's prompts,
 # 64 prompts x 8 samples a step, responses of 992 (1 prompt in 8) or 124 tokens (prompt + response
 # within the shape's 1,024 positions), 8 steps (medians of the last 6).
@@ -33,9 +35,12 @@ for step in "$@"; do
     async2) timeout 590 python3 benchmarks/bench_async_modes.py --gpus 2 --modes sync,colocate_async,separate_async \
               "${COMMON[@]}" --work /tmp/async2 --out "$OUT/async2.json" > "$OUT/async2.log" 2>&1; echo rc $?
             tail -5 "$OUT/async2.log" ;;
+    async2_deep) timeout 590 python3 benchmarks/bench_async_modes.py --gpus 2 --modes colocate_async,separate_async \
+              --off-policy 3 "${COMMON[@]}" --work /tmp/async2_deep --out "$OUT/async2_deep.json" > "$OUT/async2_deep.log" 2>&1
+            echo rc $?; tail -5 "$OUT/async2_deep.log" ;;
   esac
   for mode in sync colocate_async separate_async; do  # the runs' metrics for RESULTS.md
-    for dir in /tmp/async1 /tmp/async2; do
+    for dir in /tmp/async1 /tmp/async2 /tmp/async2_deep; do
       [ -f "$dir/$mode/ckpt/metrics.jsonl" ] && cp "$dir/$mode/ckpt/metrics.jsonl" "$OUT/$(basename $dir).$mode.metrics.jsonl"
     done
   done
