@@ -46,6 +46,9 @@
 #               30B script) with EP over the GPUs, ETP=1; one vLLM replica with TP = EP over the GPUs (expert-local
 #               weight sync); offload as verl's 30B scripts set it; the launch plan of the same command first
 #   e2e30b      the same without routing replay (the log-prob gap to compare)
+#   e2e30b_dyn  e2e30b with dynamic batch size as verl's MoE scripts' tuning notes advise (16,384 tokens per update
+#               micro-batch, 32,768 per log-prob one; planned at 80.6 GiB a GPU): the update at micro-batch 2 ran at
+#               ~0.86 s a micro-batch of ~2,000 tokens (55 s a step), a fixed cost per micro-batch that larger ones amortise
 #   e2e30b48_cpuopt  the full 48-layer shape (weights built in /tmp/q30b48w if absent, 61 GB) on 4 GPUs with R3 and
 #               Megatron's CPU optimizer as verl's MoE scripts set it (optimizer_cpu_offload, overlap_cpu_optimizer_d2h_h2d,
 #               use_precision_aware_optimizer) at optimizer_offload_fraction MOE30B_CPUOPT_FRACTION (default 0.75; verl's
@@ -117,6 +120,10 @@ MOE30B=(actor_rollout_ref.actor.megatron.tensor_model_parallel_size="$MOE30B_GPU
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16
   actor_rollout_ref.actor.use_kl_loss=true actor_rollout_ref.actor.kl_loss_coef=0.001
   trainer.total_training_steps="${MOE30B_STEPS:-3}")
+mapfile -t MOE30B_DYN < <(merged MOE30B actor_rollout_ref.actor.use_dynamic_bsz=true \
+  actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384 actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true \
+  actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=32768 actor_rollout_ref.ref.log_prob_use_dynamic_bsz=true \
+  actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=32768)
 R3=(actor_rollout_ref.actor.megatron.router_replay.mode=R3 actor_rollout_ref.rollout.enable_rollout_routing_replay=true)
 CPUOPT=actor_rollout_ref.actor.optim.override_optimizer_config
 mapfile -t MOE30B48_CPUOPT < <(merged MOE30B actor_rollout_ref.actor.megatron.param_offload=false \
@@ -174,6 +181,8 @@ for step in "$@"; do
              run_e2e e2e30b_r3 /tmp/q30b "$MOE30B_GPUS" 570 "${MOE30B[@]}" "${R3[@]}" ;;
     e2e30b)  plan_e2e e2e30b /tmp/q30b "$MOE30B_GPUS" "${MOE30B[@]}"
              run_e2e e2e30b /tmp/q30b "$MOE30B_GPUS" 570 "${MOE30B[@]}" ;;
+    e2e30b_dyn) plan_e2e e2e30b_dyn /tmp/q30b "$MOE30B_GPUS" "${MOE30B_DYN[@]}"
+             run_e2e e2e30b_dyn /tmp/q30b "$MOE30B_GPUS" 570 "${MOE30B_DYN[@]}" ;;
     e2e30b48_cpuopt) [ -f /tmp/q30b48w/config.json ] || timeout 420 python3 benchmarks/grpo_model_dir.py /tmp/q30b48w --30b \
                > "$OUT/model30b48w.log" 2>&1
              echo model rc $?; du -sh /tmp/q30b48w
