@@ -35,21 +35,22 @@ def write_random_hf_dir(shape: dict, path: str, seed: int = 0) -> str:
 
 def actor_config(
     model_path: str, tp: int, micro_bs: int, n_micro: int, remove_padding: bool, dist_opt: bool,
-    impl: str = "local", overrides: dict | None = None, optimizer: str = "adam",
+    impl: str = "local", overrides: dict | None = None, optimizer: str = "adam", cp: int = 1, sp: bool = False,
 ):
     """The resolved `actor_rollout_ref` node of a real run's config (verl's defaults, as
     `python -m megarl.main_ppo` composes it): one mini-batch of micro_bs*n_micro rows per
     step, vanilla PPO loss, no KL, constant lr. ``impl`` is megatron's ``transformer_impl``
     (layer spec); ``overrides`` further TransformerConfig fields; ``optimizer`` "sgd": no
-    momentum (no optimizer state: a whole 7B model's weights and grads fit one GPU)."""
+    momentum (no optimizer state: a whole 7B model's weights and grads fit one GPU); ``cp`` context
+    parallelism, ``sp`` sequence parallelism."""
     from megarl.config import load_config, typed_config
 
-    dp = dist.get_world_size() // tp
+    dp = dist.get_world_size() // (tp * cp)
     a = "actor_rollout_ref.actor"
     cfg = load_config([
         f"actor_rollout_ref.model.path={model_path}", f"actor_rollout_ref.model.use_remove_padding={remove_padding}",
         f"{a}.megatron.tensor_model_parallel_size={tp}", f"{a}.megatron.use_distributed_optimizer={dist_opt}",
-        f"{a}.megatron.sequence_parallel=false", f"{a}.ppo_mini_batch_size={micro_bs * n_micro * dp}",
+        f"{a}.megatron.sequence_parallel={str(sp).lower()}", f"{a}.megatron.context_parallel_size={cp}", f"{a}.ppo_mini_batch_size={micro_bs * n_micro * dp}",
         f"{a}.ppo_micro_batch_size_per_gpu={micro_bs}", f"{a}.shuffle=false", f"{a}.use_kl_loss=false",
         f"{a}.optim.lr_decay_style=constant", f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro_bs}",
         "actor_rollout_ref.rollout.n=1", f"{a}.optim.optimizer={optimizer}",

@@ -35,6 +35,9 @@
 #               left stalled in the update with actor_rollout_ref.nccl_timeout=60 (the collective timeout must end the
 #               run). Each: exit code, seconds from the kill / pause to the driver's exit, the report, what is left on
 #               the GPUs
+#   long_context  issue 31 item 7, 2 GPUs: the actor at LC_SEQ (16,384) tokens, LC_SHAPE (1.5b) model, TE spec: TP=2
+#               (the reference), TP=2 + sequence parallel, CP=2 (benchmarks/bench_long_context.py): log-probs against
+#               the reference, tokens/s/GPU of the log-prob pass and the update, peak memory
 #   tests       the GPU tests of tests/gpu (the e2e module aside) and tests/models, on the GPUs the machine has
 #   baselines   same-run copy and NCCL all-gather of one rank's 7B share (benchmarks/bench_sync_baselines.py)
 #   model30b    a random Qwen3-30B-A3B-shaped policy (128 experts top 8, real vocabulary) in /tmp/q30b with
@@ -191,6 +194,13 @@ for step in "$@"; do
     kill_update) fault_run kill_update update_microbatch@2:rank1 --kill ;;
     kill_sync) fault_run kill_sync weight_sync@1:rank1 --kill ;;
     nccl_timeout) fault_run nccl_timeout update_microbatch@2:rank1 actor_rollout_ref.nccl_timeout=60 ;;
+    long_context) for layout in "--tp 2" "--tp 2 --sp" "--tp 1 --cp 2"; do
+               name=lc$(echo "$layout" | tr -d ' -')
+               timeout 240 torchrun --nproc_per_node=2 benchmarks/bench_long_context.py $layout --seq "${LC_SEQ:-16384}" \
+                 --shape "${LC_SHAPE:-1.5b}" --out "$OUT/$name" > "$OUT/$name.log" 2>&1; echo "$name rc $?"
+               grep -E "Error|error:" "$OUT/$name.log" | tail -3
+             done
+             python3 benchmarks/bench_long_context.py --compare "$OUT/lctp2" "$OUT/lctp2sp" "$OUT/lctp1cp2" ;;
     baselines) timeout 120 torchrun --nproc_per_node=2 benchmarks/bench_sync_baselines.py --model /tmp/q7b --tp 2 \
                > "$OUT/baselines.log" 2>&1; echo rc $?; grep -E "baseline|Error" "$OUT/baselines.log" ;;
     tests2)  timeout 420 python3 -m pytest -q -m gpu tests/gpu/test_vllm_direct_sync.py tests/gpu/test_gpu_paths.py -rA \
