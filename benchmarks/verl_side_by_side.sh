@@ -10,7 +10,7 @@
 #                                 bash .gpuverl/run_verl.sh megatron7b (Megatron backend, 7B, 2 GPUs: gpu_scale.sh verl7b_tp2)
 #   bash .gpuverl/run_verl.sh --print-overrides megatron7b   (prints the Hydra overrides, one per line; no run)
 #   env: VERL_TIMEOUT (s, split over the backends), VERL_RAY_CPUS (32), VERL_WATCHDOG_S (240), VERL_USE_V1 (true),
-#        VERL_EXTRA_OVERRIDES (appended Hydra overrides)
+#        VERL_EXTRA_OVERRIDES (Hydra overrides appended; one naming a workload key replaces its value)
 #
 # fsdp, megatron = megarl's e2e with MODEL=l05: random Qwen2.5-0.5B shape as a Llama (/tmp/l05, grpo_model_dir.py
 # --llama), 64 prompts x 8, prompt <= 32, response <= 224, mini-batch 64, micro-batch 16, 1 GPU, rollout TP=1 at 0.3,
@@ -88,11 +88,14 @@ overrides() {  # $1 = fsdp | megatron | megatron7b
     +actor_rollout_ref.model.override_config.rope_theta=1000000.0
     actor_rollout_ref.actor.megatron.override_transformer_config.attention_backend=auto)
   local extra=(); read -r -a extra <<< "${VERL_EXTRA_OVERRIDES:-}"
+  # Hydra refuses a key twice: an extra override replaces the workload's value of its key (the last one kept)
+  last_wins() { awk '{k = $0; sub(/=.*/, "", k); sub(/^\+/, "", k); line[NR] = $0; key[NR] = k; last[k] = NR}
+                     END {for (i = 1; i <= NR; i++) if (last[key[i]] == i) print line[i]}'; }
   case $1 in
-    fsdp) printf '%s\n' "${base[@]}" "${w05[@]}" actor_rollout_ref.model.use_remove_padding=false "${extra[@]}" ;;
+    fsdp) printf '%s\n' "${base[@]}" "${w05[@]}" actor_rollout_ref.model.use_remove_padding=false "${extra[@]}" | last_wins ;;
     megatron) printf '%s\n' "${mcore[@]}" "${base[@]}" "${w05[@]}" \
-            actor_rollout_ref.actor.megatron.sequence_parallel=false "${extra[@]}" ;;
-    megatron7b) printf '%s\n' "${mcore[@]}" "${base[@]}" "${w7b[@]}" "${extra[@]}" ;;
+            actor_rollout_ref.actor.megatron.sequence_parallel=false "${extra[@]}" | last_wins ;;
+    megatron7b) printf '%s\n' "${mcore[@]}" "${base[@]}" "${w7b[@]}" "${extra[@]}" | last_wins ;;
     *) echo "unknown backend '$1' (fsdp | megatron | megatron7b)" >&2; return 2 ;;
   esac
 }
