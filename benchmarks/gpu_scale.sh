@@ -12,6 +12,11 @@
 #   e2e05_tp2   2 GRPO steps of the 0.5B shape with actor TP=2 and one vLLM TP=2 replica (shard-to-shard sync)
 #   e2e7b_tp2   5 GRPO steps of the 7B shape, actor TP=2 (+ reference), one vLLM TP=2 replica, 16 prompts x 8 x <= 1024
 #               tokens, offload as verl's 7B Megatron scripts set it; the launch plan of the same command first
+#   model7b_llama  the same shape as a Llama in /tmp/l7b (verl's agent loop refuses the qwen2 model type with the demo
+#               tokenizer: benchmarks/verl_side_by_side.sh says why), built on the GPU, ~45 s
+#   verl7b_tp2  verl 0.9.1's Megatron backend on e2e7b_tp2's workload (/tmp/l7b; builds it if absent), 2 GPUs, 540 s
+#               limit (VERL_TIMEOUT): benchmarks/verl_side_by_side.sh megatron7b; needs .gpuverl carried in the call
+#               (benchmarks/prepare_verl_part.sh). Prints verl's per-step phases, tokens/s/GPU and peak memory
 #   e2e7b_tp2_optim  the same with only the optimizer state offloaded (parameters and gradients stay on the GPUs)
 #   e2e7b_tp2dp2  4 GPUs: 4 GRPO steps of the 7B shape, actor TP=2 x DP=2, two vLLM TP=2 replicas, 32 prompts x 8
 #               (the per-GPU work of e2e7b_tp2), offload as e2e7b_tp2; the launch plan of the same command first
@@ -153,6 +158,11 @@ for step in "$@"; do
                actor_rollout_ref.rollout.gpu_memory_utilization=0.5
              run_e2e e2e7b_tp2 /tmp/q7b 2 540 "${SCALE7B[@]}" actor_rollout_ref.actor.megatron.param_offload=true \
                actor_rollout_ref.rollout.gpu_memory_utilization=0.5 ;;
+    model7b_llama) [ -f /tmp/l7b/tokenizer.json ] || timeout 300 python3 benchmarks/grpo_model_dir.py /tmp/l7b --7b --llama \
+               > "$OUT/model7b_llama.log" 2>&1
+             echo rc $?; du -sh /tmp/l7b ;;
+    verl7b_tp2) VERL_TIMEOUT=${VERL_TIMEOUT:-540} VERL_WATCHDOG_S=${VERL_WATCHDOG_S:-400} \
+               bash benchmarks/verl_side_by_side.sh megatron7b ;;
     e2e7b_tp2_optim) plan_e2e e2e7b_tp2_optim /tmp/q7b 2 "${SCALE7B[@]}" actor_rollout_ref.rollout.gpu_memory_utilization=0.45
              run_e2e e2e7b_tp2_optim /tmp/q7b 2 540 "${SCALE7B[@]}" actor_rollout_ref.rollout.gpu_memory_utilization=0.45 ;;
     e2e7b_tp2dp2) plan_e2e e2e7b_tp2dp2 /tmp/q7b 4 "${SCALE7B_4GPU[@]}"

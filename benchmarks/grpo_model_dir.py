@@ -1,6 +1,6 @@
 """Write a random Qwen2.5-0.5B-shaped policy with the demo tokenizer (issue 23's GRPO run).
 
-  MEGARL_DEMO_DIR=/tmp/demo python benchmarks/grpo_model_dir.py /tmp/q05 [--config-only] [--moe | --llama | --7b | --8b | --30b [--layers N]]
+  MEGARL_DEMO_DIR=/tmp/demo python benchmarks/grpo_model_dir.py /tmp/q05 [--config-only] [--moe | --llama | --7b [--llama] | --8b | --30b [--layers N]]
 
 Builds the demo assets (tokenizer, data) if missing, then saves a randomly initialised
 Qwen2 of Qwen2.5-0.5B's shape (vocabulary = the demo tokenizer's) in bf16 with the tokenizer
@@ -10,7 +10,8 @@ for expert-parallel runs. ``--llama``: the same shape as a Llama (no q/k/v bias)
 side: verl 0.9.1's agent loop picks its token builder by ``model_type``, and its Qwen builder needs a
 tokenizer where "\\n" is one token, which the demo tokenizer does not have. ``--7b``: Qwen2.5-7B's shape
 with its real vocabulary size (152,064; the demo tokenizer padded with ``<reserved_k>`` entries, so every
-id the random policy samples decodes), untied embeddings (issue 31's scale runs; built on the GPU).
+id the random policy samples decodes), untied embeddings (issue 31's scale runs; built on the GPU); with
+``--llama`` the same shape as a Llama (verl's 7B side by side, for the reason above).
 ``--8b``: Qwen3-8B's shape (36 layers, hidden 4,096, q/k norms, vocabulary 151,936, untied; verl's Qwen3-8B
 GRPO script's model, issue 34). ``--30b``: Qwen3-30B-A3B's shape (48 layers, 128 experts top 8, its real vocabulary 151,936, untied; issue 35;
 built on the GPU, 61 GB in bf16); ``--layers N`` keeps N of its layers (what fits 4 or 2 GPUs' training state).
@@ -58,8 +59,9 @@ def main() -> None:
                                        num_attention_heads=32, num_key_value_heads=8, head_dim=128, **common)
     elif "--7b" in sys.argv:
         common.update(tie_word_embeddings=False, max_position_embeddings=32768)
-        cfg = transformers.Qwen2Config(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
-                                       num_attention_heads=28, num_key_value_heads=4, **common)
+        shape = dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                     num_key_value_heads=4, **common)
+        cfg = transformers.LlamaConfig(**shape) if "--llama" in sys.argv else transformers.Qwen2Config(**shape)
     elif "--llama" in sys.argv:
         cfg = transformers.LlamaConfig(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                                        num_attention_heads=14, num_key_value_heads=2, head_dim=64, **common)
