@@ -17,6 +17,7 @@
 #   verl7b_tp2  verl 0.9.1's Megatron backend on e2e7b_tp2's workload (/tmp/l7b; builds it if absent), 2 GPUs, 540 s
 #               limit (VERL_TIMEOUT): benchmarks/verl_side_by_side.sh megatron7b; needs .gpuverl carried in the call
 #               (benchmarks/prepare_verl_part.sh). Prints verl's per-step phases, tokens/s/GPU and peak memory
+#   e2e7b_tp2_llama  e2e7b_tp2 on /tmp/l7b (model7b_llama), the model verl7b_tp2 runs: megarl beside verl on one model
 #   e2e7b_tp2_optim  the same with only the optimizer state offloaded (parameters and gradients stay on the GPUs)
 #   e2e7b_tp2dp2  4 GPUs: 4 GRPO steps of the 7B shape, actor TP=2 x DP=2, two vLLM TP=2 replicas, 32 prompts x 8
 #               (the per-GPU work of e2e7b_tp2), offload as e2e7b_tp2; the launch plan of the same command first
@@ -154,9 +155,10 @@ for step in "$@"; do
                actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16 actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 \
                actor_rollout_ref.actor.megatron.param_offload=true actor_rollout_ref.actor.megatron.optimizer_offload=true \
                actor_rollout_ref.rollout.gpu_memory_utilization=0.3 trainer.total_training_steps=2 ;;
-    e2e7b_tp2) plan_e2e e2e7b_tp2 /tmp/q7b 2 "${SCALE7B[@]}" actor_rollout_ref.actor.megatron.param_offload=true \
+    e2e7b_tp2|e2e7b_tp2_llama) model=/tmp/q7b; [ "$step" = e2e7b_tp2_llama ] && model=/tmp/l7b
+             plan_e2e "$step" $model 2 "${SCALE7B[@]}" actor_rollout_ref.actor.megatron.param_offload=true \
                actor_rollout_ref.rollout.gpu_memory_utilization=0.5
-             run_e2e e2e7b_tp2 /tmp/q7b 2 540 "${SCALE7B[@]}" actor_rollout_ref.actor.megatron.param_offload=true \
+             run_e2e "$step" $model 2 540 "${SCALE7B[@]}" actor_rollout_ref.actor.megatron.param_offload=true \
                actor_rollout_ref.rollout.gpu_memory_utilization=0.5 ;;
     model7b_llama) [ -f /tmp/l7b/tokenizer.json ] || timeout 300 python3 benchmarks/grpo_model_dir.py /tmp/l7b --7b --llama \
                > "$OUT/model7b_llama.log" 2>&1
