@@ -35,7 +35,7 @@
 #               plan says cannot fit, started anyway (trainer.memory_plan.enforce=false): it must end with exit 7 naming
 #               phase update_actor, the rank, the GPU's memory by pool and the keys to change, and leave no process on
 #               the GPUs. (The 0.5B shape cannot show it: its random policy stops after ~60 tokens, and the update fits.)
-#   kill_update, kill_sync, nccl_timeout  issue 37 item 8, 2 GPUs each, the 7B TP=2 run (model7b first) with rank 1
+#   kill_update, kill_sync, nccl_timeout  issue 37 item 8, 2 GPUs each, the 7B TP=2 run (FAULT_MODEL, /tmp/q7b) with rank 1
 #               stalled by a pause point (megarl/utils/fault_points.py, benchmarks/fault_run.py): killed after its
 #               update's first micro-batch (rank 0 waits in a TP collective), killed in the first weight sync, and
 #               left stalled in the update with actor_rollout_ref.nccl_timeout=60 (the collective timeout must end the
@@ -102,7 +102,7 @@ fault_run() {  # fault_run NAME PAUSE_AT [--kill] [overrides...]: benchmarks/fau
   rm -rf "/tmp/e2e_run.$name"
   # shellcheck disable=SC2046
   python3 benchmarks/fault_run.py --name "$name" --pause "$pause" "${kill[@]}" --limit 480 -- \
-    $(e2e_common /tmp/q7b 2 "/tmp/e2e_run.$name") "${FAULT7B[@]}" "$@" | cut -c1-400
+    $(e2e_common "${FAULT_MODEL:-/tmp/q7b}" 2 "/tmp/e2e_run.$name") "${FAULT7B[@]}" "$@" | cut -c1-400
 }
 mapfile -t SCALE7B_TP4 < <(merged SCALE7B_4GPU actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4 \
   actor_rollout_ref.rollout.tensor_model_parallel_size=4)
