@@ -101,7 +101,9 @@ def direct_sync_into_vllm(hf_dir: str, actor_tp: int, rollout_tp: int) -> dict:
                                        "rollout.tensor_model_parallel_size": rollout_tp,
                                        "rollout.gpu_memory_utilization": 0.2,
                                        "actor.megatron.override_transformer_config.attention_backend": "auto",
-                                       "rollout.weight_sync.bucket_size_mb": 0.05})
+                                       "rollout.weight_sync.bucket_size_mb": 0.05,
+                                       # the run's dtype (the CPU suite's config is float32)
+                                       "actor.megatron.dtype": "bfloat16", "rollout.dtype": "bfloat16"})
     worker = ActorRolloutRefWorker(cfg, role="actor_rollout", device="cuda")
     worker.init_model()
     sync = worker.weight_sync
