@@ -38,8 +38,10 @@ measured peak can be set beside each one:
 * updates (``update_actor``, ``update_critic``): the trained role whole + its training
   activations + the others' between-phase state.
 
-Every phase also holds :data:`GPU_OVERHEAD`, and :data:`CUDA_CONTEXT` for each colocated
-reward-model or teacher process. The plan refuses when a phase exceeds the GPU
+Every phase also holds an overhead (:mod:`megarl.plan.overhead`, fitted to the device memory in use
+of the GPU runs): the worker process's CUDA context and communicators, more with expert parallelism,
+what vLLM keeps while it sleeps (every phase after it started but generate), and a CUDA context for
+each further process (critic, reward model, colocated teacher). The plan refuses when a phase exceeds the GPU
 (``trainer.memory_plan.gpu_memory_gib``), or when a node's host memory
 (``trainer.memory_plan.host_memory_gib``) cannot hold the page-locked copies of what every GPU of
 the node offloads, the state Megatron's CPU optimizer keeps in host memory for each
@@ -62,21 +64,13 @@ from megarl.config.schema.trainer import MemoryPlanConfig
 from megarl.parallel.layout import ParallelLayout
 from megarl.plan.memory import RankMemory, TrainSetup, VllmMemory, rank_memory, vllm_memory
 from megarl.plan.model_size import ParamCount, count_params, load_shape
+from megarl.plan.overhead import OWN_POOL, trainer_overhead
 
-__all__ = ["GPU_OVERHEAD", "Phase", "Plan", "RolePlan", "build_plan", "gpu_memory_gib"]
+__all__ = ["Phase", "Plan", "RolePlan", "build_plan", "gpu_memory_gib"]
 
 GIB = 2**30
 MIB = 2**20
 DEFAULT_GPU_GIB = 80.0
-# Memory on every GPU outside the terms above, in every phase: the CUDA context of each process
-# on the GPU (the actor/rollout/reference process, and the critic's when one runs) with its
-# cuBLAS / cuDNN workspaces (~0.5 GiB each on H100, CUDA 13), NCCL's buffers for megatron's and
-# vLLM's communicators (a few hundred MiB), and vLLM's CUDA-graph pool, which stays allocated
-# while vLLM sleeps (~0.5 GiB at 7B). An estimate until the GPU runs of issue 31 measure it.
-GPU_OVERHEAD = 2 * GIB
-# A further process on the GPU (the reward model's, a colocated teacher's): its CUDA context and
-# cuBLAS workspace, as each counted in GPU_OVERHEAD.
-CUDA_CONTEXT = GIB // 2
 # Host memory of each GPU's worker process besides its offload buffers: torch, CUDA, Megatron and
 # vLLM loaded, the Ray worker, the HF weights while they load. The 7B TP=2 run of 2026-11-26 used
 # ~39 GB of the node's RAM beyond its pinned buffers for two such processes.
@@ -145,11 +139,12 @@ class RolePlan:
 class Phase:
     """One phase's peak on one GPU: named terms in bytes; ``role``: the Megatron role whose
     state the phase loads (None for ``generate``); ``pool``: whose GPUs (TRAINER_POOL,
-    TEACHER_POOL or ROLLOUT_POOL)."""
+    TEACHER_POOL or ROLLOUT_POOL); ``overhead_parts``: its ``overhead`` term by part."""
 
     terms: dict[str, int]
     role: str | None
     pool: str = TRAINER_POOL
+    overhead_parts: dict[str, int] = field(default_factory=dict)  # the "overhead" term by part
 
     @property
     def total(self) -> int:
@@ -354,10 +349,22 @@ def build_plan(cfg: DictConfig, gpu_memory_gib: float, host_memory_gib: float | 
     return plan
 
 
+def _phase(terms: dict[str, int], role: str | None, overhead: dict[str, int], pool: str = TRAINER_POOL) -> Phase:
+    return Phase({**terms, "overhead": sum(overhead.values())}, role, pool, overhead)
+
+
 def phases(plan: Plan) -> dict[str, Phase]:
     """Every phase's terms (see the module docstring)."""
     roles = {name: r for name, r in plan.roles.items() if r.pool == TRAINER_POOL}
-    overhead = {"overhead": GPU_OVERHEAD + CUDA_CONTEXT * sum(r.role in SERVED for r in roles.values())}
+    vllm_here = plan.rollout_pool is None  # separate_async: the engines are on their own GPUs
+    further = sum(r.role is CRITIC or r.role in SERVED for r in roles.values())
+
+    def overhead(vllm_asleep: bool) -> dict[str, int]:
+        return trainer_overhead(expert_parallel=roles["actor"].layout.ep > 1, vllm_asleep=vllm_here and vllm_asleep,
+                                further_processes=further)
+
+    own_pool = {"its own process": OWN_POOL}
+    asleep_in_training = not plan.vllm_awake_in_training
 
     def others(name: str | None) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -369,37 +376,37 @@ def phases(plan: Plan) -> dict[str, Phase]:
     out: dict[str, Phase] = {}
     built: dict[str, int] = {}
     init: Phase | None = None
-    for name in (n for n in BUILD_ORDER if n in roles):
-        step = Phase({**built, **roles[name].whole(), **overhead}, name)
+    for name in (n for n in BUILD_ORDER if n in roles):  # before vLLM starts
+        step = _phase({**built, **roles[name].whole()}, name, overhead(vllm_asleep=False))
         if init is None or step.total > init.total:
             init = step
         built.update(roles[name].kept())
     assert init is not None
     out["init"] = init
     actor = roles["actor"]
-    vllm_here = plan.rollout_pool is None  # separate_async: the engines are on their own GPUs
     buckets = ({"weight-sync buckets (2: vLLM's reload)": 2 * plan.bucket_bytes} if actor.params.expert_params
                else {"weight-sync bucket": plan.bucket_bytes})
-    out["sync"] = Phase({**actor.kept(params_onloaded=True), **({"vLLM weights": plan.vllm.weights} if vllm_here else {}),
-                         **buckets, **others("actor"), **overhead}, "actor")
+    out["sync"] = _phase({**actor.kept(params_onloaded=True), **({"vLLM weights": plan.vllm.weights} if vllm_here else {}),
+                          **buckets, **others("actor")}, "actor", overhead(vllm_asleep=True))
     if vllm_here:
-        out["generate"] = Phase({"vLLM budget": plan.vllm.budget, **others(None), **overhead}, None)
+        out["generate"] = _phase({"vLLM budget": plan.vllm.budget, **others(None)}, None, overhead(vllm_asleep=False))
     else:
-        out["generate"] = Phase({"vLLM budget": plan.vllm.budget, "weight-push bucket": plan.bucket_bytes,
-                                 "overhead": GPU_OVERHEAD}, None, ROLLOUT_POOL)
+        out["generate"] = _phase({"vLLM budget": plan.vllm.budget, "weight-push bucket": plan.bucket_bytes}, None,
+                                 own_pool, ROLLOUT_POOL)
     asleep = ({"vLLM (awake: free_cache_engine=false)": plan.vllm.budget}
               if plan.vllm_awake_in_training and vllm_here else {})
     for name, r in roles.items():
-        out[FORWARD_PHASE[name]] = Phase({**r.kept(params_onloaded=True), f"{name} activations (forward)":
-                                          r.memory.activations_forward, **others(name), **asleep, **overhead}, name)
+        out[FORWARD_PHASE[name]] = _phase({**r.kept(params_onloaded=True), f"{name} activations (forward)":
+                                           r.memory.activations_forward, **others(name), **asleep}, name,
+                                          overhead(vllm_asleep=asleep_in_training))
     for name, r in plan.roles.items():
         if r.pool != TRAINER_POOL:  # alone on its GPUs
-            out[FORWARD_PHASE[name]] = Phase({**r.kept(params_onloaded=True), f"{name} activations (forward)":
-                                              r.memory.activations_forward, "overhead": GPU_OVERHEAD}, name, r.pool)
+            out[FORWARD_PHASE[name]] = _phase({**r.kept(params_onloaded=True), f"{name} activations (forward)":
+                                               r.memory.activations_forward}, name, own_pool, r.pool)
     for name, r in roles.items():
         if r.memory.grads:
-            out[f"update_{name}"] = Phase({**r.whole(), f"{name} activations (train)": r.memory.activations_train,
-                                           **others(name), **asleep, **overhead}, name)
+            out[f"update_{name}"] = _phase({**r.whole(), f"{name} activations (train)": r.memory.activations_train,
+                                            **others(name), **asleep}, name, overhead(vllm_asleep=asleep_in_training))
     return out
 
 

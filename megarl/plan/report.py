@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from megarl.plan.build import GIB, GPU_OVERHEAD, TRAINER_POOL, Plan, host_terms
+from megarl.plan.build import GIB, TRAINER_POOL, Phase, Plan, host_terms
 from megarl.plan.placement import group_lines, node_lines, slot_lines
 
 DETAILED_NODES = 2  # up to this many nodes the placement is listed per GPU
@@ -10,6 +10,13 @@ DETAILED_NODES = 2  # up to this many nodes the placement is listed per GPU
 
 def _g(n: int) -> str:
     return f"{n / GIB:.2f}"
+
+
+def _term(phase: Phase, term: str, size: int) -> str:
+    """``term size``; the overhead with its parts."""
+    if term != "overhead" or not phase.overhead_parts:
+        return f"{term} {_g(size)}"
+    return f"{term} {_g(size)} (" + " + ".join(f"{part} {_g(n)}" for part, n in phase.overhead_parts.items()) + ")"
 
 
 def format_plan(plan: Plan, notes: tuple[str, ...] | list[str] = ()) -> str:
@@ -60,11 +67,11 @@ def format_plan(plan: Plan, notes: tuple[str, ...] | list[str] = ()) -> str:
     out.append(f"  vLLM: budget {_g(v.budget)} = weights {_g(v.weights)} + KV cache {_g(v.kv_cache)} "
                f"({v.kv_tokens} tokens at {v.kv_bytes_per_token} B/token)")
     out.append("")
-    out.append(f"peak per phase, GiB per GPU (= its terms, megarl/plan/build.py; overhead: CUDA contexts, NCCL "
-               f"buffers and vLLM's CUDA-graph pool, {_g(GPU_OVERHEAD)} on every GPU):")
+    out.append("peak per phase, GiB per GPU (= its terms, megarl/plan/build.py; overhead: the memory outside them, "
+               "fitted to the GPU runs' device memory in use, megarl/plan/overhead.py):")
     for name, phase in plan.phases.items():
         flag = "  <-- does not fit" if phase.total > plan.gpu_bytes else ""
-        terms = " + ".join(f"{term} {_g(size)}" for term, size in phase.terms.items())
+        terms = " + ".join(_term(phase, term, size) for term, size in phase.terms.items())
         pool = "" if phase.pool == TRAINER_POOL else f" (on the {phase.pool} pool's GPUs)"
         out.append(f"  {name:<16}{_g(phase.total):>8} = {terms}{pool}{flag}")
     host = host_terms(plan)

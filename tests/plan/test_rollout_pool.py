@@ -8,7 +8,8 @@ import json
 
 from megarl.config import resolve_config
 from megarl.config.compose import load_config
-from megarl.plan.build import GIB, GPU_OVERHEAD, MIB, ROLLOUT_POOL, TRAINER_POOL, build_plan
+from megarl.plan.build import GIB, MIB, ROLLOUT_POOL, TRAINER_POOL, build_plan
+from megarl.plan.overhead import OWN_POOL, TRAINER_PROCESS
 from megarl.plan.report import format_plan
 
 QWEN25_7B = dict(model_type="qwen2", vocab_size=152064, hidden_size=3584, intermediate_size=18944,
@@ -42,7 +43,7 @@ def test_engines_on_their_own_pool_by_hand(tmp_path):
     generate = plan.phases["generate"]
     assert generate.pool == ROLLOUT_POOL
     assert generate.terms == {"vLLM budget": int(0.85 * 80 * GIB), "weight-push bucket": BUCKET_MB * MIB,
-                              "overhead": GPU_OVERHEAD}
+                              "overhead": OWN_POOL}
     # the trainer's GPUs: no vLLM term in any phase; the sync there is the actor's export alone
     for name, phase in plan.phases.items():
         if name != "generate":
@@ -51,7 +52,7 @@ def test_engines_on_their_own_pool_by_hand(tmp_path):
     actor = plan.roles["actor"].memory
     assert plan.phases["sync"].terms == {"actor params": actor.params, "actor grads": actor.grads,
                                          "actor optimizer": actor.optimizer, "weight-sync bucket": BUCKET_MB * MIB,
-                                         "overhead": GPU_OVERHEAD}
+                                         "overhead": TRAINER_PROCESS}  # no vLLM on these GPUs
     assert not plan.issues, [i.format() for i in plan.issues]
 
 
@@ -65,7 +66,7 @@ def test_the_same_budget_colocated_is_refused_and_separate_fits(tmp_path):
 
 def test_an_engine_pool_over_its_gpus_is_refused_by_its_key(tmp_path):
     plan = _plan(tmp_path, *SEPARATE, f"{R}.gpu_memory_utilization=0.99")
-    assert plan.phases["generate"].total == int(0.99 * 80 * GIB) + BUCKET_MB * MIB + GPU_OVERHEAD
+    assert plan.phases["generate"].total == int(0.99 * 80 * GIB) + BUCKET_MB * MIB + OWN_POOL
     (issue,) = plan.issues
     assert issue.key == f"{R}.gpu_memory_utilization" and "phase generate" in issue.problem
     assert "actor_rollout_ref.actor" not in issue.fix  # offloading the trainer's state frees nothing there

@@ -14,6 +14,7 @@ from megarl.config import resolve_config
 from megarl.config.compose import load_config
 from megarl.plan.__main__ import main as plan_main
 from megarl.plan.build import GIB, build_plan
+from megarl.plan.overhead import CUDA_CONTEXT, TRAINER_PROCESS
 
 QWEN25_7B = dict(model_type="qwen2", vocab_size=152064, hidden_size=3584, intermediate_size=18944,
                  num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False)
@@ -80,7 +81,7 @@ def test_teacher_weights_per_gpu_by_hand(tmp_path):
     assert "teacher params" not in p["generate"].terms and "teacher params" not in p["update_actor"].terms
     assert teacher.offloaded == 2 * QWEN25_32B_PARAMS // 4
     # built whole before the actor (init_workers), then offloaded: in init alone, one process more
-    assert p["init"].terms["overhead"] == int(2.5 * GIB)
+    assert p["init"].terms["overhead"] == TRAINER_PROCESS + CUDA_CONTEXT
     # free_cache_engine=false: resident in every phase
     kept = _plan(_cfg(tmp_path, *_teacher(tmp_path, f"{TEACHER_TP}=4", f"{T}.inference.free_cache_engine=false")))
     assert kept.phases["generate"].terms["teacher params"] == 2 * QWEN25_32B_PARAMS // 4
@@ -168,17 +169,19 @@ def test_reward_model_by_hand(tmp_path):
     assert set(p["reward_model"].terms) == {"reward_model params", "reward_model activations (forward)", "actor params",
                                             "actor grads", "actor optimizer", "overhead"}
     assert "reward_model params" not in p["generate"].terms  # free_cache_engine (default): offloaded
-    assert p["generate"].terms["overhead"] == int(2.5 * GIB)
+    assert p["generate"].terms["overhead"] == TRAINER_PROCESS + CUDA_CONTEXT
 
 
 def test_resident_reward_model_is_refused_naming_its_keys(tmp_path):
     """A 32B reward model kept on the GPUs (free_cache_engine=false) at TP=1: 61 GiB beside vLLM's
-    budget and the actor's state in generate; offloaded, the run fits."""
+    budget and the actor's state in generate; offloaded, the run fits a 96 GiB GPU (its scoring
+    phase needs 82.9 GiB, the overhead included)."""
     rm = (f"{RM}.rollout.tensor_model_parallel_size=1", f"{RM}.rollout.max_num_seqs=1")
-    assert not _plan(_cfg(tmp_path)).issues
-    offloaded = _plan(_cfg(tmp_path, *_reward_model(tmp_path, *rm, config=QWEN25_32B)))
+    assert not _plan(_cfg(tmp_path), gib=96).issues
+    offloaded = _plan(_cfg(tmp_path, *_reward_model(tmp_path, *rm, config=QWEN25_32B)), gib=96)
     assert not offloaded.issues, _text(offloaded)
-    plan = _plan(_cfg(tmp_path, *_reward_model(tmp_path, *rm, f"{RM}.rollout.free_cache_engine=false", config=QWEN25_32B)))
+    plan = _plan(_cfg(tmp_path, *_reward_model(tmp_path, *rm, f"{RM}.rollout.free_cache_engine=false", config=QWEN25_32B)),
+                 gib=96)
     issue = next(i for i in plan.issues if "phase generate" in i.problem)
     assert f"{RM}.rollout.free_cache_engine" in issue.fix
     assert plan.phases["generate"].terms["reward_model params"] == 2 * (QWEN25_32B_PARAMS - 152064 * 5120 + 5120)
