@@ -31,16 +31,16 @@ _ISSUES: dict[str, tuple[Issue, Path, Path]] = {}  # case id -> (issue, case dir
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory) -> Path:
-    """The demo assets, built once, with MEGARL_DEMO_DIR pointing at them for the module."""
+def demo(demo_dir) -> Path:
+    """The session's demo assets (tests/conftest.py; the cases write their broken copies in their own
+    dirs), with MEGARL_DEMO_DIR pointing at them for the module."""
     from megarl.data.demo import ensure_demo_assets
 
-    root = tmp_path_factory.mktemp("demo")
     mp = pytest.MonkeyPatch()
-    mp.setenv("MEGARL_DEMO_DIR", str(root))
+    mp.setenv("MEGARL_DEMO_DIR", str(demo_dir))
     mp.delenv("RAY_ADDRESS", raising=False)  # a local Ray is what the cluster cases assume
-    ensure_demo_assets(load_config())
-    yield root
+    ensure_demo_assets(load_config())  # any the default config needs beyond the session's
+    yield demo_dir
     mp.undo()
 
 
