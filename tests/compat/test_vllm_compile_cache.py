@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -66,6 +67,7 @@ def test_second_start_loads_the_compile_cache(tmp_path):
         pytest.skip("the CPU stack's compile path (the GPU stack compiles through vLLM's own backend)")
     hf_dir = build_tiny_qwen2(tmp_path / "model")  # no EOS id: every response is 4 tokens
     cache = tmp_path / "vllm_cache"
+    _copy_model_infos(cache)
     compiling = _start(hf_dir, cache)
     try:  # the reference is computed while the engine starts
         want = _hf_greedy(hf_dir, new_tokens=4)
@@ -76,6 +78,17 @@ def test_second_start_loads_the_compile_cache(tmp_path):
     second, second_log = _tokens(_start(hf_dir, cache))
     assert "Directly load AOT compilation" in second_log and "load failure" not in second_log, second_log[-3000:]
     assert first == second == want
+
+
+def _copy_model_infos(cache: Path) -> None:
+    """vLLM caches what it learns of a model class (by inspecting it in a subprocess, ~7 s here) under
+    VLLM_CACHE_ROOT/modelinfos, apart from the compile cache: the user's copy, where there is one (vLLM
+    checks each file's hash against its model's source), leaves the first start only the compiling."""
+    import vllm.envs
+
+    infos = Path(vllm.envs.VLLM_CACHE_ROOT) / "modelinfos"
+    if infos.is_dir():
+        shutil.copytree(infos, cache / "modelinfos")
 
 
 def _hf_greedy(hf_dir: Path, new_tokens: int) -> list[list[int]]:
