@@ -13,9 +13,10 @@ colocated engines (colocate_async) and standalone engines with the weight push (
   response continues under the new version, token by token, is tests/workers/test_rollout_session.py;
   the tiny model finishes its responses too fast here to be caught mid-way.)
 
-One Ray for the module (the runs join it). Extended tier: the long-tail run of separate_async (the
-weight push interrupts responses, which continue under the new version) and a resumed run. A hanging
-reward is stopped by reward.phase_timeout as in sync (~20 s in the module).
+One Ray for the module (the runs join it; the threshold-1 sync reference runs beside them through the
+driver, with a Ray of its own). Extended tier: the long-tail run of separate_async (the weight push
+interrupts responses, which continue under the new version) and a resumed run. A hanging reward is
+stopped by reward.phase_timeout as in sync (~20 s in the module).
 """
 
 from __future__ import annotations
