@@ -45,7 +45,8 @@ def test_vllm_generates_like_transformers(demo_dir, tmp_path):
 
     script = tmp_path / "child.py"
     script.write_text(CHILD)
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}
+    # the engine core in the child's process, as megarl's RolloutWorker runs it (a process of its own costs ~20 s here)
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     proc = subprocess.run(
         [sys.executable, str(script), str(model_dir), json.dumps(prompts)],
         capture_output=True, text=True, timeout=500, env=env,
