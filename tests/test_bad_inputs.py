@@ -88,10 +88,11 @@ def test_case_fails_before_workers(case: Case, demo: Path, tmp_path: Path):
 SUBPROCESS = [c for c in CASES if c.subprocess]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", autouse=True)
 def command_lines(demo: Path, tmp_path_factory) -> dict[str, subprocess.Popen]:
-    """Every `subprocess` case's `python -m megarl.main_ppo` started at once (each is one core's
-    5-15 s of imports; side by side they share the machine's cores), by case id."""
+    """Every `subprocess` case's `python -m megarl.main_ppo` started at once, with the module (each is one
+    core's 5-15 s of imports; they share the machine's cores with each other and with the in-process
+    cases, which use one), by case id."""
     env = {**os.environ, "MEGARL_DEMO_DIR": str(demo), "OMP_NUM_THREADS": "1"}  # (RAY_ADDRESS unset by `demo`)
     procs = {}
     for case in SUBPROCESS:
