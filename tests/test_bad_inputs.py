@@ -31,16 +31,16 @@ _ISSUES: dict[str, tuple[Issue, Path, Path]] = {}  # case id -> (issue, case dir
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory) -> Path:
-    """The demo assets, built once, with MEGARL_DEMO_DIR pointing at them for the module."""
+def demo(demo_dir) -> Path:
+    """The session's demo assets (tests/conftest.py; the cases write their broken copies in their own
+    dirs), with MEGARL_DEMO_DIR pointing at them for the module."""
     from megarl.data.demo import ensure_demo_assets
 
-    root = tmp_path_factory.mktemp("demo")
     mp = pytest.MonkeyPatch()
-    mp.setenv("MEGARL_DEMO_DIR", str(root))
+    mp.setenv("MEGARL_DEMO_DIR", str(demo_dir))
     mp.delenv("RAY_ADDRESS", raising=False)  # a local Ray is what the cluster cases assume
-    ensure_demo_assets(load_config())
-    yield root
+    ensure_demo_assets(load_config())  # any the default config needs beyond the session's
+    yield demo_dir
     mp.undo()
 
 
@@ -88,10 +88,11 @@ def test_case_fails_before_workers(case: Case, demo: Path, tmp_path: Path):
 SUBPROCESS = [c for c in CASES if c.subprocess]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", autouse=True)
 def command_lines(demo: Path, tmp_path_factory) -> dict[str, subprocess.Popen]:
-    """Every `subprocess` case's `python -m megarl.main_ppo` started at once (each is one core's
-    5-15 s of imports; side by side they share the machine's cores), by case id."""
+    """Every `subprocess` case's `python -m megarl.main_ppo` started at once, with the module (each is one
+    core's 5-15 s of imports; they share the machine's cores with each other and with the in-process
+    cases, which use one), by case id."""
     env = {**os.environ, "MEGARL_DEMO_DIR": str(demo), "OMP_NUM_THREADS": "1"}  # (RAY_ADDRESS unset by `demo`)
     procs = {}
     for case in SUBPROCESS:

@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from megarl.data.demo import ensure_demo_assets
+from megarl.data.demo import MODEL_NAME
 from megarl.data.demo_data import make_prompt_text
 
 pytestmark = pytest.mark.slow
@@ -37,17 +37,16 @@ if __name__ == "__main__":
 """ % NEW_TOKENS
 
 
-def test_vllm_generates_like_transformers(tmp_path, monkeypatch):
-    monkeypatch.setenv("MEGARL_DEMO_DIR", str(tmp_path))
-    model_dir = tmp_path / "model"
-    ensure_demo_assets({"actor_rollout_ref": {"model": {"path": str(model_dir)}}})
+def test_vllm_generates_like_transformers(demo_dir, tmp_path):
+    model_dir = demo_dir / MODEL_NAME  # the session's demo model (tests/conftest.py): read only
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     chats = [[{"role": "user", "content": make_prompt_text(*p)}] for p in ((7, "-", 9), (3, "+", 8))]
     prompts = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]
 
     script = tmp_path / "child.py"
     script.write_text(CHILD)
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}
+    # the engine core in the child's process, as megarl's RolloutWorker runs it (a process of its own costs ~20 s here)
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     proc = subprocess.run(
         [sys.executable, str(script), str(model_dir), json.dumps(prompts)],
         capture_output=True, text=True, timeout=500, env=env,

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from megarl.data.demo import BUILDERS, MODEL_NAME, VAL_NAME, build_asset
+from megarl.data.demo import BUILDERS, MODEL_NAME, VAL_NAME
 from megarl.reward.demo_task import compute_score
 
 pytestmark = pytest.mark.slow
@@ -30,12 +30,12 @@ def _run(module: str, *overrides: str, cwd) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600)
 
 
-def test_generation_then_eval_round_trip(tmp_path):
+def test_generation_then_eval_round_trip(demo_dir, tmp_path):
     import transformers
 
     assert MODEL_NAME in BUILDERS and VAL_NAME in BUILDERS
-    model_dir = build_asset(MODEL_NAME, tmp_path / "demo")
-    rows = pq.read_table(str(build_asset(VAL_NAME, tmp_path / "demo"))).slice(0, ROWS)
+    model_dir = demo_dir / MODEL_NAME  # the session's demo assets (tests/conftest.py): read only
+    rows = pq.read_table(str(demo_dir / VAL_NAME)).slice(0, ROWS)
     prompts = tmp_path / "prompts.parquet"
     pq.write_table(rows, str(prompts))
     generations = tmp_path / "out" / "gen.parquet"

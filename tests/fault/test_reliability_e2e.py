@@ -24,11 +24,13 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from fault_driver import HUNG_ONCE_REWARD, Driver, read_metrics, side_by_side
+from fault_driver import HUNG_ONCE_REWARD, Driver, read_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -134,13 +136,17 @@ def test_3_damage_lock_and_model_changes_fail_before_ray(first_run, demo_dir, ru
 
     root = run_dir / "ckpt"
     shard = _zero_4k_of_a_shard(root / "global_step_4")
-    code, text = _run(demo_dir, run_dir, "trainer.resume_mode=resume_path", f"trainer.resume_from_path={root / 'global_step_4'}")
+    other_model = run_dir / "other_model"
+    shutil.copytree(demo_dir / "model", other_model)
+    # side by side: the model change is refused while the config is read, before the lock is taken
+    damaged = Driver(demo_dir, run_dir, _args(demo_dir, "trainer.resume_mode=resume_path",
+                                              f"trainer.resume_from_path={root / 'global_step_4'}"))
+    changed = Driver(demo_dir, run_dir, _args(demo_dir, f"actor_rollout_ref.model.path={other_model}", *_demo_settings(demo_dir)))
+    code, text = damaged.wait(timeout=900), damaged.text()
     _assert_one_message(text, code, 4)
     assert str(shard) in text and NO_RAY not in text, text[-4000:]
 
-    other_model = run_dir / "other_model"
-    shutil.copytree(demo_dir / "model", other_model)
-    code, text = _run(demo_dir, run_dir, f"actor_rollout_ref.model.path={other_model}", *_demo_settings(demo_dir))
+    code, text = changed.wait(timeout=900), changed.text()
     _assert_one_message(text, code, 2)
     assert "actor_rollout_ref.model.path" in text and str(other_model) in text and str(demo_dir / "model") in text, text[-4000:]
     assert NO_RAY not in text
@@ -181,11 +187,12 @@ def _mount_tmpfs(path: Path, size: str) -> bool:
     return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True).returncode == 0
 
 
-@pytest.fixture(scope="module")
-def stopped_runs(demo_dir, tmp_path_factory) -> dict[str, tuple[Path, int, str] | None]:
-    """The runs that stop in their first step, side by side: a reward that raises in validation; a
-    checkpoint on a full disk (a 1 MiB tmpfs: None where it cannot be mounted, which needs root).
-    Each (run dir, exit code, output)."""
+@pytest.fixture(scope="module", autouse=True)
+def stopped_runs(reward_file, demo_dir, tmp_path_factory) -> Iterator[dict[str, Future | None]]:
+    """The runs that stop in their first step, started with the module and read by the last tests, so that
+    they run alongside its other runs (their own run dirs and Ray clusters; most of a run is start-up): a
+    reward that raises in validation; a checkpoint on a full disk (a 1 MiB tmpfs: None where it cannot be
+    mounted, which needs root). Each a future of (run dir, exit code, output)."""
     failing, full = tmp_path_factory.mktemp("failing_reward"), tmp_path_factory.mktemp("disk_full")
     runs = {"failing_reward": lambda: (failing, *_run(demo_dir, failing, "trainer.val_before_train=true",
                                                       "trainer.total_training_steps=1", fail=True))}
@@ -193,14 +200,15 @@ def stopped_runs(demo_dir, tmp_path_factory) -> dict[str, tuple[Path, int, str] 
     if mounted:
         runs["disk_full"] = lambda: (full, *_run(demo_dir, full, "trainer.total_training_steps=1", "trainer.save_freq=1"))
     try:
-        yield {"disk_full": None} | dict(zip(runs, side_by_side(*runs.values())))
+        with ThreadPoolExecutor(len(runs)) as pool:
+            yield {"disk_full": None} | {name: pool.submit(run) for name, run in runs.items()}
     finally:
         if mounted:
             subprocess.run(["umount", str(full / "ckpt")], check=False)
 
 
 def test_reward_exception_in_validation_is_one_message_with_the_sample(stopped_runs):
-    _, code, text = stopped_runs["failing_reward"]
+    _, code, text = stopped_runs["failing_reward"].result()
     _assert_one_message(text, code, 5)
     for word in ("validation", "step 0", "row 0", "prompt=", "ground_truth=", "KeyError", "fix:"):
         assert word in text, (word, text[-4000:])
@@ -211,7 +219,7 @@ def test_reward_exception_in_validation_is_one_message_with_the_sample(stopped_r
 def test_disk_full_during_save_is_named_and_leaves_no_partial_step(stopped_runs):
     if stopped_runs["disk_full"] is None:
         pytest.skip("needs root to mount a 1 MiB tmpfs")
-    run_dir, code, text = stopped_runs["disk_full"]
+    run_dir, code, text = stopped_runs["disk_full"].result()
     ckpt = run_dir / "ckpt"
     _assert_one_message(text, code, 6)
     assert f"no space left on {ckpt}" in text and "save_checkpoint" in text and "global step 1" in text, text[-4000:]

@@ -73,16 +73,23 @@ HANGING = ["reward.timeout=600", "reward.num_workers=2"]
 
 
 @pytest.fixture(scope="module")
-def stopped_runs(demo_dir, tmp_path_factory) -> dict[str, tuple[int, str, list[int]]]:
-    """The two runs that exit 5, side by side: every call hangs; a score overflows float32."""
-    hang, huge = tmp_path_factory.mktemp("hang"), tmp_path_factory.mktemp("huge")
-    return dict(zip(("hang", "huge"), side_by_side(
-        lambda: _run(demo_dir, hang, "hang", *HANGING, "reward.phase_timeout=3", "trainer.total_training_steps=1"),
-        lambda: _run(demo_dir, huge, "huge", "trainer.total_training_steps=1"))))
+def runs(demo_dir, tmp_path_factory) -> dict[str, tuple[int, str, list[int], Path]]:
+    """The module's three runs, side by side (separate Ray clusters; most of a run is start-up, and two
+    wait on hanging calls): every call hangs; a score overflows float32; step 1's calls hang under
+    nan_policy=skip, then dict extras. Each (exit code, output, pids of the run, run dir)."""
+    hang, huge, skip = (tmp_path_factory.mktemp(name) for name in ("hang", "huge", "skip"))
+    (skip / "calls").mkdir()
+    return dict(zip(("hang", "huge", "skip"), side_by_side(
+        lambda: (*_run(demo_dir, hang, "hang", *HANGING, "reward.phase_timeout=3", "trainer.total_training_steps=1"), hang),
+        lambda: (*_run(demo_dir, huge, "huge", "trainer.total_training_steps=1"), huge),
+        lambda: (*_run(demo_dir, skip, "hang_then_extras", *HANGING, "reward.phase_timeout=5", "trainer.nan_policy=skip",
+                       "trainer.total_training_steps=3", f"trainer.rollout_data_dir={skip / 'rollouts'}",
+                       f"+custom_reward_function.reward_kwargs.calls_dir={skip / 'calls'}",
+                       "+custom_reward_function.reward_kwargs.hang_calls=2"), skip))))
 
 
-def test_a_hanging_reward_ends_at_the_phase_bound_naming_the_pending_rows(stopped_runs):
-    code, text, pids = stopped_runs["hang"]
+def test_a_hanging_reward_ends_at_the_phase_bound_naming_the_pending_rows(runs):
+    code, text, pids, _ = runs["hang"]
     lines = _driver_lines(text)
     assert code == 5, lines[-4000:]
     assert "in phase reward at global step 1" in lines and "reward.phase_timeout=3 s" in lines, lines[-4000:]
@@ -92,15 +99,11 @@ def test_a_hanging_reward_ends_at_the_phase_bound_naming_the_pending_rows(stoppe
     assert not left, describe(left)
 
 
-def test_under_nan_policy_skip_the_pending_rows_score_zero_and_are_named_then_extras_are_logged(demo_dir, tmp_path):
-    (tmp_path / "calls").mkdir()
-    rollouts = tmp_path / "rollouts"
-    code, text, _ = _run(demo_dir, tmp_path, "hang_then_extras", *HANGING, "reward.phase_timeout=5", "trainer.nan_policy=skip",
-                         "trainer.total_training_steps=3", f"trainer.rollout_data_dir={rollouts}",
-                         f"+custom_reward_function.reward_kwargs.calls_dir={tmp_path / 'calls'}",
-                         "+custom_reward_function.reward_kwargs.hang_calls=2")
+def test_under_nan_policy_skip_the_pending_rows_score_zero_and_are_named_then_extras_are_logged(runs):
+    code, text, _, run_dir = runs["skip"]
+    rollouts = run_dir / "rollouts"
     assert code == 0, _driver_lines(text)[-4000:]
-    records = read_metrics(tmp_path)
+    records = read_metrics(run_dir)
     assert [r["step"] for r in records] == [1, 2, 3]
     step = records[0]
     assert step["reward/timeouts"] == 4.0 and step["critic/score/mean"] == 0.0
@@ -124,8 +127,8 @@ def test_under_nan_policy_skip_the_pending_rows_score_zero_and_are_named_then_ex
         assert "reward/pred/mean" not in record
 
 
-def test_a_score_that_overflows_float32_names_row_source_and_function(demo_dir, stopped_runs):
-    code, text, _ = stopped_runs["huge"]
+def test_a_score_that_overflows_float32_names_row_source_and_function(demo_dir, runs):
+    code, text, _, _ = runs["huge"]
     lines = _driver_lines(text)
     assert code == 5, lines[-4000:]
     problem = next(line for line in lines.splitlines() if "problem:" in line)

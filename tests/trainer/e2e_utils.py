@@ -17,6 +17,11 @@ def demo_config(demo_dir: Path, run_dir: Path, overrides: list[str], small_batch
     from megarl.main_ppo import prepare
 
     os.environ["MEGARL_DEMO_DIR"] = str(demo_dir)
+    return prepare(load_config(demo_overrides(run_dir, overrides, small_batches)))
+
+
+def demo_overrides(run_dir: Path, overrides: list[str], small_batches: bool = True) -> list[str]:
+    """``demo_config``'s command line (MEGARL_DEMO_DIR names the demo assets)."""
     base = [
         "trainer.device=cpu",
         "ray_kwargs.ray_init.num_cpus=2",
@@ -33,7 +38,7 @@ def demo_config(demo_dir: Path, run_dir: Path, overrides: list[str], small_batch
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
         "critic.ppo_micro_batch_size_per_gpu=4",
     ]
-    return prepare(load_config(base + (sizes if small_batches else []) + overrides))
+    return base + (sizes if small_batches else []) + overrides
 
 
 @contextlib.contextmanager

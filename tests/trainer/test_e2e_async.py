@@ -13,19 +13,25 @@ colocated engines (colocate_async) and standalone engines with the weight push (
   response continues under the new version, token by token, is tests/workers/test_rollout_session.py;
   the tiny model finishes its responses too fast here to be caught mid-way.)
 
-One Ray for the module (the runs join it). Extended tier: the long-tail run of separate_async (the
-weight push interrupts responses, which continue under the new version) and a resumed run. A hanging
-reward is stopped by reward.phase_timeout as in sync (~20 s in the module).
+One Ray for the module (the runs join it; the threshold-1 sync reference runs beside them through the
+driver, with a Ray of its own). Extended tier: the long-tail run of separate_async (the weight push
+interrupts responses, which continue under the new version) and a resumed run. A hanging reward is
+stopped by reward.phase_timeout as in sync (~20 s in the module).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from e2e_utils import demo_config, module_ray, read_metrics, read_rollouts
+from e2e_utils import demo_config, demo_overrides, module_ray, read_metrics, read_rollouts
 
 pytestmark = pytest.mark.slow
 
@@ -57,13 +63,34 @@ def _run(demo_dir: Path, run_dir: Path, overrides: list[str]) -> dict[int, dict]
     return read_metrics(run_dir)
 
 
+def _start_driver(demo_dir: Path, run_dir: Path, ray_tmp: str, overrides: list[str]) -> subprocess.Popen:
+    """``_run``'s run through ``python -m megarl.main_ppo``, in a process and a Ray (temp dir ``ray_tmp``) of
+    its own, so that it runs alongside this process's runs; output in ``driver.log``."""
+    run_dir.mkdir(parents=True)
+    env = {**os.environ, "MEGARL_DEMO_DIR": str(demo_dir), "RAY_TMPDIR": ray_tmp}
+    env.pop("RAY_ADDRESS", None)  # not the module's Ray
+    with open(run_dir / "driver.log", "w") as log:
+        return subprocess.Popen([sys.executable, "-m", "megarl.main_ppo", "--config-name=ppo_megatron_trainer",
+                                 *demo_overrides(run_dir, overrides), f"hydra.run.dir={run_dir}/hydra"],
+                                cwd=run_dir, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
 def test_threshold_one_reduces_both_async_modes_to_sync(demo_dir, tmp_path):
     common = ["trainer.total_training_steps=3", "trainer.test_freq=3", *EXACT]
-    runs = {
-        "sync": _run(demo_dir, tmp_path / "sync", [*common, "trainer.use_v1=false", f"{V1}.trainer_mode=colocate_async"]),
-        "colocate_async": _run(demo_dir, tmp_path / "colocate", [*common, f"{V1}.trainer_mode=colocate_async"]),
-        "separate_async": _run(demo_dir, tmp_path / "separate", [*common, f"{V1}.trainer_mode=separate_async", *SEPARATE]),
-    }
+    ray_tmp = tempfile.mkdtemp(prefix="mra", dir="/tmp")  # short: Ray's socket paths stay under ~107 characters
+    sync = _start_driver(demo_dir, tmp_path / "sync", ray_tmp,
+                         [*common, "trainer.use_v1=false", f"{V1}.trainer_mode=colocate_async"])
+    try:
+        runs = {
+            "colocate_async": _run(demo_dir, tmp_path / "colocate", [*common, f"{V1}.trainer_mode=colocate_async"]),
+            "separate_async": _run(demo_dir, tmp_path / "separate", [*common, f"{V1}.trainer_mode=separate_async", *SEPARATE]),
+        }
+        assert sync.wait(timeout=600) == 0, (tmp_path / "sync" / "driver.log").read_text()[-4000:]
+    finally:
+        if sync.poll() is None:
+            os.killpg(sync.pid, signal.SIGKILL)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    runs["sync"] = read_metrics(tmp_path / "sync")
     dirs = {"sync": "sync", "colocate_async": "colocate", "separate_async": "separate"}
     reference = runs["sync"]
     assert "training/off_policy/groups_in_flight" not in reference[1]  # use_v1=false ran the sync loop
