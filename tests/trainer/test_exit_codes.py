@@ -9,9 +9,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 
-# code -> (test file, test function) that asserts `python -m megarl.main_ppo` exits with it
+# code -> (test file, the test function or its helper) that asserts `python -m megarl.main_ppo` exits with it
 TESTED_BY = {
-    0: ("tests/fault/test_kill_resume.py", "test_kill_mid_reward_and_mid_save_then_resume"),
+    0: ("tests/fault/test_kill_resume.py", "_resume_twice"),  # the resumed run ends with 0
     1: ("tests/trainer/test_failures.py", "test_checkpoint_lock_config_and_unknown_errors_have_their_codes"),  # no way to cause a megarl bug on purpose
     2: ("tests/config/test_main.py", "test_bad_type_exits_2_with_clean_message"),
     3: ("tests/fault/test_reliability_e2e.py", "test_3_damage_lock_and_model_changes_fail_before_ray"),
