@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
 
 from fault_driver import HUNG_ONCE_REWARD, Driver
+
+# The drivers these tests start get Ctrl-C as from a terminal. A shell that starts pytest in the background
+# (`cmd &` without job control) leaves SIGINT ignored, the one disposition a child inherits across exec, and
+# Python then installs no KeyboardInterrupt handler in the drivers: give them the default back.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
