@@ -23,8 +23,6 @@ import os
 import time
 
 ENV = "MEGARL_PAUSE_AT"
-PHASES = ("update_actor", "save_checkpoint")
-RANK_POINTS = ("weight_sync", "update_microbatch")
 _passes: dict[str, int] = {}
 
 
