@@ -120,6 +120,10 @@ if [ -n "$SUM" ] && [ "$(cat /tmp/verl_site/.unpacked 2>/dev/null)" != "$SUM" ];
   rm -rf /tmp/verl_site; mkdir -p /tmp/verl_site
   xz -dc "$PART" | tar -x -C /tmp/verl_site && echo "$SUM" > /tmp/verl_site/.unpacked || exit 4
 fi
+# mbridge 0.15.1 reads ModelType.encoder_and_decoder, which megatron-core 0.19 removed (verl 0.9.1 itself reads it
+# through getattr); the same getattr here, idempotent.
+sed -i 's/== ModelType\.encoder_and_decoder:/== getattr(ModelType, "encoder_and_decoder", None):/' \
+  /tmp/verl_site/mbridge/core/util.py
 python3 -c "import verl, vllm, ray, torch, transfer_queue, megatron.core as m; print('verl', verl.__version__, 'vllm', vllm.__version__, 'ray', ray.__version__, 'torch', torch.__version__, 'mcore', m.__version__)" 2>&1 | tail -1
 say "unpacked"
 
