@@ -39,11 +39,12 @@
 #               stalled by a pause point (megarl/utils/fault_points.py, benchmarks/fault_run.py): killed after its
 #               update's first micro-batch (rank 0 waits in a TP collective), killed in the first weight sync, and
 #               left stalled in the update with actor_rollout_ref.nccl_timeout=60 (the collective timeout must end the
-#               run). Each: exit code, seconds from the kill / pause to the driver's exit, the report, what is left on
-#               the GPUs
+#               run). Each: exit code, seconds from the kill / pause to the driver's exit, the report, the seconds until
+#               the run's processes are gone (up to 90 s) and what is left then
 #   long_context  issue 31 item 7, 2 GPUs: the actor at LC_SEQ (16,384) tokens, LC_SHAPE (1.5b) model, TE spec: TP=2
-#               (the reference), TP=2 + sequence parallel, CP=2 (benchmarks/bench_long_context.py): log-probs against
-#               the reference, tokens/s/GPU of the log-prob pass and the update, peak memory
+#               (the reference), TP=2 + sequence parallel, CP=2, TP=1 on one GPU (the bf16 yardstick), TP=2 + SP with
+#               CUDA_DEVICE_MAX_CONNECTIONS=1 (benchmarks/bench_long_context.py): log-probs against the reference,
+#               tokens/s/GPU of the log-prob pass and the update, peak memory
 #   tests       the GPU tests of tests/gpu (the e2e module aside) and tests/models, on the GPUs the machine has
 #   baselines   same-run copy and NCCL all-gather of one rank's 7B share (benchmarks/bench_sync_baselines.py)
 #   model30b    a random Qwen3-30B-A3B-shaped policy (128 experts top 8, real vocabulary) in /tmp/q30b with
@@ -175,11 +176,18 @@ for step in "$@"; do
               CUDA_VISIBLE_DEVICES=3 bash "$0" model30b > "$OUT/stage4.model30b.txt" 2>&1; wait
               CUDA_VISIBLE_DEVICES=2,3 bash "$0" tests > "$OUT/stage4.tests.txt" 2>&1) &
              CUDA_VISIBLE_DEVICES=0,1 bash "$0" e2e05_tp2; wait; cat "$OUT"/stage4.*.txt ;;
-    tests)   # the files not yet seen green on the stack first, so a time limit cuts the ones that passed before
-             # (a test past --timeout fails with its stack and the rest go on: the summary and tracebacks print)
-             timeout "${TESTS_LIMIT:-540}" python3 -m pytest -v --tb=short --timeout="${TEST_TIMEOUT:-150}" -m gpu tests/models/test_qwen_hybrid.py \
-               tests/models/test_gpt_oss.py tests/gpu/test_te_spec.py tests/models/test_gpu.py tests/models/test_gpu_moe.py \
-               tests/gpu/test_vllm_direct_sync.py tests/gpu/test_gpu_paths.py tests/gpu/test_offload_pinned.py -rA -p no:cacheprovider > "$OUT/pytest_gpu.log" 2>&1; echo rc $?
+    tests)   # the files not yet seen green on the stack first, each in its own pytest, so its tracebacks print even when
+             # a later file hangs; --timeout-method=thread dumps every thread's stack at a hang inside C (a CUDA or NCCL
+             # call, where the signal method never fires) and ends that pytest
+             for f in tests/models/test_qwen_hybrid.py tests/models/test_gpt_oss.py tests/models/test_gpu_moe.py; do
+               name=$(basename "$f" .py)
+               timeout 300 python3 -m pytest -v --tb=long --timeout="${TEST_TIMEOUT:-150}" --timeout-method=thread -m gpu \
+                 "$f" -rA -p no:cacheprovider > "$OUT/pytest_gpu.$name.log" 2>&1; echo "$name rc $?"
+               grep -E "^(FAILED|ERROR)|Error|Timeout|passed|failed" "$OUT/pytest_gpu.$name.log" | tail -8
+             done
+             timeout "${TESTS_LIMIT:-420}" python3 -m pytest -v --tb=short --timeout="${TEST_TIMEOUT:-150}" -m gpu \
+               tests/gpu/test_te_spec.py tests/models/test_gpu.py tests/gpu/test_vllm_direct_sync.py tests/gpu/test_gpu_paths.py \
+               tests/gpu/test_offload_pinned.py -rA -p no:cacheprovider > "$OUT/pytest_gpu.log" 2>&1; echo rc $?
              grep -E "passed|failed|PASSED|FAILED|SKIPPED|Error" "$OUT/pytest_gpu.log" | tail -24 ;;
     model8b) [ -f /tmp/q8b/config.json ] || timeout 300 python3 benchmarks/grpo_model_dir.py /tmp/q8b --8b > "$OUT/model8b.log" 2>&1
              echo rc $?; du -sh /tmp/q8b ;;
@@ -206,13 +214,19 @@ for step in "$@"; do
     kill_update) fault_run kill_update update_microbatch@2:rank1 --kill ;;
     kill_sync) fault_run kill_sync weight_sync@1:rank1 --kill ;;
     nccl_timeout) fault_run nccl_timeout update_microbatch@2:rank1 actor_rollout_ref.nccl_timeout=60 ;;
-    long_context) for layout in "--tp 2" "--tp 2 --sp" "--tp 1 --cp 2"; do
+    long_context) # "--tp 1" (one GPU): the TP=1 vs TP=2 difference is the bf16 yardstick for CP=2's
+             for layout in "--tp 2" "--tp 2 --sp" "--tp 1 --cp 2" "--tp 1"; do
                name=lc$(echo "$layout" | tr -d ' -')
-               timeout 240 torchrun --nproc_per_node=2 benchmarks/bench_long_context.py $layout --seq "${LC_SEQ:-16384}" \
+               procs=$([ "$layout" = "--tp 1" ] && echo 1 || echo 2)
+               timeout 240 torchrun --nproc_per_node="$procs" benchmarks/bench_long_context.py $layout --seq "${LC_SEQ:-16384}" \
                  --shape "${LC_SHAPE:-1.5b}" --out "$OUT/$name" > "$OUT/$name.log" 2>&1; echo "$name rc $?"
                grep -E "Error|error:" "$OUT/$name.log" | tail -3
              done
-             python3 benchmarks/bench_long_context.py --compare "$OUT/lctp2" "$OUT/lctp2sp" "$OUT/lctp1cp2" ;;
+             # Megatron asks for CUDA_DEVICE_MAX_CONNECTIONS=1 with sequence parallelism (its warning in every TP run)
+             CUDA_DEVICE_MAX_CONNECTIONS=1 timeout 240 torchrun --nproc_per_node=2 benchmarks/bench_long_context.py --tp 2 --sp \
+               --seq "${LC_SEQ:-16384}" --shape "${LC_SHAPE:-1.5b}" --out "$OUT/lctp2sp_c1" > "$OUT/lctp2sp_c1.log" 2>&1
+             python3 benchmarks/bench_long_context.py --compare "$OUT/lctp2" "$OUT/lctp2sp" "$OUT/lctp1cp2" "$OUT/lctp1" \
+               "$OUT/lctp2sp_c1" ;;
     baselines) timeout 120 torchrun --nproc_per_node=2 benchmarks/bench_sync_baselines.py --model /tmp/q7b --tp 2 \
                > "$OUT/baselines.log" 2>&1; echo rc $?; grep -E "baseline|Error" "$OUT/baselines.log" ;;
     tests2)  timeout 420 python3 -m pytest -q -m gpu tests/gpu/test_vllm_direct_sync.py tests/gpu/test_gpu_paths.py -rA \
