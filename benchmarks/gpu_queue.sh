@@ -16,7 +16,7 @@ case $1 in
             join) wait ;;
             *:*)  gpus=${item%%:*}; IFS=, read -ra steps <<< "${item#*:}"
                   CUDA_VISIBLE_DEVICES=$gpus OUT=$Q/out bash benchmarks/gpu_scale.sh "${steps[@]}" \
-                    > "$Q/console.gpus$gpus.log" 2>&1 & ;;
+                    >> "$Q/console.gpus$gpus.log" 2>&1 & ;;  # >>: a later group on these GPUs appends
             *)    OUT=$Q/out bash benchmarks/gpu_scale.sh "$item" >> $Q/console.log 2>&1 ;;
           esac
         done
