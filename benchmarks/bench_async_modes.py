@@ -1,7 +1,7 @@
 """sync vs colocate_async vs separate_async (trainer.v1) at equal GPUs on a long-tail workload.
 
   python benchmarks/bench_async_modes.py --gpus 2 --model /tmp/q05 [--modes sync,colocate_async,separate_async]
-  python benchmarks/bench_async_modes.py --device cpu --gpus 1 --modes sync,colocate_async,separate_async  # tiny CPU run
+  python benchmarks/bench_async_modes.py --device cpu --gpus 2 --modes sync,colocate_async,separate_async  # tiny CPU run
 
 Each mode is one ``python -m megarl.main_ppo`` run (GRPO on the demo task's prompts) with the same
 overrides: ``--batch`` prompts x ``--n`` samples a step, and the long-tail agent loop of
@@ -14,10 +14,18 @@ sync and colocate_async put actor and engines on all ``--gpus`` (one replica per
 separate_async trains on ``--gpus - --engines`` and generates on ``--engines`` (default half).
 ``--device cpu`` counts CPU slots instead (a functional check: CPU timings say nothing of GPUs).
 
-Prints one row per mode and writes ``--out`` (JSON): step seconds (median over the steps after the
-first ``--skip``), tokens/s/GPU (all prompt + response tokens of a step / step seconds / GPUs, as
-NeMo-RL counts), samples/s, generation seconds, mean staleness of the trained tokens; the ratio to
-sync. Run logs: ``<--work>/<mode>/run.log``; metrics: ``<--work>/<mode>/ckpt/metrics.jsonl``.
+As each mode ends, prints the table so far and writes ``--out`` (JSON; a killed later mode leaves the
+earlier ones, and modes of other calls already in the file stay, so one mode a call adds up): step
+seconds (median over the steps after the first ``--skip``), tokens/s/GPU (all prompt + response tokens
+of a step / step seconds / GPUs, as NeMo-RL counts), samples/s, generation and update seconds, mean
+staleness of the trained tokens, the ratio to sync; the run's wall seconds and the part outside its
+steps (Ray and worker start, model build, vLLM start-up and compilation, shutdown: every mode is a fresh
+``main_ppo``). A mode past ``--timeout`` gets SIGTERM and is summarised from the steps it finished.
+Run logs: ``<--work>/<mode>/run.log`` (each line stamped with the seconds since launch); metrics:
+``<--work>/<mode>/ckpt/metrics.jsonl``. A killed run's table from its metrics files (no run):
+
+  python benchmarks/bench_async_modes.py --gpus 2 --batch 64 --n 8 --skip 2 \
+      --from-metrics sync=A.jsonl colocate_async=B.jsonl separate_async=C.jsonl [--out T.json]
 """
 
 from __future__ import annotations
@@ -28,11 +36,13 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 MODES = ("sync", "colocate_async", "separate_async")
+KILL_GRACE_S = 60  # main_ppo's Ray shutdown after SIGTERM
 
 
 def overrides(args: argparse.Namespace, mode: str, run_dir: Path) -> list[str]:
@@ -73,30 +83,110 @@ def overrides(args: argparse.Namespace, mode: str, run_dir: Path) -> list[str]:
 
 
 def run(args: argparse.Namespace, mode: str) -> dict:
+    """One mode's ``main_ppo`` run under ``--timeout`` seconds, its summary. The run's output goes to
+    ``run.log`` with each line stamped with the seconds since launch (where start-up and shutdown go);
+    on timeout the run gets SIGTERM (main_ppo shuts Ray down), then SIGKILL after ``KILL_GRACE_S``."""
     run_dir = Path(args.work) / mode
     run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "ckpt" / "metrics.jsonl").unlink(missing_ok=True)  # a re-run's summary reads only its own steps
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO), os.environ.get("PYTHONPATH", "")]),
            "PYTHONUNBUFFERED": "1"}
     command = [sys.executable, "-m", "megarl.main_ppo", "--config-name=ppo_megatron_trainer", *overrides(args, mode, run_dir)]
     (run_dir / "command.txt").write_text(" ".join(command) + "\n")
     start = time.monotonic()
     with open(run_dir / "run.log", "w") as log:
-        code = subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, timeout=args.timeout).returncode
+        child = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=REPO, text=True,
+                                 errors="replace")
+        stamp = threading.Thread(target=_stamp_lines, args=(child.stdout, log, start), daemon=True)
+        stamp.start()
+        try:
+            code = child.wait(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            child.terminate()
+            try:
+                child.wait(timeout=KILL_GRACE_S)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+            code = None
+        stamp.join(timeout=10)
+    wall_s = time.monotonic() - start
+    steps = read_steps(run_dir / "ckpt" / "metrics.jsonl")
     if code != 0:
         tail = (run_dir / "run.log").read_text(errors="replace")[-3000:]
-        raise SystemExit(f"{mode} failed (exit {code}); {run_dir}/run.log ends:\n{tail}")
-    steps = [json.loads(line) for line in open(run_dir / "ckpt" / "metrics.jsonl") if line.strip()]
+        why = f"timed out after {args.timeout:.0f} s" if code is None else f"failed (exit {code})"
+        print(f"{mode} {why} after {len(steps)} of {args.steps} steps; {run_dir}/run.log ends:\n{tail}", flush=True)
+        if len(steps) <= args.skip:
+            return {"mode": mode, "error": why, "steps_done": len(steps), "wall_s": round(wall_s, 1)}
+    result = summarize(mode, steps, args)
+    result.update(wall_s=round(wall_s, 1), outside_steps_s=round(wall_s - sum(m["timing_s/step"] for m in steps), 1))
+    if code != 0:
+        result["error"] = why
+    return result
+
+
+def _stamp_lines(stream, log, start: float) -> None:
+    for line in stream:
+        log.write(f"[{time.monotonic() - start:7.1f}s] {line}")
+        log.flush()
+
+
+def read_steps(path: Path) -> list[dict]:
+    """The run's per-step metrics (one JSON object a line; none if the run wrote none)."""
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in open(path) if line.strip()]
+
+
+def summarize(mode: str, steps: list[dict], args: argparse.Namespace) -> dict:
+    """One mode's figures from its per-step metrics: medians (means for lag and length) over the steps after
+    ``--skip`` (all steps if there are no more)."""
     timed = [m for m in steps if m["step"] > args.skip] or steps
     step_s = statistics.median(m["timing_s/step"] for m in timed)
     tokens = statistics.median(m["perf/total_num_tokens"] for m in timed)
     return {
-        "mode": mode, "wall_s": round(time.monotonic() - start, 1), "step_s": round(step_s, 3),
+        "mode": mode, "steps_done": len(steps), "steps_timed": len(timed), "step_s": round(step_s, 3),
         "tokens_per_s_per_gpu": round(tokens / step_s / args.gpus, 1),
         "samples_per_s": round(args.batch * args.n / step_s, 2),
         "gen_s": round(statistics.median(m.get("timing_s/gen", 0.0) for m in timed), 3),
+        "update_actor_s": round(statistics.median(m.get("timing_s/update_actor", 0.0) for m in timed), 3),
         "policy_lag_mean": round(statistics.mean(m["training/off_policy/policy_lag_mean"] for m in timed), 3),
         "response_length_mean": round(statistics.mean(m["response_length/mean"] for m in timed), 1),
+        "first_step_s": round(steps[0]["timing_s/step"], 1),
     }
+
+
+HEADER = (f"{'mode':16} {'step s':>8} {'tok/s/GPU':>10} {'samples/s':>10} {'gen s':>7} {'upd s':>7} {'lag':>5} "
+          f"{'vs sync':>8} {'wall s':>7} {'outside steps s':>15}")
+
+
+def row(r: dict, base: dict | None) -> str:
+    if "step_s" not in r:
+        return f"{r['mode']:16} {r['error']} after {r['steps_done']} steps"
+    ratio = r["tokens_per_s_per_gpu"] / base["tokens_per_s_per_gpu"] if base else float("nan")
+    r["tokens_per_s_per_gpu_vs_sync"] = round(ratio, 3)
+    return (f"{r['mode']:16} {r['step_s']:8.3f} {r['tokens_per_s_per_gpu']:10.1f} {r['samples_per_s']:10.2f} "
+            f"{r['gen_s']:7.3f} {r['update_actor_s']:7.3f} {r['policy_lag_mean']:5.2f} {ratio:8.2f} "
+            f"{r.get('wall_s', float('nan')):7.1f} {r.get('outside_steps_s', float('nan')):15.1f}"
+            + (f"  ({r['error']}, {r['steps_done']} steps)" if "error" in r else ""))
+
+
+def report(args: argparse.Namespace, results: list[dict]) -> None:
+    """The table so far (flushed) and ``--out``: this run's modes replace the same modes of an earlier
+    run in the file (the steps of a split run, one mode a call, add up into one file)."""
+    done = {r["mode"]: r for r in results}
+    if args.out and Path(args.out).is_file():
+        earlier = [r for r in json.loads(Path(args.out).read_text())["results"] if r["mode"] not in done]
+        results = earlier + results
+    base = next((r for r in results if r["mode"] == "sync" and "step_s" in r), None)
+    print(HEADER)
+    for r in results:
+        print(row(r, base))
+    sys.stdout.flush()
+    if args.out:
+        tmp = Path(args.out + ".tmp")
+        tmp.write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
+        tmp.replace(args.out)
 
 
 def main() -> None:
@@ -120,20 +210,21 @@ def main() -> None:
     parser.add_argument("--cpus", type=int, default=2, help="--device cpu: Ray's CPUs")
     parser.add_argument("--work", default="/tmp/bench_async_modes")
     parser.add_argument("--out", default=None)
-    parser.add_argument("--timeout", type=float, default=3600)
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds a mode's run may take (then SIGTERM)")
+    parser.add_argument("--from-metrics", nargs="+", metavar="MODE=METRICS_JSONL", default=None,
+                        help="summarize earlier runs' metrics.jsonl files (same --gpus/--batch/--n/--skip) instead of running")
     parser.add_argument("extra", nargs="*", help="more key=value overrides for every run")
     args = parser.parse_args()
-    results = [run(args, mode) for mode in args.modes.split(",")]
-    base = next((r for r in results if r["mode"] == "sync"), None)
-    print(f"{'mode':16} {'step s':>8} {'tok/s/GPU':>10} {'samples/s':>10} {'gen s':>7} {'lag':>5} {'vs sync':>8}")
-    for r in results:
-        ratio = r["tokens_per_s_per_gpu"] / base["tokens_per_s_per_gpu"] if base else float("nan")
-        r["tokens_per_s_per_gpu_vs_sync"] = round(ratio, 3)
-        print(f"{r['mode']:16} {r['step_s']:8.3f} {r['tokens_per_s_per_gpu']:10.1f} {r['samples_per_s']:10.2f} "
-              f"{r['gen_s']:7.3f} {r['policy_lag_mean']:5.2f} {ratio:8.2f}")
-    if args.out:
-        Path(args.out).write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
-
+    if args.from_metrics:
+        report(args, [summarize(mode, read_steps(Path(path)), args)
+                      for mode, path in (item.split("=", 1) for item in args.from_metrics)])
+        return
+    results = []
+    for mode in args.modes.split(","):
+        results.append(run(args, mode))
+        report(args, results)  # each mode on disk as soon as it is done: a killed later mode leaves it
+        if "step_s" not in results[-1]:
+            raise SystemExit(f"{mode}: {results[-1]['error']}")
 
 if __name__ == "__main__":
     main()

@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # Issue 36's GPU runs: sync vs colocate_async vs separate_async (trainer.v1) at equal GPUs on a long-tail workload
-# (benchmarks/bench_async_modes.py: 1 in 8 prompts gets --response-length tokens, the others 1/8 of it). One device
-# call per step, on a machine where ../shared/gpu-stack put vLLM + Ray + megatron-core in /tmp/site and
+# (benchmarks/bench_async_modes.py: 1 in 8 prompts gets --response-length tokens, the others 1/8 of it), on a machine where ../shared/gpu-stack put vLLM + Ray + megatron-core in /tmp/site and
 # transformer-engine in /tmp/site-te. Logs, metrics and JSON under $OUT:
 #   bash benchmarks/gpu_async.sh async1          (kind nvidia-h100-x1)
 #   bash benchmarks/gpu_async.sh async2          (kind nvidia-h100-x2)
@@ -14,6 +13,13 @@
 # The policy: a random Qwen2.5-0.5B shape (benchmarks/grpo_model_dir.py /tmp/q05), the demo task's prompts,
 # 64 prompts x 8 samples a step, responses of 992 (1 prompt in 8) or 124 tokens (prompt + response
 # within the shape's 1,024 positions), 8 steps (medians of the last 6).
+# Each mode is a fresh main_ppo (its own Ray, Megatron build and vLLM start-up with CUDA-graph capture), so a mode
+# costs its ~80 s of steps plus start-up and shutdown: the three modes of async2 did not fit one 590 s limit (all 8
+# steps of each mode ran, then the limit killed it before it printed anything). Each mode is now a call of its own (limit 590 s, main_ppo 520 s
+# then SIGTERM), its row printed and added to NAME.json as it ends; a step takes 2-3 such limits, so run it through
+# benchmarks/gpu_queue.sh, not in one device call. run.log lines carry the seconds since launch (where start-up
+# goes). A killed run's table from the copied metrics:
+#   python3 benchmarks/bench_async_modes.py --gpus 2 --batch 64 --n 8 --skip 2 --from-metrics sync=$OUT/async2.sync.metrics.jsonl ...
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export VLLM_USE_FLASHINFER_SAMPLER=0  # vLLM 0.26 imports flashinfer for its sampler check unless this is 0; the stack has none
@@ -22,26 +28,31 @@ OUT=${OUT:-$PWD/outputs}; mkdir -p "$OUT"
 [ -f /tmp/q05/model.safetensors ] || python3 benchmarks/grpo_model_dir.py /tmp/q05 > "$OUT/model_q05.log" 2>&1
 
 COMMON=(--model /tmp/q05 --data /tmp/gpu-demo/train.parquet --batch 64 --n 8 --mini-batch 16 --micro-batch 16
-  --response-length 992 --steps 8 --skip 2 --timeout 540
+  --response-length 992 --steps 8 --skip 2 --timeout 520
   data.max_prompt_length=32 actor_rollout_ref.rollout.calculate_log_probs=true
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32 actor_rollout_ref.rollout.gpu_memory_utilization=0.5
   actor_rollout_ref.actor.megatron.override_transformer_config.attention_backend=auto ray_kwargs.ray_init.num_cpus=8)
 
+modes() {  # modes NAME GPUS MODES [args...]: one bench_async_modes.py call per mode, each under its own 590 s, into one
+  # $OUT/NAME.json (each call adds its mode) and NAME.log (each mode's summary row as it ends); the metrics beside them
+  local name=$1 gpus=$2 mode; shift 2; local list=$1; shift
+  rm -f "$OUT/$name.json" "$OUT/$name.log"
+  for mode in ${list//,/ }; do
+    echo "--- $mode $(date -u +%T)" >> "$OUT/$name.log"
+    timeout 590 python3 benchmarks/bench_async_modes.py --gpus "$gpus" --modes "$mode" "$@" "${COMMON[@]}" \
+      --work "/tmp/$name" --out "$OUT/$name.json" >> "$OUT/$name.log" 2>&1; echo "$mode rc $?"
+    cp "/tmp/$name/$mode/ckpt/metrics.jsonl" "$OUT/$name.$mode.metrics.jsonl" 2>/dev/null
+    grep -E "Started a local Ray|torch.compile|init engine|CUDA graph|step 1/|step 8/" "/tmp/$name/$mode/run.log" 2>/dev/null \
+      | cut -c1-160 | head -10; tail -1 "/tmp/$name/$mode/run.log" 2>/dev/null | cut -c1-120  # seconds since launch
+  done
+  tail -5 "$OUT/$name.log"
+}
+
 for step in "$@"; do
   echo "=== $step $(date -u +%T)"
   case $step in
-    async1) timeout 590 python3 benchmarks/bench_async_modes.py --gpus 1 --modes sync,colocate_async "${COMMON[@]}" \
-              --work /tmp/async1 --out "$OUT/async1.json" > "$OUT/async1.log" 2>&1; echo rc $?; tail -4 "$OUT/async1.log" ;;
-    async2) timeout 590 python3 benchmarks/bench_async_modes.py --gpus 2 --modes sync,colocate_async,separate_async \
-              "${COMMON[@]}" --work /tmp/async2 --out "$OUT/async2.json" > "$OUT/async2.log" 2>&1; echo rc $?
-            tail -5 "$OUT/async2.log" ;;
-    async2_deep) timeout 590 python3 benchmarks/bench_async_modes.py --gpus 2 --modes colocate_async,separate_async \
-              --off-policy 3 "${COMMON[@]}" --work /tmp/async2_deep --out "$OUT/async2_deep.json" > "$OUT/async2_deep.log" 2>&1
-            echo rc $?; tail -5 "$OUT/async2_deep.log" ;;
+    async1) modes async1 1 sync,colocate_async ;;
+    async2) modes async2 2 sync,colocate_async,separate_async ;;
+    async2_deep) modes async2_deep 2 colocate_async,separate_async --off-policy 3 ;;
   esac
-  for mode in sync colocate_async separate_async; do  # the runs' metrics for RESULTS.md
-    for dir in /tmp/async1 /tmp/async2 /tmp/async2_deep; do
-      [ -f "$dir/$mode/ckpt/metrics.jsonl" ] && cp "$dir/$mode/ckpt/metrics.jsonl" "$OUT/$(basename $dir).$mode.metrics.jsonl"
-    done
-  done
 done

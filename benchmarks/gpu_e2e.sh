@@ -1,11 +1,12 @@
 # Sourced by the GPU session scripts: one GRPO run through `python -m megarl.main_ppo` on the demo task's data.
 #   run_e2e NAME MODEL_DIR GPUS LIMIT_S [overrides...]
 #   plan_e2e NAME MODEL_DIR GPUS [overrides...]      (the launch plan of the same command, python -m megarl.plan)
-# The model directory is a random policy with the demo tokenizer (benchmarks/grpo_model_dir.py); logs, the
+# The model directory is a random policy with the demo tokenizer (benchmarks/grpo_model_dir.py); the data
+# {train,val}.parquet of E2E_DATA (default /tmp/gpu-demo, the demo task); logs, the
 # metrics and their per-step summary (benchmarks/summarize_metrics.py) go to $OUT/NAME.*.
 e2e_common() {  # $1 model dir, $2 GPUs, $3 run directory (one per run: runs of a queue may go side by side)
   echo actor_rollout_ref.model.path="$1" trainer.device=cuda trainer.n_gpus_per_node="$2" \
-    data.train_files=/tmp/gpu-demo/train.parquet data.val_files=/tmp/gpu-demo/val.parquet \
+    data.train_files="${E2E_DATA:-/tmp/gpu-demo}/train.parquet" data.val_files="${E2E_DATA:-/tmp/gpu-demo}/val.parquet" \
     trainer.val_before_train=false trainer.test_freq=-1 trainer.save_freq=-1 algorithm.adv_estimator=grpo \
     trainer.logger=[console] trainer.default_local_dir="$3" ray_kwargs.ray_init.num_cpus=8 \
     actor_rollout_ref.rollout.calculate_log_probs=true \

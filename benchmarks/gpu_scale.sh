@@ -65,6 +65,11 @@
 #               1 leaves the GPUs at 48 GiB but needs 762 GiB of a node's RAM, 535 without megarl's offloads), actor
 #               parameters and its GPU optimizer part resident, vLLM at 0.4: planned at 122 GiB a GPU of 139 and 478 GiB
 #               of 503.8 of host RAM (4 x H200; on 4 x 80 GiB the plan refuses it); the launch plan of the same command first
+#   multiturn_tp2  issue 31 item 7, 2 GPUs: 3 GRPO steps of the 0.5B shape through the tool agent (multi-turn, `+tools=calculator`
+#               as tests/trainer/test_e2e_cpu.py runs it) with the interaction of the CPU agent-loop tests answering each
+#               sample's first 2 model turns (benchmarks/multiturn_data.py; the random policy calls no tool, so the turns come
+#               from the scripted user), rollout TP=2 colocated with actor TP=2 as e2e05_tp2, 64 prompts x 8, <= 256 response
+#               tokens over all turns. Prints phases, turns per sample (agent/*) and tokens/s/GPU per step
 #   tests2      the 2-GPU tests: direct sync (shard to shard, gathered into vLLM), TP=2 paths
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -107,6 +112,14 @@ fault_run() {  # fault_run NAME PAUSE_AT [--kill] [overrides...]: benchmarks/fau
 }
 mapfile -t SCALE7B_TP4 < <(merged SCALE7B_4GPU actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4 \
   actor_rollout_ref.rollout.tensor_model_parallel_size=4)
+
+MULTITURN_TP2=(+tools=calculator actor_rollout_ref.rollout.multi_turn.interaction_config_path=/tmp/gpu-demo-mt/interactions.yaml
+  actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 actor_rollout_ref.rollout.tensor_model_parallel_size=2
+  data.train_batch_size=64 data.max_prompt_length=32 data.max_response_length=256 actor_rollout_ref.rollout.n=8
+  actor_rollout_ref.actor.ppo_mini_batch_size=64 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16
+  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 actor_rollout_ref.actor.megatron.param_offload=true
+  actor_rollout_ref.actor.megatron.optimizer_offload=true actor_rollout_ref.rollout.gpu_memory_utilization=0.3
+  trainer.total_training_steps=3)
 
 VERL8B=(actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2
   actor_rollout_ref.ref.megatron.tensor_model_parallel_size=2 actor_rollout_ref.ref.megatron.pipeline_model_parallel_size=2
@@ -229,6 +242,9 @@ for step in "$@"; do
                "$OUT/lctp2sp_c1" ;;
     baselines) timeout 120 torchrun --nproc_per_node=2 benchmarks/bench_sync_baselines.py --model /tmp/q7b --tp 2 \
                > "$OUT/baselines.log" 2>&1; echo rc $?; grep -E "baseline|Error" "$OUT/baselines.log" ;;
+    multiturn_tp2) [ -f /tmp/q05/model.safetensors ] || python3 benchmarks/grpo_model_dir.py /tmp/q05 > "$OUT/e2e_model_q05.log" 2>&1
+             python3 benchmarks/multiturn_data.py /tmp/gpu-demo /tmp/gpu-demo-mt
+             PYTHONPATH=$PYTHONPATH:$PWD/tests/agent E2E_DATA=/tmp/gpu-demo-mt run_e2e multiturn_tp2 /tmp/q05 2 420 "${MULTITURN_TP2[@]}" ;;
     tests2)  timeout 420 python3 -m pytest -q -m gpu tests/gpu/test_vllm_direct_sync.py tests/gpu/test_gpu_paths.py -rA \
                -p no:cacheprovider > "$OUT/pytest_gpu2.log" 2>&1; echo rc $?
              grep -E "passed|failed|PASSED|FAILED|SKIPPED|Error" "$OUT/pytest_gpu2.log" | tail -14 ;;

@@ -6,7 +6,9 @@ Per step: the step's phases (``timing_s/*``, s), device memory per phase (``memo
 ``*_peak_gib`` = torch's allocator peak in that phase, ``*_device_used_gib`` = the whole GPU,
 vLLM's pool included), the weight sync (seconds, GB/s, path) and tokens per second per GPU:
 all prompt + response tokens of the step / (step seconds x GPUs), the figure NeMo-RL publishes; an MoE
-run's ``moe/*`` (expert load, router entropy) and ``router_replay/*`` metrics.
+run's ``moe/*`` (expert load, router entropy) and ``router_replay/*`` metrics; a multi-turn run's ``agent/*``
+(turns per sample: ``num_turns/*`` counts every message, ``assistant_turns`` / ``user_turns`` the model's and the
+interaction's turns; tool calls, errors and latency; means over the step's samples).
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ def summary(metrics: dict, gpus: int) -> dict:
     for key in ("response_length/mean", "rollout/log_prob_gap_mean", "rollout/log_prob_gap_max", "actor/grad_norm"):
         if key in metrics:
             out[key] = round(metrics[key], 4)
+    agent = {k[len("agent/"):]: round(v, 3) for k, v in metrics.items() if k.startswith("agent/")}
+    if agent:
+        out["agent"] = agent
     moe = {k: round(v, 4) for k, v in metrics.items() if k.startswith(("moe/", "router_replay/"))}
     if moe:
         out["moe"] = moe
