@@ -166,3 +166,41 @@ def lora_hybrid_sync(hf_dir: str, prompt_rows: list[list[int]], temperature: flo
     }
     worker.shutdown()
     return out
+
+
+# LoRA on an MoE model (tests/workers/test_lora_moe.py): dense and expert MLPs, attention output
+MOE_TARGETS = ["linear_proj", "linear_fc1", "linear_fc2"]
+
+
+def lora_moe_suite(model_path: str, batch: dict, megatron: dict) -> dict:
+    """A LoRA actor on a tiny MoE model, every adapter's B set to a value drawn from its global name
+    (the same on every expert-parallel layout): each adapter's (A, B) on this rank, log-probs, the
+    merged export (rank 0), one PPO step (trainable and changed parameters, grad norm), and the same
+    after it."""
+    from megarl.models.lora import adapters
+    from megarl.workers.actor import ActorWorker
+
+    cfg = lora_config(model_path, megatron)
+    cfg.model.lora.target_modules = MOE_TARGETS
+    actor = ActorWorker(cfg, "actor", device="cpu")
+    actor.init_model()
+    pairs = [adapter for _, adapter in adapters(actor.engine.chunks)]
+    with torch.no_grad():
+        for adapter in pairs:
+            seed = int.from_bytes(adapter.name.encode(), "little") % 2**31
+            adapter.B.copy_(torch.randn(adapter.B.shape, generator=torch.Generator().manual_seed(seed)) * 0.1)
+
+    def state() -> dict:
+        return {a.name: {"A": a.A.detach().clone(), "B": a.B.detach().clone()} for a in pairs}
+
+    data = worker_data(batch, dp_rows(batch))
+    res = {"adapters0": state(), "lp0": actor.compute_log_prob(data).batch["old_log_probs"],
+           "merged0": _rank0(_export(actor)),
+           "trainable": sorted(n for c in actor.engine.unwrapped_chunks() for n, p in c.named_parameters() if p.requires_grad)}
+    before = _params(actor)
+    res["metrics"] = actor.update_policy(data)
+    after = _params(actor)
+    res["changed"] = sorted(n for n in before if not torch.equal(before[n], after[n]))
+    res.update(adapters1=state(), lp1=actor.compute_log_prob(data).batch["old_log_probs"], merged1=_rank0(_export(actor)))
+    res["base_unchanged_by_export"] = all(torch.equal(after[n], p) for n, p in _params(actor).items())
+    return res
