@@ -10,7 +10,8 @@ every B set to a nonzero value drawn from its adapter's global name:
   * the merged export is that hand merge; one PPO step changes adapter parameters only (the experts'
     B among them), and the export leaves the base bitwise unchanged;
   * expert parallelism 2 (each rank two experts, their adapters named by the global expert index):
-    the same adapters, log-probs, grad norm and merged export (before and after the step) as EP=1.
+    the same adapters, log-probs, grad norm and merged export (before and after the step) as EP=1;
+    its adapter checkpoint loads at EP=1 to the same log-probs.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from safetensors.torch import load_file, save_file
 from helpers.dist_utils import run_distributed
 from helpers.tiny import PROMPT_LEN, TEMPERATURE, hf_response_log_probs, rollout_batch
 from helpers.tiny_hf import VOCAB, build_tiny_qwen3_moe
-from lora_bodies import ALPHA, RANK, lora_moe_suite
+from lora_bodies import ALPHA, RANK, lora_moe_loaded_log_probs, lora_moe_suite
 
 pytestmark = pytest.mark.slow
 
@@ -126,8 +127,9 @@ def test_lora_moe_trains_adapters_only(ep1):
 
 @pytest.mark.extended  # a 2-rank job
 def test_lora_moe_ep2_equals_ep1(setup, ep1):
+    ckpt = str(setup["root"] / "ckpt_ep2")
     ranks = run_distributed(lora_moe_suite, 2, setup["model_path"], setup["batch"], {"expert_model_parallel_size": 2},
-                            timeout=400)
+                            ckpt, timeout=400)
     names = [sorted(n for n in r["adapters0"] if ".local_experts." in n) for r in ranks]
     assert [n.split(".")[6] for n in names[0]] == ["0", "0", "1", "1"]  # global expert indices: 0, 1 on rank 0
     assert [n.split(".")[6] for n in names[1]] == ["2", "2", "3", "3"]
@@ -144,3 +146,6 @@ def test_lora_moe_ep2_equals_ep1(setup, ep1):
         assert sorted(ranks[0][key]) == sorted(ep1[key])
         for name, tensor in ep1[key].items():
             _close(ranks[0][key][name], tensor, atol=1e-6)
+    # the EP=2 adapter checkpoint (each rank its experts', global index in the key) loads at EP=1
+    loaded = run_distributed(lora_moe_loaded_log_probs, 1, setup["model_path"], setup["batch"], {}, ckpt, timeout=400)[0]
+    _close(loaded, ep1["lp1"])
