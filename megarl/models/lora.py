@@ -16,7 +16,19 @@ Tensor parallelism (h = x A^T is ``[s, b, r]``, tiny next to x):
   replicated; the partial h of each rank is all-reduced (sequence parallel: reduce-scattered,
   and B's gradient all-reduced over TP).
 
-Merged weight of a rank's shard: ``W_local + scale * B_local @ A_local`` (no communication).
+MoE experts (megatron's ``SequentialMLP``: each local expert an MLP with its own linear_fc1 /
+linear_fc2, the expert MLP class of the local layer spec, on CPU and CUDA alike): each expert's
+linear gets its own pair, named by the expert's global index (``...mlp.experts.local_experts.<e>``
+with ``e = ep_rank * num_local_experts + local index``, so A's seed and the target patterns do not
+depend on expert parallelism). An expert linear with expert tensor parallelism 1 is a plain local
+matmul on the tokens routed to it (the dispatcher moves tokens, not activations of a shard), so
+its adapter communicates nothing; A and B are expert-parallel parameters (``allreduce=False``:
+their gradients are reduced over the expert data-parallel group, like the expert weights).
+Expert tensor parallelism > 1 and TE's grouped experts (``TEGroupedMLP``, all experts in one
+module) are refused.
+
+Merged weight of a rank's shard: ``W_local + scale * B_local @ A_local`` (no communication; each
+expert-parallel rank merges its own experts).
 The reference policy is the base model: :func:`adapters_disabled`. Weight sync and HF export
 see merged weights inside :func:`merged_weights`.
 """
@@ -27,6 +39,7 @@ import contextlib
 import fnmatch
 import hashlib
 import math
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -41,6 +54,7 @@ from megatron.core.tensor_parallel.mappings import (
     reduce_scatter_to_sequence_parallel_region,
 )
 from megatron.core.transformer.mlp import apply_swiglu_sharded_factory
+from megatron.core.transformer.moe.experts import SequentialMLP
 from megatron.core.transformer.utils import make_tp_sharded_tensor_for_checkpoint
 
 __all__ = ["LoraSpec", "LoraAdapter", "apply_lora", "adapters", "adapters_disabled", "merged_weights", "ADAPTER_KEY"]
@@ -80,6 +94,12 @@ def _parallel_kind(module: torch.nn.Module) -> str | None:
         return "column"
     if isinstance(module, RowParallelLinear):
         return "row"
+    if "Grouped" in type(module).__name__:
+        raise ValueError(
+            f"actor_rollout_ref.model.lora: LoRA on grouped experts ({type(module).__name__}, every expert's weight in "
+            "one module) is not implemented in megarl; build the local layer spec, whose experts are one MLP each: "
+            "+actor_rollout_ref.actor.megatron.override_transformer_config.transformer_impl=local"
+        )
     if type(module).__name__.startswith("TE") and hasattr(module, "weight"):
         raise ValueError(
             f"actor_rollout_ref.model.lora: LoRA on transformer-engine's {type(module).__name__} is not implemented "
@@ -102,18 +122,25 @@ def _init_a(shape: tuple[int, int], method: str, generator: torch.Generator) -> 
 
 
 class LoraAdapter(torch.nn.Module):
-    """The low-rank pair of one tensor-parallel linear (see the module docstring).
+    """The low-rank pair of one tensor-parallel linear (see the module docstring); `name` its
+    global name (the expert's global index in an expert linear's).
 
     Shapes on a rank with TP size t: column base ``W [out/t, in]``: ``A [r, in]``, ``B [out/t, r]``;
-    row base ``W [out, in/t]``: ``A [r, in/t]``, ``B [out, r]``.
+    row base ``W [out, in/t]``: ``A [r, in/t]``, ``B [out, r]``. An expert linear (expert TP 1):
+    ``W [out, in]``, ``A [r, in]``, ``B [out, r]``.
     """
 
     def __init__(self, base: torch.nn.Module, kind: str, spec: LoraSpec, name: str, sequence_parallel: bool) -> None:
         super().__init__()
         weight = base.weight
         out_local, in_local = weight.shape
-        tp, tp_rank = (parallel_state.get_tensor_model_parallel_world_size(),
-                       parallel_state.get_tensor_model_parallel_rank())
+        self.expert = bool(base.is_expert)
+        if self.expert and base.tp_group.size() > 1:
+            raise ValueError(f"actor_rollout_ref.model.lora: LoRA on {name} with expert tensor parallelism "
+                             f"{base.tp_group.size()} is not implemented in megarl; set "
+                             "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1")
+        tp, tp_rank = ((1, 0) if self.expert else (parallel_state.get_tensor_model_parallel_world_size(),
+                                                   parallel_state.get_tensor_model_parallel_rank()))
         in_full = in_local * tp if kind == "row" else in_local
         # The same A on every layout: seeded by the layer's (global) name, drawn unsharded, sliced.
         seed = int.from_bytes(hashlib.sha256(f"{spec.seed}:{name}".encode()).digest()[:8], "little") & (2**63 - 1)
@@ -121,23 +148,33 @@ class LoraAdapter(torch.nn.Module):
         a = a_full[:, tp_rank * in_local:(tp_rank + 1) * in_local] if kind == "row" else a_full
         self.A = torch.nn.Parameter(a.to(device=weight.device, dtype=weight.dtype).contiguous())
         self.B = torch.nn.Parameter(torch.zeros(out_local, spec.rank, device=weight.device, dtype=weight.dtype))
-        sharded, replicated, axis = (self.B, self.A, 0) if kind == "column" else (self.A, self.B, 1)
-        set_tensor_model_parallel_attributes(sharded, True, axis, 1)
-        set_tensor_model_parallel_attributes(replicated, False, 0, 1)
-        # a sum over sequence slices (sequence parallel): megatron all-reduces it over TP
-        replicated.sequence_parallel = sequence_parallel and tp > 1
-        self.tp_axis = {"A": None, "B": 0} if kind == "column" else {"A": 1, "B": None}
+        self.name = name
+        if self.expert:  # replicated over the (size 1) expert TP group, reduced over expert data parallelism
+            for param in (self.A, self.B):
+                set_tensor_model_parallel_attributes(param, False, 0, 1)
+                param.allreduce = False
+            self.tp_axis = {"A": None, "B": None}
+        else:
+            sharded, replicated, axis = (self.B, self.A, 0) if kind == "column" else (self.A, self.B, 1)
+            set_tensor_model_parallel_attributes(sharded, True, axis, 1)
+            set_tensor_model_parallel_attributes(replicated, False, 0, 1)
+            # a sum over sequence slices (sequence parallel): megatron all-reduces it over TP
+            replicated.sequence_parallel = sequence_parallel and tp > 1
+            self.tp_axis = {"A": None, "B": 0} if kind == "column" else {"A": 1, "B": None}
         # a gated fc1's rows are [gate; up] per TP rank, checkpointed as two TP-sharded halves (as megatron's W)
-        self.gated_rows = kind == "column" and name.endswith("mlp.linear_fc1") and bool(base.config.gated_linear_unit)
+        self.gated_rows = (kind == "column" and name.endswith("linear_fc1") and bool(base.config.gated_linear_unit)
+                           and not self.expert)
         self.kind = kind
         self.scale = spec.scale
-        self.sequence_parallel = sequence_parallel
+        self.sequence_parallel = sequence_parallel and not self.expert
         self.enabled = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The adapter's addition to the base output. x: the base layer's input (column:
         ``[s(/t), b, in]``, row: ``[s, b, in/t]``); returns the base output's shape."""
         h = torch.matmul(x, self.A.t())  # [.., b, r]
+        if self.expert:  # x: [tokens routed to this expert, in]; a local matmul, as the expert's W
+            return torch.matmul(h, self.B.t()) * self.scale
         if self.kind == "column":
             h = gather_from_sequence_parallel_region(h) if self.sequence_parallel else copy_to_tensor_model_parallel_region(h)
         else:
@@ -185,11 +222,19 @@ def _matches(name: str, patterns: Sequence[str]) -> bool:
 
 
 def _global_linears(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module]]:
-    """(``decoder.layers.<global layer index>.<path>``, module) of every decoder submodule:
-    names independent of the pipeline layout."""
+    """(``decoder.layers.<global layer index>.<path>``, module) of every decoder submodule, an
+    expert's ``local_experts.<i>`` numbered by its global expert index: names independent of the
+    pipeline and expert-parallel layout."""
     for layer in model.decoder.layers:
+        offsets = {f"{path}.local_experts": m.ep_group.rank() * m.num_local_experts
+                   for path, m in layer.named_modules() if isinstance(m, SequentialMLP)}
+
+        def global_expert(match: re.Match) -> str:
+            return f"{match[1]}.{offsets[match[1]] + int(match[2])}"
+
         for path, module in layer.named_modules():
             if path:
+                path = re.sub(r"^(.*\.local_experts)\.(\d+)", global_expert, path)
                 yield f"decoder.layers.{layer.layer_number - 1}.{path}", module
 
 
@@ -197,11 +242,9 @@ def apply_lora(model: torch.nn.Module, spec: LoraSpec) -> list[str]:
     """Freeze every parameter of `model` (a GPTModel chunk with its weights loaded) and add
     adapters to the linears `spec` targets. Returns the adapted layers' global names.
 
-    Raises ValueError naming `actor_rollout_ref.model.lora.*` for an MoE model, a target name no
-    layer has, a targeted linear megarl cannot adapt, or targets that leave nothing adapted."""
-    if model.config.num_moe_experts:
-        raise ValueError("actor_rollout_ref.model.lora.rank > 0 on an MoE model is not implemented in megarl "
-                         "(adapters on expert layers); train it full-parameter (lora.rank=0)")
+    Raises ValueError naming `actor_rollout_ref.model.lora.*` for a target name no layer has, a
+    targeted linear megarl cannot adapt (grouped experts, expert TP > 1), or targets that leave
+    nothing adapted."""
     for param in model.parameters():
         param.requires_grad_(False)
     sequence_parallel = bool(model.config.sequence_parallel)

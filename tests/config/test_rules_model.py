@@ -115,14 +115,20 @@ def test_attention_backend_values(make):
 
 
 def test_lora_keys_are_checked_up_front(make):
-    """model.lora.* (verl's Megatron LoRA keys) are typed; an MoE model, verl's FSDP LoRA keys, the
-    critic's LoRA and the adapter parts megarl lacks are refused naming the key."""
+    """model.lora.* (verl's Megatron LoRA keys) are typed; LoRA on experts at expert TP > 1, verl's FSDP
+    LoRA keys, the critic's LoRA and the adapter parts megarl lacks are refused naming the key."""
     L = "actor_rollout_ref.model.lora"
     no_issues(make({f"{L}.rank": 8, f"{L}.alpha": 16, f"{L}.target_modules": ["linear_qkv"],
                     f"{L}.exclude_modules": ["*.layers.0.*"], f"{L}.lora_A_init_method": "kaiming"}))
     moe = {"model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16}
     no_issues(make(hf=moe))
-    issue_for(make({f"{L}.rank": 8}, hf=moe), f"{L}.rank", "MoE model (4 experts) is not implemented", f"{L}.rank=0")
+    no_issues(make({f"{L}.rank": 8}, hf=moe))
+    E, T = f"{M}.expert_tensor_parallel_size", f"{M}.tensor_model_parallel_size"
+    tp2 = {f"{L}.rank": 8, T: 2, "trainer.n_gpus_per_node": 2}
+    issue_for(make(tp2, hf=moe), E, "expert tensor parallelism 2", f"{E}=1")  # null = TP
+    issue_for(make({**tp2, E: 2, f"{L}.target_modules": ["*.layers.1.*"]}, hf=moe), E, "['*.layers.1.*']")
+    no_issues(make({**tp2, E: 1}, hf=moe))
+    no_issues(make({**tp2, f"{L}.target_modules": ["linear_qkv", "linear_proj"]}, hf=moe))
     issue_for(make({f"{L}.rank": -1}), f"{L}.rank")
     issue_for(make({f"{L}.lora_A_init_method": "orthogonal"}), f"{L}.lora_A_init_method", "orthogonal")
     issue_for(make({f"{L}.lora_B_init_method": "xavier"}), f"{L}.lora_B_init_method")

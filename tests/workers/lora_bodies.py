@@ -166,3 +166,58 @@ def lora_hybrid_sync(hf_dir: str, prompt_rows: list[list[int]], temperature: flo
     }
     worker.shutdown()
     return out
+
+
+# LoRA on an MoE model (tests/workers/test_lora_moe.py): dense and expert MLPs, attention output
+MOE_TARGETS = ["linear_proj", "linear_fc1", "linear_fc2"]
+
+
+def _moe_actor(model_path: str, megatron: dict):
+    from megarl.workers.actor import ActorWorker
+
+    cfg = lora_config(model_path, megatron)
+    cfg.model.lora.target_modules = MOE_TARGETS
+    actor = ActorWorker(cfg, "actor", device="cpu")
+    actor.init_model()
+    return actor
+
+
+def lora_moe_suite(model_path: str, batch: dict, megatron: dict, ckpt_dir: str | None = None) -> dict:
+    """A LoRA actor on a tiny MoE model, every adapter's B set to a value drawn from its global name
+    (the same on every expert-parallel layout): each adapter's (A, B) on this rank, log-probs, the
+    merged export (rank 0), one PPO step (trainable and changed parameters, grad norm), and the same
+    after it; then its checkpoint saved to `ckpt_dir` if given."""
+    from megarl.models.lora import adapters
+
+    actor = _moe_actor(model_path, megatron)
+    pairs = [adapter for _, adapter in adapters(actor.engine.chunks)]
+    with torch.no_grad():
+        for adapter in pairs:
+            seed = int.from_bytes(adapter.name.encode(), "little") % 2**31
+            adapter.B.copy_(torch.randn(adapter.B.shape, generator=torch.Generator().manual_seed(seed)) * 0.1)
+
+    def state() -> dict:
+        return {a.name: {"A": a.A.detach().clone(), "B": a.B.detach().clone()} for a in pairs}
+
+    data = worker_data(batch, dp_rows(batch))
+    res = {"adapters0": state(), "lp0": actor.compute_log_prob(data).batch["old_log_probs"],
+           "merged0": _rank0(_export(actor)),
+           "trainable": sorted(n for c in actor.engine.unwrapped_chunks() for n, p in c.named_parameters() if p.requires_grad)}
+    before = _params(actor)
+    res["metrics"] = actor.update_policy(data)
+    after = _params(actor)
+    res["changed"] = sorted(n for n in before if not torch.equal(before[n], after[n]))
+    res.update(adapters1=state(), lp1=actor.compute_log_prob(data).batch["old_log_probs"], merged1=_rank0(_export(actor)))
+    res["base_unchanged_by_export"] = all(torch.equal(after[n], p) for n, p in _params(actor).items())
+    if ckpt_dir is not None:
+        _allow_checkpoint_writer_processes()
+        actor.save_checkpoint(ckpt_dir)
+    return res
+
+
+def lora_moe_loaded_log_probs(model_path: str, batch: dict, megatron: dict, load_dir: str) -> torch.Tensor:
+    """A fresh LoRA actor on the tiny MoE model with the adapters of `load_dir`: its log-probs."""
+    _allow_checkpoint_writer_processes()
+    actor = _moe_actor(model_path, megatron)
+    actor.load_checkpoint(load_dir)
+    return actor.compute_log_prob(worker_data(batch, dp_rows(batch))).batch["old_log_probs"]

@@ -206,13 +206,19 @@ def rollout_shape(v: View, hf: dict[str, Any]) -> Iterator[Issue]:
         yield Issue(key, tp, f"vLLM TP must divide num_key_value_heads={kv} or be a multiple of it", f"choose {key} dividing {kv} or a multiple of {kv}")
 
 
-def lora_on_moe(v: View, hf: dict[str, Any]) -> Iterator[Issue]:
-    """megarl's LoRA adapts dense layers only (megarl/models/lora.py)."""
-    key = "actor_rollout_ref.model.lora.rank"
-    experts = _shape(hf)[3]
-    if v.get(key) and experts:
-        yield Issue(key, v.get(key), f"LoRA on an MoE model ({experts} experts) is not implemented in megarl",
-                    f"train it full-parameter ({key}=0)")
+def lora_on_expert_tp(v: View, hf: dict[str, Any]) -> Iterator[Issue]:
+    """megarl's LoRA adapts the experts' linears at expert tensor parallelism 1 only (megarl/models/lora.py);
+    linear_fc1 / linear_fc2 or a pattern among lora.target_modules may name them."""
+    m, lora = ACTOR.megatron, "actor_rollout_ref.model.lora"
+    key = f"{m}.expert_tensor_parallel_size"
+    tp = v.get(f"{m}.tensor_model_parallel_size")
+    etp = v.get(key) or tp
+    targets = list(v.get(f"{lora}.target_modules"))
+    expert_targets = [t for t in targets if t in ("linear_fc1", "linear_fc2") or any(c in t for c in "*?[")]
+    if v.get(f"{lora}.rank") and _shape(hf)[3] and etp > 1 and expert_targets:
+        yield Issue(key, v.get(key), f"LoRA on the experts' linears ({lora}.target_modules {expert_targets}) at expert "
+                    f"tensor parallelism {etp} (null = tensor_model_parallel_size={tp}) is not implemented in megarl",
+                    f"set {key}=1, or leave linear_fc1 / linear_fc2 out of {lora}.target_modules")
 
 
 def replay_needs_experts(v: View, hf: dict[str, Any]) -> Iterator[Issue]:
@@ -315,7 +321,7 @@ def run(v: View) -> Iterator[Issue]:
             if role is ACTOR:
                 yield from _guard(lengths, v, hf)
                 yield from _guard(rollout_shape, v, hf)
-                yield from _guard(lora_on_moe, v, hf)
+                yield from _guard(lora_on_expert_tp, v, hf)
                 yield from _guard(replay_needs_experts, v, hf)
                 yield from _guard(rollout_dp_on_moe, v, hf)
                 yield from _guard(linear_attention_rollout, v, hf)

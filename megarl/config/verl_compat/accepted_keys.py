@@ -110,8 +110,8 @@ RULES: tuple[CompatRule, ...] = tuple(
              "actor_rollout_ref.model.lora.merge")
     + _rules("ignore", _MM, "actor_rollout_ref.model.lora.freeze_vision_model",
              "actor_rollout_ref.model.lora.freeze_vision_projection")
-    + _rules("ignore", "megarl's LoRA does not adapt MoE experts (it refuses an MoE model), so no expert all-to-all "
-             "carries adapter inputs", "actor_rollout_ref.model.lora.a2a_experimental")
+    + _rules("ignore", "megarl's expert adapters run inside each expert on the tokens already dispatched to it, so no "
+             "all-to-all of their own carries adapter inputs", "actor_rollout_ref.model.lora.a2a_experimental")
     + _rules("refuse", "LoRA on the critic is not implemented in megarl (the actor's is: actor_rollout_ref.model.lora.*)",
              "critic.model.lora.*")
     + _rules("refuse", _MULTI_TURN,
