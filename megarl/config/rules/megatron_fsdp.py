@@ -37,7 +37,7 @@ def megatron_fsdp(v: View) -> Iterator[Issue]:
                         "dist-checkpoint of the DDP layout does not write)", f"set trainer.save_freq=-1, {off}")
         if v.get("trainer.resume_mode") == "resume_path":
             yield Issue("trainer.resume_mode", v.get("trainer.resume_mode"), f"checkpoints are not implemented with "
-                        f"{key}=true", f"set trainer.resume_mode=auto, {off}")
+                        f"{key}=true", f"set trainer.resume_mode=disable, {off}")
 
 
 RULES = (megatron_fsdp,)
