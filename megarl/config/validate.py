@@ -19,6 +19,7 @@ from megarl.config.rules import (
     batch,
     distillation,
     engines,
+    megatron_fsdp,
     model,
     optim,
     parallel,
@@ -47,6 +48,7 @@ RULES: tuple[Rule, ...] = (
     *rollout_parallel.RULES,
     *router_replay.RULES,
     *distillation.RULES,
+    *megatron_fsdp.RULES,
     model.run,
 )
 

@@ -37,6 +37,10 @@ measured peak can be set beside each one:
   ``data.train_batch_size x rollout.n`` rows.
 * updates (``update_actor``, ``update_critic``): the trained role whole + its training
   activations + the others' between-phase state.
+* Megatron-FSDP (an actor's or critic's ``megatron.use_megatron_fsdp``): its parameters and gradients
+  are DP shards in every phase (:mod:`megarl.plan.memory`), plus its gathered layers in its forward
+  passes, those and their unsharded gradients in its update, and its whole TP-local model in ``sync``
+  (``unsharded_params``) beside the shards.
 
 Every phase also holds an overhead (:mod:`megarl.plan.overhead`, fitted to the device memory in use
 of the GPU runs): the worker process's CUDA context and communicators, more with expert parallelism,
@@ -128,6 +132,17 @@ class RolePlan:
         m = self.memory
         return ((m.params if self.param_offload else 0) + (m.grads if self.grads_offloaded else 0)
                 + (m.optimizer if self.optimizer_offload else 0))
+
+    def fsdp_gathered(self, part: str) -> dict[str, int]:
+        """Megatron-FSDP's whole-held parameters in a phase (none under DDP): ``forward`` the gathered
+        layers, ``train`` those and their unsharded gradients, ``sync`` the whole TP-local stage."""
+        g = self.memory.fsdp
+        if g is None:
+            return {}
+        sizes = {"forward": {"FSDP gathered layers": g.layers},
+                 "train": {"FSDP gathered layers": g.layers, "FSDP gathered layer grads": g.layer_grads},
+                 "sync": {"FSDP gathered model": g.model}}[part]
+        return {f"{self.role.name} {term}": size for term, size in sizes.items() if size}
 
     def whole(self) -> dict[str, int]:
         m = self.memory
@@ -257,11 +272,20 @@ def _setup(cfg: DictConfig, role: Role) -> TrainSetup:
         exp_avg_dtype=optim.exp_avg_dtype if precision_aware else "fp32",
         exp_avg_sq_dtype=optim.exp_avg_sq_dtype if precision_aware else "fp32",
         value_head=role is CRITIC,
+        megatron_fsdp=_megatron_fsdp(cfg, role),
         forward_entropy=role is ACTOR,
         loss_topk=_teacher_topk(cfg) if role is ACTOR else 0,
         response_share=value_at(cfg, "data.max_response_length") / seq,
         cpu_offload_fraction=cpu_fraction,
     )
+
+
+def _megatron_fsdp(cfg: DictConfig, role: Role) -> bool:
+    """``megatron.use_megatron_fsdp`` of a trained role; the reference's has no effect (verl wraps only
+    trained models)."""
+    typed = typed_config(cfg)
+    sections = {ACTOR: typed.actor_rollout_ref.actor.megatron, CRITIC: typed.critic.megatron}
+    return role in sections and sections[role].use_megatron_fsdp
 
 
 def _teacher_topk(cfg: DictConfig) -> int:
@@ -386,7 +410,7 @@ def phases(plan: Plan) -> dict[str, Phase]:
     actor = roles["actor"]
     buckets = ({"weight-sync buckets (2: vLLM's reload)": 2 * plan.bucket_bytes} if actor.params.expert_params
                else {"weight-sync bucket": plan.bucket_bytes})
-    out["sync"] = _phase({**actor.kept(params_onloaded=True), **({"vLLM weights": plan.vllm.weights} if vllm_here else {}),
+    out["sync"] = _phase({**actor.kept(params_onloaded=True), **actor.fsdp_gathered("sync"), **({"vLLM weights": plan.vllm.weights} if vllm_here else {}),
                           **buckets, **others("actor")}, "actor", overhead(vllm_asleep=True))
     if vllm_here:
         out["generate"] = _phase({"vLLM budget": plan.vllm.budget, **others(None)}, None, overhead(vllm_asleep=False))
@@ -396,8 +420,9 @@ def phases(plan: Plan) -> dict[str, Phase]:
     asleep = ({"vLLM (awake: free_cache_engine=false)": plan.vllm.budget}
               if plan.vllm_awake_in_training and vllm_here else {})
     for name, r in roles.items():
-        out[FORWARD_PHASE[name]] = _phase({**r.kept(params_onloaded=True), f"{name} activations (forward)":
-                                           r.memory.activations_forward, **others(name), **asleep}, name,
+        out[FORWARD_PHASE[name]] = _phase({**r.kept(params_onloaded=True), **r.fsdp_gathered("forward"),
+                                           f"{name} activations (forward)": r.memory.activations_forward,
+                                           **others(name), **asleep}, name,
                                           overhead(vllm_asleep=asleep_in_training))
     for name, r in plan.roles.items():
         if r.pool != TRAINER_POOL:  # alone on its GPUs
@@ -405,7 +430,7 @@ def phases(plan: Plan) -> dict[str, Phase]:
                                                r.memory.activations_forward}, name, own_pool, r.pool)
     for name, r in roles.items():
         if r.memory.grads:
-            out[f"update_{name}"] = _phase({**r.whole(), f"{name} activations (train)": r.memory.activations_train,
+            out[f"update_{name}"] = _phase({**r.whole(), **r.fsdp_gathered("train"), f"{name} activations (train)": r.memory.activations_train,
                                             **others(name), **asleep}, name, overhead(vllm_asleep=asleep_in_training))
     return out
 

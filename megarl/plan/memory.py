@@ -43,6 +43,9 @@ layout (:class:`~megarl.parallel.layout.ParallelLayout`). The model of each term
 * the distillation student's forward_kl_topk loss (training): its response positions' logits
   ``[tokens x response share, vocab/tp]`` sliced out in bf16 and their log-softmax in fp32, two fp32
   copies while it is made (10 bytes per logit), plus the teacher's ``[tokens, k]`` inputs.
+* Megatron-FSDP (``megatron.use_megatron_fsdp``, ZeRO-3 ``optim_grads_params``): the parameters and
+  gradients are sharded like the distributed optimizer's state (dense / DP x CP, experts / expert DP);
+  see :func:`fsdp_gathered` for what is held whole for a while.
 * host memory (offload): every offloaded byte has an exact page-locked host copy for the run
   (megarl.workers.megatron.offload), per GPU; the CPU optimizer's part of the state, per GPU.
 """
@@ -54,7 +57,8 @@ from dataclasses import dataclass
 from megarl.parallel.layout import ParallelLayout
 from megarl.plan.model_size import ParamCount
 
-__all__ = ["DTYPE_BYTES", "TrainSetup", "RankMemory", "rank_memory", "activation_bytes", "vllm_memory", "VllmMemory"]
+__all__ = ["DTYPE_BYTES", "TrainSetup", "RankMemory", "FsdpGathered", "fsdp_gathered", "rank_memory", "activation_bytes",
+           "vllm_memory", "VllmMemory"]
 
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "fp8": 1}
 ACT_BYTES = 2  # activations are bf16/fp16 (mixed precision)
@@ -93,6 +97,7 @@ class TrainSetup:
     loss_topk: int = 0  # the training loss is forward_kl_topk against the teacher's top-k (the distillation student's)
     response_share: float = 1.0  # response positions per token of a micro-batch (forward_kl_topk reads them alone)
     cpu_offload_fraction: float = 0.0  # Megatron's CPU optimizer: the share of the optimizer state in host memory
+    megatron_fsdp: bool = False  # Megatron-FSDP: parameters and gradients sharded over DP too
 
 
 @dataclass(frozen=True)
@@ -109,11 +114,47 @@ class RankMemory:
     activations_train: int
     activations_forward: int
     optimizer_host: int = 0
+    fsdp: FsdpGathered | None = None  # Megatron-FSDP's whole-held parameters; None under DDP
 
     @property
     def resident(self) -> int:
         """Parameters, gradients and optimizer state (what stays between phases unless offloaded)."""
         return self.params + self.grads + self.optimizer
+
+
+@dataclass(frozen=True)
+class FsdpGathered:
+    """What Megatron-FSDP holds whole (all-gathered over DP) on one rank for a while, bytes.
+
+    ``layers``: the transformer layers gathered during a forward or backward pass; ``layer_grads``: their
+    unsharded gradients before the reduce-scatter (backward only); ``model``: the rank's whole TP-local
+    stage while ``unsharded_params`` holds it (HF export, weight sync), beside the shards."""
+
+    layers: int
+    layer_grads: int
+    model: int
+
+
+GATHERED_LAYERS = 2  # the layer running and the next one being prefetched
+
+
+def fsdp_gathered(p: ParamCount, layout: ParallelLayout, setup: TrainSetup) -> FsdpGathered:
+    """Megatron-FSDP's transient whole parameters. Assumption: megatron-core 0.19's FSDP units are the
+    transformer layers, gathered one at a time with the next one prefetched, so
+    :data:`GATHERED_LAYERS` of the largest layer's TP-local parameters (dense / TP, this rank's experts /
+    (EP x expert TP)) are whole at once, and in backward as many unsharded gradients
+    (``main_grads_dtype``) wait for their reduce-scatter. The embedding and LM head, outside any unit,
+    are not counted as gathered. ``model`` = the stage's TP-local parameters (as DDP holds them)."""
+    s = p.shape
+    attention = max(p.attention_and_norms if s.layers > s.linear_layers else 0,
+                    p.linear_attention_and_norms if s.linear_layers else 0)
+    dense_mlp = p.dense_mlp / layout.tp
+    moe_mlp = p.moe_shared / layout.tp + s.experts * p.expert / (layout.ep * layout.etp)
+    layer = attention / layout.tp + max((dense_mlp,) * bool(p.dense_layers) + (moe_mlp,) * bool(s.moe_layers))
+    dense, expert = _stage_params(p, layout, setup.value_head)
+    grads = GATHERED_LAYERS * layer * DTYPE_BYTES[setup.main_grads_dtype] if setup.trainable else 0
+    return FsdpGathered(layers=int(GATHERED_LAYERS * layer * DTYPE_BYTES[setup.dtype]), layer_grads=int(grads),
+                        model=int((dense + expert) * DTYPE_BYTES[setup.dtype]))
 
 
 def _stage_params(p: ParamCount, layout: ParallelLayout, value_head: bool) -> tuple[float, float]:
@@ -179,13 +220,15 @@ def rank_memory(p: ParamCount, layout: ParallelLayout, setup: TrainSetup) -> Ran
     """Memory of one rank of a Megatron role (see the module docstring for each term)."""
     dense, expert = _stage_params(p, layout, setup.value_head)
     n = dense + expert
-    params = int(n * DTYPE_BYTES[setup.dtype])
+    share_sharded = dense / (layout.dp * layout.cp) + expert / layout.expert_dp
+    held = share_sharded if setup.megatron_fsdp else n  # parameters and gradients on the rank between passes
+    params = int(held * DTYPE_BYTES[setup.dtype])
     grads = optimizer_full = optimizer_sharded = optimizer = optimizer_host = 0
     if setup.trainable:
-        grads = int(n * DTYPE_BYTES[setup.main_grads_dtype])
+        grads = int(held * DTYPE_BYTES[setup.main_grads_dtype])
         main = 0 if setup.dtype == "float32" else 4
         per_param = main + DTYPE_BYTES[setup.exp_avg_dtype] + DTYPE_BYTES[setup.exp_avg_sq_dtype]
-        share_full, share_sharded = n, dense / (layout.dp * layout.cp) + expert / layout.expert_dp
+        share_full = n
         f = setup.cpu_offload_fraction
         host_per_param = 0
         if f:  # Megatron's CPU optimizer (precision-aware): fp32 copies and moments on either side
@@ -198,6 +241,7 @@ def rank_memory(p: ParamCount, layout: ParallelLayout, setup: TrainSetup) -> Ran
     return RankMemory(
         params=params, grads=grads, optimizer=optimizer, optimizer_full=optimizer_full,
         optimizer_sharded=optimizer_sharded, optimizer_host=optimizer_host,
+        fsdp=fsdp_gathered(p, layout, setup) if setup.megatron_fsdp else None,
         activations_train=activation_bytes(p, layout, setup, setup.tokens, train=True) if setup.trainable else 0,
         activations_forward=activation_bytes(p, layout, setup, setup.forward_tokens, train=False),
     )

@@ -41,7 +41,7 @@ from megarl.trainer.failures import FailureContext
 from megarl.utils.fault_points import pause_point
 from megarl.trainer.metrics import compute_data_metrics, mean_metrics, num_tokens
 from megarl.trainer.resources import ResourcePool, create_resource_pool
-from megarl.trainer.resume_config import check_resume_config, run_record
+from megarl.trainer.resume_config import check_resume_config, refuse_fsdp_resume, run_record
 from megarl.trainer.resume_fallback import load_with_fallback
 from megarl.trainer.rollout_stage import RolloutStage
 from megarl.trainer.v1.colocated_engines import ColocatedEngines
@@ -461,12 +461,14 @@ class RayPPOTrainer:
         """The checkpoint to resume and its trainer state, checked before any worker starts: files
         against their checksums (auto falls back past a damaged one), nothing that could run code
         when unpickled, and the stored config against this run's (changes that cannot apply are
-        refused, the others listed). ``below``: a step before this one (the one that failed to load)."""
+        refused, the others listed); none at all with Megatron-FSDP. ``below``: a step before this one
+        (the one that failed to load)."""
         t = self.cfg.trainer
         components = ("actor", "critic") if self.use_critic else ("actor",)
         path = ckpt.resume_dir(t.resume_mode, self.ckpt_root, t.resume_from_path, components, below=below)
         if path is None:
             return None, None
+        refuse_fsdp_resume(self.cfg, self.use_critic, str(path))
         ckpt.verify_components(path, components)  # nothing a worker loads may run code when unpickled
         state = ckpt.read_trainer_state(path)
         record = ckpt.read_run_config(path)

@@ -167,6 +167,24 @@ def _verdict(key: str, new: dict) -> str:
     return "applied"
 
 
+def refuse_fsdp_resume(cfg: MegaRLConfig, use_critic: bool, ckpt: str) -> None:
+    """A run with Megatron-FSDP (``megatron.use_megatron_fsdp``) cannot load ``ckpt``: megarl's checkpoints
+    hold the DDP layout (an FSDP run saves none). Refused before any worker starts, not deep in the
+    load; ``trainer.resume_mode=resume_path`` is refused with it by the config rules already, so this
+    is ``auto`` finding a checkpoint in ``trainer.default_local_dir``."""
+    trained = [("actor_rollout_ref.actor.megatron", cfg.actor_rollout_ref.actor.megatron)]
+    trained += [("critic.megatron", cfg.critic.megatron)] if use_critic else []
+    keys = [f"{section}.use_megatron_fsdp" for section, megatron in trained if megatron.use_megatron_fsdp]
+    if keys:
+        on = " and ".join(f"{key}=true" for key in keys)
+        raise ConfigError([Issue(
+            "trainer.resume_mode", cfg.trainer.resume_mode,
+            f"would resume {ckpt} (found in trainer.default_local_dir={cfg.trainer.default_local_dir}), which "
+            f"{on} cannot load (Megatron-FSDP's DTensor shards; megarl's checkpoints hold the DDP layout)",
+            f"set trainer.resume_mode=disable (start over), or another trainer.default_local_dir, or "
+            + " and ".join(f"{key}=false" for key in keys))])
+
+
 def check_resume_config(record: dict[str, Any], cfg: MegaRLConfig, use_critic: bool, ckpt: str) -> list[str]:
     """Compare the checkpoint's ``run_record`` with the current ``cfg``.
 

@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from megarl.models.lora import merged_weights
 from megarl.utils.fault_points import rank_pause_point
+from megarl.workers.megatron.data_parallel import is_fsdp, unsharded_params
 from megarl.weight_sync.direct import ActorShards, DirectTargets, direct_targets
 from megarl.weight_sync.plan import plan_for_model
 from megarl.weight_sync.transport import SyncStats, stream_in_process
@@ -165,6 +166,9 @@ class ColocatedSync:
             why = f"the dense tensors and this rank's {len(self.experts)} experts, each from its own parameters"
         elif experts_why and vllm_local_experts(rollout.model()) is not None:
             why = f"every expert to every rank, vLLM keeps its own: {experts_why}"
+        if self.direct is not None and is_fsdp(engine.chunks):
+            self.direct = None  # Megatron-FSDP gathers its parameters into buffers it frees: no views to keep
+            why = "Megatron-FSDP's parameters are gathered over DP for each sync"
         self.path = ("shard to shard into vLLM's parameters" if self.direct is not None and self.direct.local else
                      "gathered into vLLM's parameters" if self.direct is not None else f"reload_weights ({why})")
         self.weights_version = 0  # bumped whenever the actor's weights change
@@ -231,9 +235,13 @@ class ColocatedSync:
         return {**stats.as_metrics(), "weight_sync/direct": float(self.direct is not None), **timing, **memory}
 
     def _load(self, stats: SyncStats) -> None:
+        chunks, hf_config = self.actor.engine.chunks, self.actor.engine.hf_config
+        with unsharded_params(chunks):
+            self._load_from(chunks, hf_config, stats)
+
+    def _load_from(self, chunks, hf_config, stats: SyncStats) -> None:
         from megarl.weight_sync.tp_gather import export_hf_weights_bucketed
 
-        chunks, hf_config = self.actor.engine.chunks, self.actor.engine.hf_config
         if self.direct is not None:
             self.direct.load_from(chunks, hf_config, bucket_size_bytes=self.bucket_size_bytes,
                                   integrity_check=self.integrity_check, stats=stats)

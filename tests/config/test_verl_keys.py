@@ -101,8 +101,23 @@ def test_a_changed_verl_key_is_honoured_or_refused(local_assets):
     base = [f"{k}={v}" for k, v in local_assets.items()] + USER_CHOICES
     cfg = load_config(base + ["actor_rollout_ref.actor.optim.lr=3e-6", "actor_rollout_ref.rollout.n=4"])
     assert cfg.actor_rollout_ref.actor.optim.lr == 3e-6 and cfg.actor_rollout_ref.actor.rollout_n == 4
-    issues = collect_issues(load_config(base + ["actor_rollout_ref.actor.megatron.use_megatron_fsdp=true"]))
-    assert [i.key for i in issues] == ["actor_rollout_ref.actor.megatron.use_megatron_fsdp"]
+    issues = collect_issues(load_config(base + ["actor_rollout_ref.actor.megatron.forward_only=true"]))
+    assert [i.key for i in issues] == ["actor_rollout_ref.actor.megatron.forward_only"]
+
+
+def test_megatron_fsdp_is_accepted_where_megarl_implements_it(local_assets):
+    """use_megatron_fsdp trains (tests/workers/test_megatron_fsdp.py); what its path lacks is refused by key."""
+    from megarl.config import collect_issues
+
+    base = [f"{k}={v}" for k, v in local_assets.items()] + USER_CHOICES
+    fsdp = "actor_rollout_ref.actor.megatron.use_megatron_fsdp=true"
+    assert collect_issues(load_config(base + [fsdp])) == []
+    for extra, key in (("actor_rollout_ref.actor.megatron.use_distributed_optimizer=false",
+                        "actor_rollout_ref.actor.megatron.use_distributed_optimizer"),
+                       ("actor_rollout_ref.actor.megatron.param_offload=true", "actor_rollout_ref.actor.megatron.param_offload"),
+                       ("trainer.save_freq=5", "trainer.save_freq")):
+        issues = collect_issues(load_config(base + [fsdp, extra]))
+        assert [i.key for i in issues] == [key], [i.format() for i in issues]
 
 
 # ------------------------------------------------------------------ the demo profile

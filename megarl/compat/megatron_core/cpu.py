@@ -26,6 +26,7 @@ from megarl.compat.shim import Shim, source_has
 __all__ = ["SHIMS", "apply_cpu", "cpu_transformer_settings", "MOE_DISPATCHER_ON_CPU"]
 
 MCORE = ("megatron-core==0.19.2",)
+_FSDP = "megatron.core.distributed.fsdp.src.megatron_fsdp"
 _APPLIED = False
 
 
@@ -62,6 +63,20 @@ SHIMS = (
          "whose current stream waits on nothing",
          source_has("megatron.core.distributed.param_and_grad_buffer", "_ParamAndGradBucketGroup.start_grad_sync",
                     "torch.cuda.current_stream()")),
+    Shim("Megatron-FSDP torch", MCORE, ("cpu",),
+         "Megatron-FSDP (megatron_fsdp.py, param_and_grad_buffer.py) runs its collectives on torch.cuda streams and "
+         "compares its device with torch.device(f'cuda:{current_device()}') (megatron_fsdp.py:234): their torch is a "
+         "TorchCudaToCpu whose cuda device strings name the CPU",
+         source_has(f"{_FSDP}.megatron_fsdp", "MegatronFSDP.__init__", "torch.cuda.current_device()")),
+    Shim("FullyShardedDataParallel device mesh", MCORE, ("cpu",),
+         "the adapter builds its DTensor mesh with DeviceMesh.from_group(device_type='cuda') "
+         "(mcore_fsdp_adapter.py:_init_dist_index), which moves every shard to CUDA: the mesh is a CPU one",
+         source_has("megatron.core.distributed.fsdp.mcore_fsdp_adapter", "FullyShardedDataParallel._init_dist_index",
+                    'device_type="cuda"')),
+    Shim("uneven_dtensor.validate_uneven_dtensor", MCORE, ("cpu",),
+         "it moves each shard's chunk metadata with .cuda() (uneven_dtensor.py:187): Tensor.cuda is the identity "
+         "while it runs",
+         source_has(f"{_FSDP}.uneven_dtensor", "validate_uneven_dtensor", ".cuda()")),
     Shim("TransformerConfig CPU settings", MCORE, ("cpu",),
          "bias_activation_fusion (megatron's torch.compile'd bias_swiglu) and the fused kernels need CUDA/apex/TE; "
          "use_cpu_initialization: parameters are initialised on the host (cpu_transformer_settings)"),
@@ -103,7 +118,42 @@ def apply_cpu() -> None:
 
     rotary_pos_embedding.get_pos_emb_on_this_cp_rank = _pos_emb_on_this_cp_rank
     yarn_rotary_pos_embedding.get_pos_emb_on_this_cp_rank = _pos_emb_on_this_cp_rank
+    _apply_fsdp_cpu()
     _APPLIED = True
+
+
+class _TorchCudaDevicesToCpu(TorchCudaToCpu):
+    """A TorchCudaToCpu whose ``device("cuda...")`` is the CPU (Megatron-FSDP spells its device
+    ``f"cuda:{torch.cuda.current_device()}"``, which reads ``cuda:cpu`` here)."""
+
+    @staticmethod
+    def device(*args, **kwargs):
+        if args and isinstance(args[0], str) and args[0].startswith("cuda"):
+            return torch.device("cpu")
+        return torch.device(*args, **kwargs)
+
+
+class _CpuDeviceMesh:
+    """``DeviceMesh`` as the Megatron-FSDP adapter sees it: ``from_group`` builds a CPU mesh."""
+
+    @staticmethod
+    def from_group(*args, device_type: str, **kwargs):
+        from torch.distributed import DeviceMesh
+
+        return DeviceMesh.from_group(*args, device_type="cpu", **kwargs)
+
+
+def _apply_fsdp_cpu() -> None:
+    """The Megatron-FSDP entries of :data:`SHIMS`."""
+    from megatron.core.distributed.fsdp import mcore_fsdp_adapter
+    from megatron.core.distributed.fsdp.src.megatron_fsdp import megatron_fsdp, uneven_dtensor
+    from megatron.core.distributed.fsdp.src.megatron_fsdp import param_and_grad_buffer as fsdp_buffer
+
+    megatron_fsdp.torch = _TorchCudaDevicesToCpu()
+    fsdp_buffer.torch = _TorchCudaDevicesToCpu()
+    mcore_fsdp_adapter.DeviceMesh = _CpuDeviceMesh
+    uneven_dtensor.validate_uneven_dtensor = without_cuda_moves(uneven_dtensor.validate_uneven_dtensor)
+    fsdp_buffer.validate_uneven_dtensor = uneven_dtensor.validate_uneven_dtensor
 
 
 def _pos_emb_on_this_cp_rank(pos_emb: torch.Tensor, seq_dim: int, cp_group) -> torch.Tensor:

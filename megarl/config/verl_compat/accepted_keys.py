@@ -200,12 +200,14 @@ RULES: tuple[CompatRule, ...] = tuple(
              "static megatron.context_parallel_size is",
              "*.megatron.dynamic_context_parallel", "*.megatron.max_seqlen_per_dp_cp_rank")
     + _rules("ignore", "the reference model has no gradients", "actor_rollout_ref.ref.megatron.grad_offload")
+    + _rules("ignore", "the reference model is forward-only: verl 0.9.1 wraps only trained models in DDP or "
+             "Megatron-FSDP", "actor_rollout_ref.ref.megatron.use_megatron_fsdp")
     + _rules("ignore", "the reference model has no optimizer state to checkpoint",
              "actor_rollout_ref.ref.megatron.dist_ckpt_optim_fully_reshardable",
              "actor_rollout_ref.ref.megatron.distrib_optim_fully_reshardable_mem_efficient")
     + _rules("refuse", "not implemented in megarl's Megatron engine",
              "*.megatron.dist_checkpointing_prefix", "*.megatron.override_ddp_config",
-             "*.megatron.override_mcore_model_config", "*.megatron.use_megatron_fsdp", "*.megatron.forward_only",
+             "*.megatron.override_mcore_model_config", "*.megatron.forward_only",
              "*.optim.use_layer_wise_distributed_optimizer", "*.optim.muon_*")
     + _rules("refuse", "not implemented in megarl's checkpoints",
              "*.checkpoint.async_save", "*.checkpoint.strict", "*.checkpoint.mbridge_config",

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
-from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+from megatron.core.distributed import finalize_model_grads
 from megatron.core.transformer.module import Float16Module
 from megatron.core.utils import get_model_config
 
@@ -34,6 +34,7 @@ from megarl.parallel import init_distributed
 from megarl.parallel.dynamic_batch import fixed_size_partitions, partition_by_token_budget, restore_order
 from megarl.workers.megatron.inputs import build_inputs, valid_length
 from megarl.models.moe_config import moe_layers, num_experts
+from megarl.workers.megatron.data_parallel import is_fsdp, unsharded_params, wrap_data_parallel
 from megarl.workers.megatron.optim import build_optimizer, build_scheduler, grad_reduce_in_fp32
 from megarl.workers.megatron.moe_health import MoEHealth
 from megarl.workers.megatron.router_replay import REPLAY, RoutingReplay, check_routes
@@ -205,15 +206,9 @@ class MegatronEngine:
             chunks = [Float16Module(config, chunk) for chunk in chunks]
         if self.trainable:
             self.use_distributed_optimizer = bool(self.megatron_cfg.use_distributed_optimizer)
-            ddp_config = DistributedDataParallelConfig(
-                grad_reduce_in_fp32=grad_reduce_in_fp32(self.optim_cfg), overlap_grad_reduce=False,
-                use_distributed_optimizer=self.use_distributed_optimizer,
-            )
-            chunks = [
-                DistributedDataParallel(config=config, ddp_config=ddp_config, module=chunk, disable_bucketing=i > 0)
-                for i, chunk in enumerate(chunks)
-            ]
-            if meta["wgrad_fusion"] and not config.gradient_accumulation_fusion:
+            chunks = wrap_data_parallel(chunks, config, self.megatron_cfg, grad_reduce_in_fp32(self.optim_cfg),
+                                        self.device)
+            if meta["wgrad_fusion"] and not config.gradient_accumulation_fusion and not is_fsdp(chunks):
                 for chunk in chunks:  # TE accumulates into DDP's main_grad (megarl.compat.transformer_engine)
                     fuse_te_wgrad_accumulation(chunk)
             self.optimizer = build_optimizer(
@@ -377,7 +372,7 @@ class MegatronEngine:
     def export_hf_weights(self):
         """Full HF tensors, collective over the model-parallel group (see megarl.models); with
         LoRA the merged weights W + alpha/r * B @ A."""
-        with merged_weights(self.chunks):
+        with merged_weights(self.chunks), unsharded_params(self.chunks):
             yield from export_hf_weights(self.chunks, self.hf_config)
 
     def unwrapped_chunks(self) -> list[torch.nn.Module]:
