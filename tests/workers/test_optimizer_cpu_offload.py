@@ -32,6 +32,8 @@ O = "actor_rollout_ref.actor.optim"
 OV = f"{O}.override_optimizer_config"
 M = "actor_rollout_ref.actor.megatron"
 CPU_CASES = [c for c in CASES if c != "plain"]
+# TP=1 is TP=2's check without the shard: a further case, left to -m extended (the default tier's time)
+TPS = [pytest.param(1, marks=pytest.mark.extended), 2]
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +63,7 @@ def _assert_weights(got: dict, want: dict, **tolerance) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("tp", TPS)
 @pytest.mark.parametrize("case", CPU_CASES)
 def test_steps_equal_the_plain_optimizer(runs, tp, case):
     train_out = runs(tp)["train"]
@@ -74,7 +76,7 @@ def test_steps_equal_the_plain_optimizer(runs, tp, case):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("tp", TPS)
 def test_the_fraction_splits_the_state_and_offload_moves_only_the_device_part(runs, tp):
     train_out = runs(tp)["train"]
     whole = train_out["cpu_f1"]["split"]
@@ -97,7 +99,7 @@ def test_the_fraction_splits_the_state_and_offload_moves_only_the_device_part(ru
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("tp", TPS)
 @pytest.mark.parametrize("case", CPU_CASES)
 def test_resume_equals_the_uninterrupted_step(runs, tp, case):
     want, got = runs(tp)["train"][case], runs(tp)["resume"][case]
