@@ -10,6 +10,10 @@ from typing import Any
 from megarl.config.schema.root import MegaRLConfig
 
 
+# The raylet's agents notice its end only after about a minute; workers stopped by the raylet go at once.
+RAY_EXIT_GRACE_S = 1.0
+
+
 def run_ppo(cfg: MegaRLConfig) -> dict[str, Any]:
     """Hold trainer.default_local_dir, build the trainer (data, reward, the checkpoint to resume:
     all checked before Ray starts), start (or join) Ray and the workers, train; returns the last
@@ -23,6 +27,7 @@ def run_ppo(cfg: MegaRLConfig) -> dict[str, Any]:
     from megarl.trainer.ppo_trainer import RayPPOTrainer
     from megarl.trainer.run_lock import hold_run_dir
     from megarl.utils.bounded import CLEANUP_TIMEOUT_S, within
+    from megarl.utils.descendants import descendants, end
     from megarl.utils.signals import exit_on_sigterm
 
     root = os.path.expanduser(cfg.trainer.default_local_dir)
@@ -56,7 +61,12 @@ def run_ppo(cfg: MegaRLConfig) -> dict[str, Any]:
                 if timeline:
                     ray.timeline(filename=timeline)
                 if started:
+                    # listed before the shutdown: after it the raylet's workers and agents are init's children
+                    ray_processes = descendants(child_cmd=os.path.dirname(ray.__file__))
                     within(CLEANUP_TIMEOUT_S, "ray.shutdown", ray.shutdown)
+                    if stuck := end(ray_processes, grace_s=RAY_EXIT_GRACE_S):
+                        print(f"[megarl] processes {sorted(p for p, _ in stuck)} of the local Ray outlive SIGKILL "
+                              "(in the kernel, e.g. a GPU context's teardown); they go when it ends", flush=True)
     except BaseException as error:  # Ctrl-C and SIGTERM too: main_ppo names the phase they stopped
         context = trainer.failure_context() if trainer is not None else FailureContext(phase="start", run_dir=root)
         try:

@@ -247,7 +247,8 @@ def killed_worker_run(demo_dir: Path, run_dir: Path, extra: list[str], group: st
         killed = time.monotonic()
         code = driver.wait(timeout=180)  # hang guard
         print(f"driver exited {time.monotonic() - killed:.1f} s after the worker was killed")
-        return {"pid": pid, "code": code, "text": driver.text(), "left": alive(ray_pids)}
+        # the driver ends what is left of its Ray after ray.shutdown (megarl.utils.descendants): nothing waits
+        return {"pid": pid, "code": code, "text": driver.text(), "left": alive(ray_pids, grace_s=5)}
     finally:
         if driver.proc.poll() is None or alive(driver.ray_pids(), grace_s=0):
             driver.kill()
