@@ -329,9 +329,10 @@ def test_async_single_turn_equals_sync_batched_greedy(worker):
     torch.testing.assert_close(async_out.batch["rollout_log_probs"], sync_out.batch["rollout_log_probs"], atol=1e-5, rtol=0)
 
 
-def test_interaction_turns(worker, configure):
+def test_interaction_turns(worker, hf_dir, configure):
     """No tool calls: the sample's interaction answers each model turn ("7" twice, then it ends); its
-    replies are user turns with response_mask 0, its scores the turn_scores column."""
+    replies are user turns with response_mask 0 and log-prob 0, its scores the turn_scores column; each
+    model token's log-prob is HF's on the whole conversation (fp32)."""
     configure()
     fx.CallsTool.calls_per_turn = 0
     fx.SEEN.clear()
@@ -348,6 +349,11 @@ def test_interaction_turns(worker, configure):
     mask = [1] * len(mine[0]) + [0] * len(user) + [1] * len(mine[1]) + [0] * len(user) + [1] * len(mine[2])
     assert out.batch["responses"][0, : len(expected)].tolist() == expected
     assert out.batch["response_mask"][0, : len(expected)].tolist() == mask
+    model_tokens = out.batch["response_mask"].bool()
+    lp = out.batch["rollout_log_probs"]
+    assert (lp[~model_tokens] == 0).all()  # user turns and padding: no vLLM log-prob
+    gap = (_hf_log_probs(hf_dir, out) - lp).abs()[model_tokens]
+    assert gap.max() < 1e-4, f"max |vLLM - HF| log-prob gap {gap.max():.2e}"
     assert out.non_tensor_batch["turn_scores"].tolist() == [[0.5, 0.5, 1.0], []]
     assert out.non_tensor_batch["__num_turns__"].tolist() == [6, 2]  # the other sample has no interaction
     assert out.meta_info["metrics"]["agent/interaction_errors"] == 0.0
