@@ -5,7 +5,8 @@ Supported ``model_type``: llama, mistral (no sliding window), qwen2 (QKV bias), 
 (shared expert with gate), qwen3_moe (softmax top-k routers, dense first layers, load-balancing
 loss per the HF config), glm4_moe (GLM-4.5: partial rotary embedding, sigmoid router with
 score-correction bias, shared experts), deepseek_v3 (the same MoE, multi-latent attention of
-:mod:`megarl.models.mla_config`), gpt_oss (attention sinks, YaRN, biased MoE: :mod:`megarl.models.gpt_oss`),
+:mod:`megarl.models.mla_config`), hy_v3 (Hy3: QK norm, DeepSeek-V3's routing without groups:
+:mod:`megarl.models.hy_v3`), gpt_oss (attention sinks, YaRN, biased MoE: :mod:`megarl.models.gpt_oss`),
 qwen3_5_text, qwen3_5_moe_text and qwen3_next (gated DeltaNet and gated attention: :mod:`megarl.models.qwen_hybrid`).
 Not supported yet, refused with the reason: see :data:`NOT_YET_SUPPORTED`. gemma3_text (Gemma 3 text): :mod:`megarl.models.gemma3`.
 """
@@ -288,7 +289,7 @@ def hf_to_transformer_config(
 
 
 def _qk_norm(hf_config) -> bool:
-    return hf_config.model_type in ("qwen3", "qwen3_moe", *GEMMA3_MODEL_TYPES, *QWEN_HYBRID_MODEL_TYPES) or (
+    return hf_config.model_type in ("qwen3", "qwen3_moe", "hy_v3", *GEMMA3_MODEL_TYPES, *QWEN_HYBRID_MODEL_TYPES) or (
         hf_config.model_type == "glm4_moe" and bool(getattr(hf_config, "use_qk_norm", False)))
 
 

@@ -3,20 +3,22 @@
 Families: ``mixtral``, ``qwen2_moe``, ``qwen3_next`` and ``qwen3_5_moe_text`` (shared expert with a sigmoid gate),
 ``qwen3_moe``,
 ``glm4_moe`` (GLM-4.5) and ``deepseek_v3`` (its MoE; MLA in :mod:`megarl.models.mla_config`):
-sigmoid router with a score-correction bias, shared experts, dense first layers; ``gpt_oss`` (its
+sigmoid router with a score-correction bias, shared experts, dense first layers; ``hy_v3`` (Hy3: the
+same routing without groups, :mod:`megarl.models.hy_v3`); ``gpt_oss`` (its
 router and expert biases and clamped GLU in :mod:`megarl.models.gpt_oss`).
 
 * Routing. HF: softmax over all experts, top-k; Mixtral always renormalises the k weights,
   Qwen iff ``norm_topk_prob`` (Qwen3.5-MoE always); GPT-OSS takes the top-k logits, then their softmax (the same). Megatron: ``moe_router_pre_softmax=False`` is top-k then
   softmax over the k (= softmax, top-k, renormalise); ``True`` is softmax then top-k.
-  GLM-4.5 / DeepSeek-V3: sigmoid scores, top-k of ``scores + e_score_correction_bias`` (megatron's expert
+  GLM-4.5 / DeepSeek-V3 / Hy3: sigmoid scores, top-k of ``scores + e_score_correction_bias`` (megatron's expert
   bias, loaded and exported as a buffer, frozen: ``moe_router_bias_update_rate=0``, as HF and
-  vLLM never change it), weights renormalised and scaled by ``routed_scaling_factor``; routing
+  vLLM never change it), weights renormalised and scaled by ``routed_scaling_factor`` (Hy3:
+  ``router_scaling_factor``); routing
   groups (``n_group`` / ``topk_group``) where megatron's group score (sum of the top
   ``topk / topk_group`` scores of a group) is HF's (sum of the top 2).
 * Dense layers. Qwen's ``mlp_only_layers`` and ``decoder_sparse_step`` (layer ``i`` is MoE
   iff ``i not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0``) and GLM's / DeepSeek's
-  ``first_k_dense_replace`` become ``moe_layer_freq`` as a 0/1 list; dense layers use
+  ``first_k_dense_replace`` and Hy3's ``mlp_layer_types`` become ``moe_layer_freq`` as a 0/1 list; dense layers use
   ``intermediate_size``.
 * Load-balancing loss. HF adds ``router_aux_loss_coef * aux`` to the loss iff
   ``output_router_logits``; so megatron's ``aux_loss`` is on exactly then. HF's ``aux`` is
@@ -45,16 +47,18 @@ from __future__ import annotations
 from typing import Any
 
 from megarl.compat.megatron_core.cpu import MOE_DISPATCHER_ON_CPU
+from megarl.models.hy_v3 import HY_V3_MODEL_TYPES, check_hy_v3_supported, hy_v3_moe_layer_pattern
 
 __all__ = ["MOE_MODEL_TYPES", "check_moe_supported", "moe_layer_pattern", "moe_layers", "moe_transformer_kwargs",
            "num_experts"]
 
 MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "glm4_moe", "deepseek_v3", "gpt_oss", "qwen3_next",
-                   "qwen3_5_moe_text")
+                   "qwen3_5_moe_text", *HY_V3_MODEL_TYPES)
 # Families with one shared expert behind a sigmoid gate (Qwen2-MoE's, Qwen3-Next's)
 _GATED_SHARED_EXPERT = ("qwen2_moe", "qwen3_next", "qwen3_5_moe_text")
 # Families routed like DeepSeek-V3 (sigmoid + score-correction bias, groups, scaling, shared experts)
-_SIGMOID_ROUTED = ("glm4_moe", "deepseek_v3")
+_DEEPSEEK_ROUTED = ("glm4_moe", "deepseek_v3")
+_SIGMOID_ROUTED = (*_DEEPSEEK_ROUTED, *HY_V3_MODEL_TYPES)
 
 
 def num_experts(hf_config) -> int:
@@ -64,7 +68,9 @@ def num_experts(hf_config) -> int:
 
 def moe_layer_pattern(hf_config) -> list[int]:
     """Per decoder layer: 1 = MoE, 0 = dense MLP (``[num_hidden_layers]``)."""
-    if hf_config.model_type in _SIGMOID_ROUTED:
+    if hf_config.model_type in HY_V3_MODEL_TYPES:
+        return hy_v3_moe_layer_pattern(hf_config)
+    if hf_config.model_type in _DEEPSEEK_ROUTED:
         first = getattr(hf_config, "first_k_dense_replace", 0) or 0
         return [int(i >= first) for i in range(hf_config.num_hidden_layers)]
     dense = set(getattr(hf_config, "mlp_only_layers", None) or ())
@@ -87,7 +93,9 @@ def check_moe_supported(hf_config) -> None:
         raise ValueError("qwen2_moe use_sliding_window=true is not supported; set it to false")
     if model_type in _GATED_SHARED_EXPERT and not getattr(hf_config, "shared_expert_intermediate_size", 0):
         raise ValueError(f"{model_type} without a shared expert (shared_expert_intermediate_size=0) is not supported")
-    if model_type in _SIGMOID_ROUTED:
+    if model_type in HY_V3_MODEL_TYPES:
+        check_hy_v3_supported(hf_config)
+    if model_type in _DEEPSEEK_ROUTED:
         # getattr: the preflight check runs on the raw config.json (transformers fills defaults later)
         topk = getattr(hf_config, "num_experts_per_tok", 1)
         groups, group_topk = getattr(hf_config, "n_group", 1) or 1, getattr(hf_config, "topk_group", 1) or 1
@@ -111,7 +119,7 @@ def moe_transformer_kwargs(hf_config, *, grouped_gemm: bool, on_cpu: bool) -> di
     # Qwen3.5-MoE always renormalises (it has no norm_topk_prob)
     renormalise = model_type in ("mixtral", "gpt_oss", "qwen3_5_moe_text") or bool(getattr(hf_config, "norm_topk_prob", False))
     pattern = moe_layer_pattern(hf_config)
-    # GLM-4.5 / DeepSeek-V3 balance through the router bias; HF computes no load-balancing loss for them
+    # GLM-4.5 / DeepSeek-V3 / Hy3 balance through the router bias; HF computes no load-balancing loss for them
     aux = model_type not in _SIGMOID_ROUTED and bool(getattr(hf_config, "output_router_logits", False)) and float(
         getattr(hf_config, "router_aux_loss_coef", 0.0)) > 0
     kwargs: dict[str, Any] = dict(
@@ -132,16 +140,19 @@ def moe_transformer_kwargs(hf_config, *, grouped_gemm: bool, on_cpu: bool) -> di
         kwargs.update(moe_shared_expert_intermediate_size=hf_config.shared_expert_intermediate_size,
                       moe_shared_expert_gate=True)
     if model_type in _SIGMOID_ROUTED:
-        groups = hf_config.n_group
+        hy_v3 = model_type in HY_V3_MODEL_TYPES  # Hy3: no routing groups, its own field names
+        groups = 1 if hy_v3 else hf_config.n_group
+        scaling = hf_config.router_scaling_factor if hy_v3 else hf_config.routed_scaling_factor
+        shared = hf_config.num_shared_experts if hy_v3 else hf_config.n_shared_experts
         kwargs.update(
             moe_router_score_function="sigmoid",
             moe_router_pre_softmax=False,
             moe_router_enable_expert_bias=True,
             moe_router_bias_update_rate=0.0,
-            moe_router_topk_scaling_factor=float(hf_config.routed_scaling_factor),
+            moe_router_topk_scaling_factor=float(scaling),
             moe_router_num_groups=groups if groups > 1 else None,
             moe_router_group_topk=hf_config.topk_group if groups > 1 else None,
             moe_router_dtype="fp32",  # HF routes in fp32
-            moe_shared_expert_intermediate_size=hf_config.moe_intermediate_size * hf_config.n_shared_experts,
+            moe_shared_expert_intermediate_size=hf_config.moe_intermediate_size * shared,
         )
     return kwargs

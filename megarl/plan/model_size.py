@@ -1,13 +1,13 @@
 """Parameter counts of a decoder-only HF model from its config.json alone (no weights loaded).
 
 Covers the families megarl builds: Llama, Mistral, Qwen2, Qwen3, Qwen3.5 text (dense); Mixtral, Qwen2-MoE,
-Qwen3-MoE, GLM-4.5 (``glm4_moe``), DeepSeek-V3 / Moonlight (``deepseek_v3``), GPT-OSS, Qwen3-Next and Qwen3.5-MoE
-(MoE), and DeepSeek-V2 (``deepseek_v2``, counted only). What is counted:
+Qwen3-MoE, GLM-4.5 (``glm4_moe``), DeepSeek-V3 / Moonlight (``deepseek_v3``), Hy3 (``hy_v3``), GPT-OSS, Qwen3-Next
+and Qwen3.5-MoE (MoE), and DeepSeek-V2 (``deepseek_v2``, counted only). What is counted:
 
 * embeddings and a tied or untied LM head; RMS norms (two per layer, the final one);
 * attention: GQA (q/k/v biases: Qwen2 always, Qwen2-MoE per ``qkv_bias``, GLM-4.5 per
   ``attention_bias`` on q/k/v only, the others on all four projections; Qwen3's and GLM-4.5's
-  ``use_qk_norm`` q/k norms) or DeepSeek's multi-latent attention (``q_lora_rank`` (null: one
+  ``use_qk_norm`` q/k norms, Hy3's always) or DeepSeek's multi-latent attention (``q_lora_rank`` (null: one
   ``q_proj``), ``kv_lora_rank``, ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``,
   the q/kv latent norms, ``attention_bias`` on q_a / kv_a / o);
 * Qwen3.5's (dense, MoE) and Qwen3-Next's hybrid layers: gated attention (q_proj holds a gate per head) on their
@@ -18,12 +18,13 @@ Qwen3-MoE, GLM-4.5 (``glm4_moe``), DeepSeek-V3 / Moonlight (``deepseek_v3``), GP
   whichever field the family spells (``num_experts``, ``num_local_experts``,
   ``n_routed_experts``) of ``moe_intermediate_size``, shared experts (Qwen2-MoE:
   ``shared_expert_intermediate_size`` + its sigmoid gate; DeepSeek / GLM:
-  ``n_shared_experts x moe_intermediate_size``) and the router's score-correction bias
-  (``e_score_correction_bias`` of DeepSeek-V3 / GLM-4.5, a buffer in HF and megatron, held
+  ``n_shared_experts x moe_intermediate_size``, Hy3: ``num_shared_experts x moe_intermediate_size``) and the
+  router's score-correction bias (``e_score_correction_bias`` of DeepSeek-V3 / GLM-4.5 / Hy3, a buffer in HF and megatron, held
   in memory all the same); GPT-OSS's router bias and expert biases (``2 x I + hidden`` per expert) and its
   attention sinks (one per head and layer);
 * which layers are MoE: Qwen's ``mlp_only_layers`` / ``decoder_sparse_step``; DeepSeek's / GLM's
-  ``first_k_dense_replace`` (dense first) and ``moe_layer_freq`` (every n-th after that).
+  ``first_k_dense_replace`` (dense first) and ``moe_layer_freq`` (every n-th after that); Hy3's
+  ``mlp_layer_types`` (absent: HF's default, the first layer dense).
 
 Not counted: multi-token-prediction layers (``num_nextn_predict_layers``: DeepSeek-V3's 14 B
 and GLM-4.5-Air's ~2.5 B). The published totals (671 B, 106 B) leave them out, HF's
@@ -43,11 +44,14 @@ __all__ = ["ModelShape", "ParamCount", "count_params", "load_shape"]
 
 _EXPERT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts")
 _DEEPSEEK_MOE = ("deepseek_v2", "deepseek_v3", "glm4_moe")  # first_k_dense_replace, n_shared_experts
-_ROUTER_BIAS = ("deepseek_v3", "glm4_moe", "gpt_oss")  # e_score_correction_bias; GPT-OSS's router bias
+_ROUTER_BIAS = ("deepseek_v3", "glm4_moe", "gpt_oss", "hy_v3")  # e_score_correction_bias; GPT-OSS's router bias
 _GPT_OSS = ("gpt_oss",)  # expert biases (gate_up, down), attention sinks, q/k/v/o biases by default
 
 
 def _moe_layer_count(c: dict[str, Any], model_type: str, layers: int) -> int:
+    if model_type == "hy_v3":  # HF's mlp_layer_types; absent, its default (the first layer dense)
+        types = c.get("mlp_layer_types")
+        return types.count("sparse") if types else max(layers - 1, 0)
     if model_type in _DEEPSEEK_MOE:
         first, freq = c.get("first_k_dense_replace") or 0, c.get("moe_layer_freq") or 1
         return sum(1 for i in range(first, layers) if i % freq == 0)
@@ -119,6 +123,8 @@ class ModelShape:
         if experts and model_type in _DEEPSEEK_MOE:
             moe["shared_expert_ffn"] = (c.get("n_shared_experts") or 0) * moe["expert_ffn"]
             moe["router_bias"] = model_type in _ROUTER_BIAS
+        elif experts and model_type == "hy_v3":
+            moe.update(shared_expert_ffn=(c.get("num_shared_experts") or 0) * moe["expert_ffn"], router_bias=True)
         elif experts and model_type in _GPT_OSS:
             moe.update(router_bias=True, expert_bias=True)
         elif experts and c.get("shared_expert_intermediate_size"):
@@ -135,7 +141,7 @@ class ModelShape:
             attention = dict(kv_heads=c.get("num_key_value_heads") or heads,
                              head_dim=c.get("head_dim") or hidden // heads, qkv_bias=qkv_bias,
                              out_bias=bias and model_type not in ("qwen2", "qwen2_moe", "glm4_moe"),
-                             qk_norm=model_type in ("qwen3", "qwen3_moe") or (
+                             qk_norm=model_type in ("qwen3", "qwen3_moe", "hy_v3") or (
                                  model_type == "glm4_moe" and bool(c.get("use_qk_norm", False))),
                              attention_sinks=model_type in _GPT_OSS)
         kinds = hybrid_layer_types(c) or []

@@ -133,7 +133,7 @@ EXPECTED: dict[str, tuple[str, str | None, str]] = {
     "verl/examples/grpo_trainer/run_deepseek_v4_flash_megatron.sh": (
         "gap", "data.continuous_token.enable",
         f"data.continuous_token.* (verl 0.9.1 keys megarl's yaml lacks), then DeepSeek-V4: {_FAMILY}"),
-    "verl/examples/grpo_trainer/run_hy_v3_megatron.sh": ("gap", _PATH, f"Hy3: {_FAMILY}"),
+    "verl/examples/grpo_trainer/run_hy_v3_megatron.sh": ("fits", None, ""),  # 59 GiB peak (generate) of 80
     "verl/examples/grpo_trainer/run_moonlight_16b_a3b_megatron.sh": ("fits", None, ""),
     "verl/examples/grpo_trainer/run_nemotron_nano_v3_30b_a3b_megatron.sh": ("gap", _PATH, f"Nemotron-H: {_FAMILY}"),
     "verl/examples/grpo_trainer/run_qwen2-7b_math_megatron_fsdp.sh": (

@@ -84,6 +84,15 @@ def build_tiny_mixtral(out_dir: str | Path) -> Path:
     return _finish(MixtralForCausalLM(cfg).to(torch.float32), Path(out_dir), None)
 
 
+def _random_router_bias(model):
+    """``model`` with its routers' score-correction bias (a buffer, zero at init) random."""
+    with torch.no_grad():
+        for name, buf in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buf.normal_(0.0, 0.1, generator=torch.Generator().manual_seed(1))
+    return model
+
+
 def build_tiny_glm4_moe(out_dir: str | Path) -> Path:
     """GLM-4.5 shape: dense first layer, sigmoid router with a (random) score-correction bias."""
     from transformers import Glm4MoeConfig, Glm4MoeForCausalLM
@@ -95,12 +104,21 @@ def build_tiny_glm4_moe(out_dir: str | Path) -> Path:
         routed_scaling_factor=2.5, use_qk_norm=True, attention_bias=True, num_nextn_predict_layers=0,
         max_position_embeddings=256, tie_word_embeddings=False, rms_norm_eps=1e-6,
     )
-    model = Glm4MoeForCausalLM(cfg).to(torch.float32)
-    with torch.no_grad():
-        for name, buf in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                buf.normal_(0.0, 0.1, generator=torch.Generator().manual_seed(1))
-    return _finish(model, Path(out_dir), None)
+    return _finish(_random_router_bias(Glm4MoeForCausalLM(cfg).to(torch.float32)), Path(out_dir), None)
+
+
+def build_tiny_hy_v3(out_dir: str | Path) -> Path:
+    """Hy3: dense first layer, sigmoid router with a (random) score-correction bias and scaling, a shared expert,
+    QK norm; vLLM's fields (first_k_dense_replace, expert_hidden_dim, route_norm, qk_norm) as the release has them."""
+    from transformers import HYV3Config, HYV3ForCausalLM
+
+    cfg = HYV3Config(
+        vocab_size=VOCAB, hidden_size=128, intermediate_size=256, moe_intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=4, num_experts_per_tok=2,
+        num_shared_experts=1, router_scaling_factor=2.826, first_k_dense_replace=1, expert_hidden_dim=64,
+        route_norm=True, qk_norm=True, max_position_embeddings=256, tie_word_embeddings=False, rms_norm_eps=1e-6,
+    )
+    return _finish(_random_router_bias(HYV3ForCausalLM(cfg).to(torch.float32)), Path(out_dir), None)
 
 
 def build_tiny_deepseek_v3(out_dir: str | Path) -> Path:
@@ -116,12 +134,7 @@ def build_tiny_deepseek_v3(out_dir: str | Path) -> Path:
         max_position_embeddings=256, tie_word_embeddings=False, rms_norm_eps=1e-6,
         topk_method="noaux_tc",  # DeepSeek-V3's config.json field: vLLM builds the router bias from it
     )
-    model = DeepseekV3ForCausalLM(cfg).to(torch.float32)
-    with torch.no_grad():
-        for name, buf in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                buf.normal_(0.0, 0.1, generator=torch.Generator().manual_seed(1))
-    return _finish(model, Path(out_dir), None)
+    return _finish(_random_router_bias(DeepseekV3ForCausalLM(cfg).to(torch.float32)), Path(out_dir), None)
 
 
 def build_tiny_gemma3(out_dir: str | Path) -> Path:
@@ -189,7 +202,7 @@ def build_tiny_qwen3_next(out_dir: str | Path) -> Path:
 
 
 MOE_BUILDERS = {"qwen3_moe": build_tiny_qwen3_moe, "qwen2_moe": build_tiny_qwen2_moe, "mixtral": build_tiny_mixtral,
-                "glm4_moe": build_tiny_glm4_moe, "deepseek_v3": build_tiny_deepseek_v3}
+                "glm4_moe": build_tiny_glm4_moe, "deepseek_v3": build_tiny_deepseek_v3, "hy_v3": build_tiny_hy_v3}
 
 
 CONFIG_YAML = Path(CONFIG_DIR) / f"{CONFIG_NAME}.yaml"

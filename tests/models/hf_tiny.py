@@ -107,6 +107,15 @@ TINY = {
              num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
              norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[]),
     ),
+    # Hy3: dense first layer (HF's default mlp_layer_types), sigmoid router with score-correction bias and scaling,
+    # no groups, a shared expert, per-head QK norm; vLLM's fields (first_k_dense_replace, expert_hidden_dim,
+    # route_norm, qk_norm) as the released config.json has them.
+    "hy_v3": (
+        "HYV3Config",
+        dict(tie_word_embeddings=False, head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+             num_shared_experts=1, router_scaling_factor=2.826, first_k_dense_replace=1, expert_hidden_dim=32,
+             route_norm=True, qk_norm=True),
+    ),
 }
 MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe_dense0", "glm4_moe", "deepseek_v3")
 
@@ -208,12 +217,15 @@ def assert_matches_hf(hf_dir: str, batch, per_rank: list[dict], packed: bool) ->
 # model_type -> (MoE block name in the checkpoint, expert gate / up / down projection names)
 _CHECKPOINT_EXPERTS = {"mixtral": ("block_sparse_moe", "w1", "w3", "w2")}
 _QWEN_EXPERTS = ("mlp", "gate_proj", "up_proj", "down_proj")
+# model_type -> (in-memory name part, checkpoint name part): transformers' conversion_mapping.py renames on load
+_CHECKPOINT_RENAMES = {"hy_v3": ((".mlp.gate.", ".mlp.router.gate."), (".mlp.shared_experts.", ".mlp.shared_mlp."))}
 
 
 def checkpoint_named_grads(model) -> dict[str, torch.Tensor]:
     """``.grad`` of every parameter under its checkpoint name. transformers 5 keeps MoE experts
     fused in memory (``mlp.experts.gate_up_proj`` ``[E, 2I, H]``, ``down_proj`` ``[E, H, I]``) and
-    saves them per expert (Mixtral under ``block_sparse_moe`` as w1 / w3 / w2): split them so."""
+    saves them per expert (Mixtral under ``block_sparse_moe`` as w1 / w3 / w2): split them so; Hy3's router and
+    shared experts are renamed back to its checkpoint's names."""
     block, gate_name, up_name, down_name = _CHECKPOINT_EXPERTS.get(model.config.model_type, _QWEN_EXPERTS)
     grads = {}
     for name, param in model.named_parameters():
@@ -230,5 +242,7 @@ def checkpoint_named_grads(model) -> dict[str, torch.Tensor]:
         elif name.endswith("mlp.gate.weight") and block != "mlp":
             grads[name.replace(".mlp.gate.", f".{block}.gate.")] = param.grad
         else:
+            for memory, checkpoint in _CHECKPOINT_RENAMES.get(model.config.model_type, ()):
+                name = name.replace(memory, checkpoint)
             grads[name] = param.grad
     return grads

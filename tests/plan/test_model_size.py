@@ -51,6 +51,9 @@ CONFIGS = {
         num_hidden_layers=4, full_attention_interval=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
         linear_key_head_dim=8, linear_value_head_dim=12, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
         shared_expert_intermediate_size=40, **COMMON),
+    # Hy3: q/k norms, the first layer dense (HF's default mlp_layer_types), 2 shared experts, router bias (a buffer)
+    "hy_v3": lambda: T.HYV3Config(num_hidden_layers=3, num_experts=4, num_shared_experts=2, num_experts_per_tok=2,
+                                  moe_intermediate_size=24, head_dim=16, **COMMON),
     "glm4_moe": lambda: T.Glm4MoeConfig(
         num_hidden_layers=3, first_k_dense_replace=1, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
         moe_intermediate_size=24, head_dim=16, attention_bias=True, use_qk_norm=True, partial_rotary_factor=0.5,
@@ -134,6 +137,10 @@ QWEN3_NEXT_80B = dict(
     linear_num_value_heads=32, linear_value_head_dim=128, num_experts=512, num_experts_per_tok=10, decoder_sparse_step=1,
     tie_word_embeddings=False)
 
+# tencent/Hy3 (tests/fixtures/verl_scripts/models/Hy3, see its SOURCES.md); 295 B total, 21 B active (its card;
+# its 3.8 B multi-token-prediction layer not counted)
+HY3 = T.HYV3Config().to_dict()  # its defaults are the released model's sizes
+
 PUBLISHED = {  # name: (config, total, active or None, what the active count leaves out)
     "Qwen2.5-7B": (QWEN25_7B, 7.62e9, None, ()),
     "Mixtral-8x7B": (MIXTRAL_8X7B, 46.7e9, 12.9e9, ()),
@@ -145,6 +152,7 @@ PUBLISHED = {  # name: (config, total, active or None, what the active count lea
     "gpt-oss-20b": (GPT_OSS_20B, 20.91e9, 3.61e9, ("embedding",)),
     "gpt-oss-120b": (GPT_OSS_120B, 116.83e9, 5.13e9, ("embedding",)),
     "Qwen3-Next-80B-A3B": (QWEN3_NEXT_80B, 80e9, None, ()),
+    "Hy3": (HY3, 295e9, 21e9, ()),
 }
 
 

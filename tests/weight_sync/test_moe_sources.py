@@ -1,5 +1,5 @@
 """Megatron EP=2 (4 experts, top-2) source -> transport -> vLLM, per MoE family: Qwen3-MoE,
-Qwen2-MoE (shared expert with gate, dense first layer); Mixtral, GLM-4.5 and DeepSeek-V3 with
+Qwen2-MoE (shared expert with gate, dense first layer); Mixtral, GLM-4.5, DeepSeek-V3 and Hy3 with
 ``-m extended``.
 
 Same checks as test_megatron_sources.py for the expert-parallel layout: the tensors
@@ -21,7 +21,7 @@ SCALE, SHIFT = 1.01, -0.001
 
 
 # Qwen3-MoE and Qwen2-MoE (shared expert, dense layer) in the default run; the other families in -m extended
-EXTENDED = ("mixtral", "glm4_moe", "deepseek_v3")
+EXTENDED = ("mixtral", "glm4_moe", "deepseek_v3", "hy_v3")
 
 
 @pytest.fixture(scope="module", params=[pytest.param(k, marks=pytest.mark.extended) if k in EXTENDED else k

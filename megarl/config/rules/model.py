@@ -118,6 +118,7 @@ MOE_FIELDS = {
     "deepseek_v3": ("num_experts_per_tok", "moe_intermediate_size", "n_shared_experts", "first_k_dense_replace",
                     "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"),
     "gpt_oss": ("num_experts_per_tok", "sliding_window"),
+    "hy_v3": ("num_experts_per_tok", "moe_intermediate_size", "num_shared_experts"),
     "qwen3_next": ("num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size"),
     "qwen3_5_moe_text": ("num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size"),
 }

@@ -137,14 +137,23 @@ _SHARED_EXPERT = (
     Rule(_M + "mlp.shared_experts.linear_fc2.weight", (_S + "down_proj.weight",), "split1"),
     Rule(_M + "mlp.shared_experts.gate_weight", (_L + "mlp.shared_expert_gate.weight",), "replicated"),
 )
-_GS = _L + "mlp.shared_experts."
-_GLM_MOE = (
-    *_QWEN_ROUTER,
-    # megatron's expert bias is a float32 buffer (see megarl.models.weights.converted_tensors)
-    Rule(_M + "mlp.router.expert_bias", (_L + "mlp.gate.e_score_correction_bias",), "replicated"),
-    Rule(_M + "mlp.shared_experts.linear_fc1.weight", (_GS + "gate_proj.weight", _GS + "up_proj.weight"), "gate_up"),
-    Rule(_M + "mlp.shared_experts.linear_fc2.weight", (_GS + "down_proj.weight",), "split1"),
-)
+
+
+def _sigmoid_moe(router: str, bias: str, shared: str) -> tuple[Rule, ...]:
+    """Router, score-correction bias and shared experts (HF names under ``model.layers.{layer}.``); megatron's
+    expert bias is a float32 buffer (see megarl.models.weights.converted_tensors)."""
+    return (
+        Rule(_M + "mlp.router.weight", (_L + router,), "replicated"),
+        Rule(_M + "mlp.router.expert_bias", (_L + bias,), "replicated"),
+        Rule(_M + "mlp.shared_experts.linear_fc1.weight", (_L + shared + "gate_proj.weight", _L + shared + "up_proj.weight"),
+             "gate_up"),
+        Rule(_M + "mlp.shared_experts.linear_fc2.weight", (_L + shared + "down_proj.weight",), "split1"),
+    )
+
+
+_GLM_MOE = _sigmoid_moe("mlp.gate.weight", "mlp.gate.e_score_correction_bias", "mlp.shared_experts.")
+# Hy3's checkpoint names (transformers renames them on load: conversion_mapping.py's "hy_v3")
+_HY_V3_MOE = _sigmoid_moe("mlp.router.gate.weight", "mlp.expert_bias", "mlp.shared_mlp.")
 # Qwen3.5's and Qwen3-Next's layers: attention with an output gate (q_proj holds each head's query and gate), or a gated DeltaNet
 _GATED_QKV = Rule(_A + "linear_qkv.weight", tuple(_H + f"{p}_proj.weight" for p in "qkv"), "qkv_gated")
 _G = _L + "linear_attn."
@@ -183,6 +192,7 @@ _MOE = {
     "gpt_oss": (_GPT_OSS_ROUTER, _GPT_OSS_EXPERTS),
     "glm4_moe": (_GLM_MOE, _QWEN_EXPERTS),
     "deepseek_v3": (_GLM_MOE, _QWEN_EXPERTS),
+    "hy_v3": (_HY_V3_MOE, _QWEN_EXPERTS),
     "qwen3_moe": (_QWEN_ROUTER, _QWEN_EXPERTS),
     "qwen2_moe": (_QWEN_ROUTER + _SHARED_EXPERT, _QWEN_EXPERTS),
     "qwen3_next": (_QWEN_ROUTER + _SHARED_EXPERT, _QWEN_EXPERTS),
