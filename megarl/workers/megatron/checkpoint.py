@@ -1,4 +1,6 @@
-"""Megatron dist checkpoints of a `MegatronEngine`: model, optimizer, lr scheduler, RNG.
+"""Megatron dist checkpoints of a `MegatronEngine`: model, optimizer, lr scheduler, RNG. (With
+Megatron-FSDP: `<path>/fsdp_dtensor`, same layout only, megarl.workers.megatron.fsdp_checkpoint; the
+rest of this describes DDP's `<path>/dist_ckpt`.)
 
 Layout-free: tensors are saved with their global shapes (megatron `dist_checkpointing`,
 torch_dist format), so a checkpoint written at TP=2 loads at TP=1 (and other TP/PP
