@@ -59,6 +59,10 @@ def _check_checkpoint(local_dir: Path) -> dict[str, Any]:
     from megarl.utils.safe_checkpoint import verify_dist_checkpoint
 
     ckpt_dir = local_dir / "dist_ckpt"
+    if not ckpt_dir.is_dir() and (local_dir / "fsdp_dtensor").is_dir():
+        raise MergeError(f"--local_dir {local_dir}: a Megatron-FSDP checkpoint (fsdp_dtensor/, written with "
+                         "megatron.use_megatron_fsdp=true), which the merger does not read; its HF model is the "
+                         "huggingface/ export of a save with checkpoint.save_contents including hf_model")
     if not ckpt_dir.is_dir():
         raise MergeError(f"--local_dir {local_dir}: no dist_ckpt/ in it; point it at "
                          "<trainer.default_local_dir>/global_step_N/actor (or /critic)")

@@ -154,9 +154,10 @@ def verify_components(path: Path, components: tuple[str, ...] = COMPONENTS) -> N
     """Check the workers' dist checkpoints under ``path`` before any worker loads them
     (megarl.utils.safe_checkpoint: nothing in them may run code when unpickled)."""
     for component in components:
-        ckpt_dir = path / component / "dist_ckpt"
-        if ckpt_dir.is_dir():
-            verify_dist_checkpoint(str(ckpt_dir))
+        for name in ("dist_ckpt", "fsdp_dtensor"):  # DDP's, Megatron-FSDP's (megarl.workers.megatron.checkpoint)
+            ckpt_dir = path / component / name
+            if ckpt_dir.is_dir():
+                verify_dist_checkpoint(str(ckpt_dir))
 
 
 def verify_checkpoint(path: Path, components: Sequence[str]) -> None:

@@ -461,17 +461,17 @@ class RayPPOTrainer:
         """The checkpoint to resume and its trainer state, checked before any worker starts: files
         against their checksums (auto falls back past a damaged one), nothing that could run code
         when unpickled, and the stored config against this run's (changes that cannot apply are
-        refused, the others listed); none at all with Megatron-FSDP. ``below``: a step before this one
+        refused, the others listed), one of the other data-parallel wrapper (Megatron-FSDP / DDP) too. ``below``: a step before this one
         (the one that failed to load)."""
         t = self.cfg.trainer
         components = ("actor", "critic") if self.use_critic else ("actor",)
         path = ckpt.resume_dir(t.resume_mode, self.ckpt_root, t.resume_from_path, components, below=below)
         if path is None:
             return None, None
-        refuse_fsdp_resume(self.cfg, self.use_critic, str(path))
         ckpt.verify_components(path, components)  # nothing a worker loads may run code when unpickled
         state = ckpt.read_trainer_state(path)
         record = ckpt.read_run_config(path)
+        refuse_fsdp_resume(record, self.cfg, self.use_critic, str(path))
         if record is None:
             print(f"[megarl] WARNING: {path} stores no run config (written by an older megarl): changes since it are "
                   "not checked", flush=True)

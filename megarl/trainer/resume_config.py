@@ -167,22 +167,27 @@ def _verdict(key: str, new: dict) -> str:
     return "applied"
 
 
-def refuse_fsdp_resume(cfg: MegaRLConfig, use_critic: bool, ckpt: str) -> None:
-    """A run with Megatron-FSDP (``megatron.use_megatron_fsdp``) cannot load ``ckpt``: megarl's checkpoints
-    hold the DDP layout (an FSDP run saves none). Refused before any worker starts, not deep in the
-    load; ``trainer.resume_mode=resume_path`` is refused with it by the config rules already, so this
-    is ``auto`` finding a checkpoint in ``trainer.default_local_dir``."""
+def refuse_fsdp_resume(record: dict[str, Any] | None, cfg: MegaRLConfig, use_critic: bool, ckpt: str) -> None:
+    """Refuse ``ckpt`` when a trained role's data-parallel wrapper (``megatron.use_megatron_fsdp``) differs
+    from the one it was saved with (``record``: its run_record; None, or a config without the key: written
+    before Megatron-FSDP existed, so DDP): DDP's dist checkpoint and FSDP's DTensor shards do not load into
+    each other. Before any worker starts, not deep in the load (the workers refuse it too)."""
+    saved = _flatten(record["config"]) if record is not None else {}
     trained = [("actor_rollout_ref.actor.megatron", cfg.actor_rollout_ref.actor.megatron)]
     trained += [("critic.megatron", cfg.critic.megatron)] if use_critic else []
-    keys = [f"{section}.use_megatron_fsdp" for section, megatron in trained if megatron.use_megatron_fsdp]
-    if keys:
-        on = " and ".join(f"{key}=true" for key in keys)
-        raise ConfigError([Issue(
-            "trainer.resume_mode", cfg.trainer.resume_mode,
-            f"would resume {ckpt} (found in trainer.default_local_dir={cfg.trainer.default_local_dir}), which "
-            f"{on} cannot load (Megatron-FSDP's DTensor shards; megarl's checkpoints hold the DDP layout)",
-            f"set trainer.resume_mode=disable (start over), or another trainer.default_local_dir, or "
-            + " and ".join(f"{key}=false" for key in keys))])
+    issues = []
+    for section, megatron in trained:
+        key = f"{section}.use_megatron_fsdp"
+        was = bool(saved.get(key, False))
+        if was != megatron.use_megatron_fsdp:
+            wrapper = lambda fsdp: "Megatron-FSDP's DTensor shards" if fsdp else "megatron DDP's dist checkpoint"  # noqa: E731
+            issues.append(Issue(key, megatron.use_megatron_fsdp, (
+                f"differs from the checkpoint {ckpt} (it was {str(was).lower()}: {wrapper(was)}), which this run "
+                f"({wrapper(megatron.use_megatron_fsdp)}) cannot load"),
+                f"set {key}={str(was).lower()} to continue that run, or set trainer.resume_mode=disable (start over), "
+                "or another trainer.default_local_dir"))
+    if issues:
+        raise ConfigError(issues)
 
 
 def check_resume_config(record: dict[str, Any], cfg: MegaRLConfig, use_critic: bool, ckpt: str) -> list[str]:

@@ -112,10 +112,11 @@ def test_megatron_fsdp_is_accepted_where_megarl_implements_it(local_assets):
     base = [f"{k}={v}" for k, v in local_assets.items()] + USER_CHOICES
     fsdp = "actor_rollout_ref.actor.megatron.use_megatron_fsdp=true"
     assert collect_issues(load_config(base + [fsdp])) == []
+    # checkpoints: tests/workers/test_megatron_fsdp_checkpoint.py
+    assert collect_issues(load_config(base + [fsdp, "trainer.save_freq=5"])) == []
     for extra, key in (("actor_rollout_ref.actor.megatron.use_distributed_optimizer=false",
                         "actor_rollout_ref.actor.megatron.use_distributed_optimizer"),
-                       ("actor_rollout_ref.actor.megatron.param_offload=true", "actor_rollout_ref.actor.megatron.param_offload"),
-                       ("trainer.save_freq=5", "trainer.save_freq")):
+                       ("actor_rollout_ref.actor.megatron.param_offload=true", "actor_rollout_ref.actor.megatron.param_offload")):
         issues = collect_issues(load_config(base + [fsdp, extra]))
         assert [i.key for i in issues] == [key], [i.format() for i in issues]
 

@@ -1,6 +1,8 @@
-"""A Megatron-FSDP run (`megatron.use_megatron_fsdp`) whose trainer.default_local_dir holds a
-checkpoint (an earlier DDP run's) is refused when the trainer chooses what to resume, before Ray or
-any worker starts, naming trainer.resume_mode, the folder and the fixes."""
+"""A checkpoint resumes only with the data-parallel wrapper it was saved with
+(`megatron.use_megatron_fsdp`, stored in its run_config.json): a Megatron-FSDP run finding a DDP
+checkpoint (or one written before the run config was stored: DDP), or a DDP run finding an FSDP one,
+is refused when the trainer chooses what to resume, before Ray or any worker starts, naming the key,
+the folder and the fixes; the same wrapper resumes."""
 
 from __future__ import annotations
 
@@ -14,46 +16,68 @@ from omegaconf import OmegaConf
 from megarl.config import CONFIG_DIR, CONFIG_NAME, ConfigError, typed_config
 from megarl.trainer import checkpointing as ckpt
 from megarl.trainer.ppo_trainer import RayPPOTrainer
+from megarl.trainer.resume_config import run_record
 from megarl.utils.checksums import write_manifest
 
 ACTOR_FSDP = "actor_rollout_ref.actor.megatron.use_megatron_fsdp"
 
 
-def _save(root: Path, step: int) -> None:
-    """A complete checkpoint as RayPPOTrainer.save_checkpoint leaves it (the actor's files faked)."""
-    path = ckpt.begin_save(str(root), step)
-    (path / "actor").mkdir()
-    (path / "actor" / "weights.bin").write_bytes(b"a" * 16)
-    write_manifest(path / "actor")
-    ckpt.write_trainer_state(path, {"global_step": step})
-    ckpt.finish_save(str(root), step, {})
-
-
-def _plan_resume(root: Path, *dotted: str):
+def _typed(root: Path, *dotted: str):
     cfg = OmegaConf.load(Path(CONFIG_DIR) / f"{CONFIG_NAME}.yaml")
     cfg.trainer.default_local_dir = str(root)
     for item in dotted:
         key, value = item.split("=", 1)
         OmegaConf.update(cfg, key, yaml.safe_load(value))
-    trainer = types.SimpleNamespace(cfg=typed_config(cfg), use_critic=False, ckpt_root=str(root))
+    return typed_config(cfg)
+
+
+def _save(root: Path, step: int, *dotted: str, record: bool = True) -> None:
+    """A complete checkpoint as RayPPOTrainer.save_checkpoint leaves it (the actor's files faked), written
+    by a run with `dotted` (its run_config.json; none with record=False, as older megarl)."""
+    path = ckpt.begin_save(str(root), step)
+    (path / "actor").mkdir()
+    (path / "actor" / "weights.bin").write_bytes(b"a" * 16)
+    write_manifest(path / "actor")
+    ckpt.write_trainer_state(path, {"global_step": step})
+    if record:
+        ckpt.write_run_config(path, run_record(_typed(root, *dotted), use_critic=False))
+    ckpt.finish_save(str(root), step, {})
+
+
+def _plan_resume(root: Path, *dotted: str):
+    trainer = types.SimpleNamespace(cfg=_typed(root, *dotted), use_critic=False, ckpt_root=str(root))
     return RayPPOTrainer._plan_resume(trainer)  # what RayPPOTrainer.__init__ runs before Ray starts
 
 
-def test_fsdp_run_refuses_to_resume_a_checkpoint(tmp_path):
-    _save(tmp_path, 3)
+def _refusal(root: Path, *dotted: str) -> str:
     with pytest.raises(ConfigError) as refusal:
-        _plan_resume(tmp_path, f"{ACTOR_FSDP}=true")
-    message = str(refusal.value)
-    assert "trainer.resume_mode" in message and str(tmp_path / "global_step_3") in message, message
-    for fix in ("trainer.resume_mode=disable", "trainer.default_local_dir", f"{ACTOR_FSDP}=false"):
+        _plan_resume(root, *dotted)
+    return str(refusal.value)
+
+
+@pytest.mark.parametrize("record", [True, False])
+def test_fsdp_run_refuses_a_ddp_checkpoint(tmp_path, record):
+    _save(tmp_path, 3, record=record)
+    message = _refusal(tmp_path, f"{ACTOR_FSDP}=true")
+    assert ACTOR_FSDP in message and str(tmp_path / "global_step_3") in message, message
+    for fix in (f"{ACTOR_FSDP}=false", "trainer.resume_mode=disable", "trainer.default_local_dir"):
         assert fix in message, (fix, message)
 
 
-def test_the_same_folder_resumes_without_fsdp_or_with_resume_disabled(tmp_path):
-    _save(tmp_path, 3)
-    path, state = _plan_resume(tmp_path)
-    assert path == tmp_path / "global_step_3" and state["global_step"] == 3
-    assert _plan_resume(tmp_path, f"{ACTOR_FSDP}=true", "trainer.resume_mode=disable") == (None, None)
+def test_ddp_run_refuses_an_fsdp_checkpoint(tmp_path):
+    _save(tmp_path, 3, f"{ACTOR_FSDP}=true")
+    message = _refusal(tmp_path)
+    assert f"{ACTOR_FSDP}=true to continue that run" in message and "DTensor" in message, message
+
+
+def test_the_same_wrapper_resumes(tmp_path):
+    _save(tmp_path / "ddp", 3)
+    path, state = _plan_resume(tmp_path / "ddp")
+    assert path == tmp_path / "ddp" / "global_step_3" and state["global_step"] == 3
+    _save(tmp_path / "fsdp", 2, f"{ACTOR_FSDP}=true")
+    path, state = _plan_resume(tmp_path / "fsdp", f"{ACTOR_FSDP}=true")
+    assert path == tmp_path / "fsdp" / "global_step_2" and state["global_step"] == 2
+    assert _plan_resume(tmp_path / "ddp", f"{ACTOR_FSDP}=true", "trainer.resume_mode=disable") == (None, None)
 
 
 def test_fsdp_run_with_an_empty_folder_starts(tmp_path):

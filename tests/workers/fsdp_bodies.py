@@ -29,3 +29,50 @@ def two_steps(model_path: str, batch: dict, fsdp: bool) -> dict:
     out["updated_step2"] = _rank0(_export(actor))
     out["local_numel_after"] = sum(_local_numel(p) for chunk in actor.engine.chunks for p in chunk.parameters())
     return out
+
+
+def _adam_steps(actor) -> list[float]:
+    """The distinct Adam step counts of this rank's parameters (torch Adam inside megatron's optimizer)."""
+    return sorted({float(state["step"]) for state in actor.engine.optimizer.optimizer.state.values()})
+
+
+def _fsdp_actor(model_path: str, fsdp: bool = True):
+    from megarl.workers.actor import ActorWorker
+
+    megatron = megatron_node(use_distributed_optimizer=True, dtype="float32", use_megatron_fsdp=fsdp)
+    actor = ActorWorker(actor_rollout_ref_config(model_path, megatron, optim=ADAM), "actor", device="cpu")
+    actor.init_model()
+    return actor
+
+
+def step_save_step(model_path: str, batch: dict, ckpt_dir: str, fsdp: bool = True) -> dict:
+    """One Adam step, save `ckpt_dir`, a second step: its weights W2, metrics, Adam step counts."""
+    actor = _fsdp_actor(model_path, fsdp)
+    data = worker_data(batch, dp_rows(batch))
+    actor.update_policy(data)
+    out = {"adam_steps_saved": _adam_steps(actor), "updated_step1": _rank0(_export(actor))}
+    actor.save_checkpoint(ckpt_dir, global_step=1)
+    out["metrics_step2"] = actor.update_policy(data)
+    out["updated_step2"] = _rank0(_export(actor))
+    return out
+
+
+def load_step(model_path: str, batch: dict, ckpt_dir: str) -> dict:
+    """A fresh FSDP actor loads `ckpt_dir`, then takes the second step."""
+    actor = _fsdp_actor(model_path)
+    meta = actor.load_checkpoint(ckpt_dir)
+    out = {"meta": meta, "adam_steps_loaded": _adam_steps(actor), "loaded": _rank0(_export(actor)),
+           "local_numel": sum(_local_numel(p) for chunk in actor.engine.chunks for p in chunk.parameters())}
+    out["metrics_step2"] = actor.update_policy(worker_data(batch, dp_rows(batch)))
+    out["updated_step2"] = _rank0(_export(actor))
+    return out
+
+
+def load_refused(model_path: str, ckpt_dir: str, fsdp: bool) -> str:
+    """The refusal of an actor (`fsdp`: Megatron-FSDP or DDP) loading `ckpt_dir`."""
+    actor = _fsdp_actor(model_path, fsdp)
+    try:
+        actor.load_checkpoint(ckpt_dir)
+    except ValueError as refusal:
+        return str(refusal)
+    return "loaded"

@@ -18,7 +18,7 @@ from megarl.workers.megatron import checkpoint
 
 
 def _engine(dist_opt: bool, fully: bool = False, mem_efficient: bool = False):
-    cfg = SimpleNamespace(dist_ckpt_optim_fully_reshardable=fully,
+    cfg = SimpleNamespace(use_megatron_fsdp=False, dist_ckpt_optim_fully_reshardable=fully,
                           distrib_optim_fully_reshardable_mem_efficient=mem_efficient)
     return SimpleNamespace(use_distributed_optimizer=dist_opt, megatron_cfg=cfg)
 

@@ -84,9 +84,12 @@ def test_bad_arguments_are_named(saved, tmp_path, capsys):
     from megarl.model_merger import main
 
     _, ckpt, _ = saved
+    fsdp_dir = tmp_path / "fsdp_step"
+    (fsdp_dir / "fsdp_dtensor").mkdir(parents=True)  # what an FSDP save writes (tests/workers/test_megatron_fsdp_checkpoint.py)
     cases = [
         (["--backend", "fsdp", "--local_dir", ckpt], "--backend fsdp"),
         (["--backend", "megatron", "--local_dir", str(tmp_path)], "no dist_ckpt/"),
+        (["--backend", "megatron", "--local_dir", str(fsdp_dir)], "Megatron-FSDP checkpoint (fsdp_dtensor/"),
         (["--backend", "megatron", "--local_dir", ckpt, "--is-value-model"], "drop --is-value-model"),
         (["--backend", "megatron", "--local_dir", ckpt, "--hf_model_path", str(tmp_path)], "give --hf_model_path"),
     ]

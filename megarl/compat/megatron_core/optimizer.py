@@ -48,6 +48,11 @@ SHIMS = (
          "step) where the distributed optimizer assumes a fused Adam with the step in the param group "
          "(assert len(steps) == 1 in sharded_state_dict / load_state_dict): see fit_torch_adam",
          source_has(f"{_OPT}.distrib_optimizer", "DistributedOptimizer", "len(steps) == 1")),
+    Shim("DistributedOptimizer.sharded_param_state_fsdp_dtensor with torch.optim.Adam/AdamW", MCORE, ("cpu", "gpu"),
+         "Megatron-FSDP's fsdp_dtensor checkpoint saves torch Adam's per-parameter step as a replicated tensor, "
+         "which differs over DP where a rank's shard is empty (never stepped): see fit_torch_adam",
+         source_has(f"{_OPT}.distrib_optimizer", "DistributedOptimizer.sharded_param_state_fsdp_dtensor",
+                    "packed_state")),
     Shim("megatron.core.optimizer param_group_identifier_keys", MCORE, ("cpu", "gpu"),
          "a load matches saved param groups to the current ones by their lr/wd bounds too (optimizer.py:139, "
          "used by _filter_and_reorder_param_groups and DistributedOptimizer.load_state_dict), so a resume with "
@@ -158,7 +163,10 @@ def fit_torch_adam(optimizer) -> None:
       once per parameter (a wrong bias correction from the second step on): untie them;
     * the parameter-state loader copies every state key from the checkpoint, but the
       ``fully_reshardable`` format saves no per-parameter step and ``dp_reshardable`` one from the
-      request (0): keep the step the param groups restored.
+      request (0): keep the step the param groups restored;
+    * Megatron-FSDP's ``fsdp_dtensor`` format saves each parameter's step as one replicated tensor
+      (written by any one DP rank), but a rank whose shard of a parameter is empty never steps it
+      (0 there, N on the others): a save first gives every rank the DP group's largest step.
     """
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
@@ -178,6 +186,8 @@ def _fit_torch_adam(opt, adam: torch.optim.Optimizer) -> None:
                 if not adam.state[param]:
                     adam.state[param].update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(param),
                                              exp_avg_sq=torch.zeros_like(param))
+        if opt.ddp_config.use_megatron_fsdp and not kwargs.get("is_loading", False):
+            _steps_agree_over_dp(adam)
         return sharded_state_dict(*args, **kwargs)
 
     def untied_load_state_dict(state_dict):
@@ -194,6 +204,20 @@ def _fit_torch_adam(opt, adam: torch.optim.Optimizer) -> None:
     opt.sharded_state_dict = materialized_sharded_state_dict
     opt.load_state_dict = untied_load_state_dict
     opt._set_main_param_and_optimizer_states = set_states_but_step
+
+
+def _steps_agree_over_dp(adam: torch.optim.Optimizer) -> None:
+    """Every Adam step tensor of `adam` (a Megatron-FSDP shard's) set to its largest value over the DP x CP
+    group, whose ranks hold the same parameters in the same order."""
+    from megatron.core import parallel_state
+
+    group = parallel_state.get_data_parallel_group(with_context_parallel=True)
+    states = [adam.state[p] for g in adam.param_groups for p in g["params"]]
+    device = "cuda" if torch.distributed.get_backend(group) == "nccl" else "cpu"
+    steps = torch.stack([state["step"].detach().float().reshape(()) for state in states]).to(device)
+    torch.distributed.all_reduce(steps, op=torch.distributed.ReduceOp.MAX, group=group)
+    for state, step in zip(states, steps.cpu()):
+        state["step"].copy_(step)
 
 
 def init_sgd_state(torch_optimizer: torch.optim.Optimizer, config=None) -> None:

@@ -1,7 +1,8 @@
 """Megatron-FSDP (`megatron.use_megatron_fsdp`, megarl.workers.megatron.data_parallel): what megarl's
 FSDP path does not cover yet is refused by key. Its parameters live as DTensor shards, which megarl's
-offload (moves DDP's buffers), LoRA (adapters on DDP's parameters) and checkpoints (megatron
-dist-checkpointing of the DDP layout; verl writes Megatron-FSDP's own DTensor format) do not read."""
+offload (moves DDP's buffers) and LoRA (adapters on DDP's parameters) do not read. Checkpoints are
+written in Megatron-FSDP's own DTensor format (megarl.workers.megatron.fsdp_checkpoint); resuming one
+written with the other wrapper is refused when the trainer picks it (megarl.trainer.resume_config)."""
 
 from __future__ import annotations
 
@@ -31,13 +32,6 @@ def megatron_fsdp(v: View) -> Iterator[Issue]:
         if section.startswith("actor_rollout_ref") and v.get("actor_rollout_ref.model.lora.rank"):
             yield Issue("actor_rollout_ref.model.lora.rank", v.get("actor_rollout_ref.model.lora.rank"),
                         f"LoRA is not implemented with {key}=true", f"set actor_rollout_ref.model.lora.rank=0, {off}")
-        if v.get("trainer.save_freq") != -1:
-            yield Issue("trainer.save_freq", v.get("trainer.save_freq"), f"checkpoints are not implemented with {key}=true "
-                        "(Megatron-FSDP's parameters and optimizer state are DTensor shards, which megarl's "
-                        "dist-checkpoint of the DDP layout does not write)", f"set trainer.save_freq=-1, {off}")
-        if v.get("trainer.resume_mode") == "resume_path":
-            yield Issue("trainer.resume_mode", v.get("trainer.resume_mode"), f"checkpoints are not implemented with "
-                        f"{key}=true", f"set trainer.resume_mode=disable, {off}")
 
 
 RULES = (megatron_fsdp,)

@@ -1,4 +1,6 @@
-"""Megatron dist checkpoints of a `MegatronEngine`: model, optimizer, lr scheduler, RNG.
+"""Megatron dist checkpoints of a `MegatronEngine`: model, optimizer, lr scheduler, RNG. (With
+Megatron-FSDP: `<path>/fsdp_dtensor`, same layout only, megarl.workers.megatron.fsdp_checkpoint; the
+rest of this describes DDP's `<path>/dist_ckpt`.)
 
 Layout-free: tensors are saved with their global shapes (megatron `dist_checkpointing`,
 torch_dist format), so a checkpoint written at TP=2 loads at TP=1 (and other TP/PP
@@ -38,6 +40,9 @@ from megarl.compat.megatron_core.checkpoint_write import keep_write_errors
 from megarl.models import save_hf_checkpoint, save_hf_config, unwrap_chunk
 from megarl.models.lora import ADAPTER_KEY, adapters, merged_weights
 from megarl.utils.checksums import digest_files, list_files, write_manifest
+from megarl.workers.megatron.data_parallel import is_fsdp
+from megarl.workers.megatron.fsdp_checkpoint import FSDP_DIR, load_fsdp, read_common, rng_state_of_this_rank, save_fsdp
+from megarl.workers.megatron.fsdp_checkpoint import OPTIMIZER_FORMAT as FSDP_OPTIMIZER_FORMAT
 from megarl.utils.storage import raise_if_storage_error
 
 __all__ = ["save_checkpoint", "load_checkpoint", "load_model_only"]
@@ -45,6 +50,7 @@ __all__ = ["save_checkpoint", "load_checkpoint", "load_model_only"]
 logger = logging.getLogger(__name__)
 
 _CONTENTS = ("model", "optimizer", "extra", "hf_model")
+DDP_DIR = "dist_ckpt"
 
 
 def _check_contents(contents: Sequence[str]) -> None:
@@ -79,7 +85,10 @@ def optimizer_format(engine) -> str:
     tensors, any layout), or for the distributed optimizer megatron's ``distrib_optim_sharding_type``
     as verl picks it: ``dp_reshardable`` (each DP rank's buffers as they are: fast, but loadable
     only at the same TP/PP/EP/CP) or, with ``megatron.dist_ckpt_optim_fully_reshardable``,
-    ``fully_reshardable`` (gathered on DP rank 0 into per-parameter form: any layout)."""
+    ``fully_reshardable`` (gathered on DP rank 0 into per-parameter form: any layout); with
+    Megatron-FSDP ``fsdp_dtensor`` (per-parameter DTensor shards)."""
+    if engine.megatron_cfg.use_megatron_fsdp:
+        return FSDP_OPTIMIZER_FORMAT
     if not engine.use_distributed_optimizer:
         return "torch"
     return "fully_reshardable" if engine.megatron_cfg.dist_ckpt_optim_fully_reshardable else "dp_reshardable"
@@ -141,28 +150,27 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(engine, path: str, *, contents: Sequence[str], global_step: int = 0) -> None:
-    """Collective over all ranks of the engine's world; writes `<path>/dist_ckpt`."""
+    """Collective over all ranks of the engine's world; writes `<path>/dist_ckpt` (DDP) or
+    `<path>/fsdp_dtensor` (Megatron-FSDP, megarl.workers.megatron.fsdp_checkpoint)."""
     _check_contents(contents)
-    ckpt_dir = os.path.join(path, "dist_ckpt")
+    fsdp = is_fsdp(engine.chunks)
+    ckpt_dir = os.path.join(path, FSDP_DIR if fsdp else DDP_DIR)
     if torch.distributed.get_rank() == 0:
         os.makedirs(ckpt_dir, exist_ok=True)
     torch.distributed.barrier()
     fmt = optimizer_format(engine)
-    state: dict[str, Any] = {"megarl": {"global_step": int(global_step), "layout": _layout(), "contents": list(contents),
-                                        "build": _build_record(engine), "optimizer_format": fmt}}
-    model_sd = _model_sharded_state_dict(engine.chunks)
-    if "model" in contents or "optimizer" in contents:
-        state.update(model_sd)
-    if "optimizer" in contents and engine.optimizer is not None:
-        state["optimizer"] = engine.optimizer.sharded_state_dict(model_sd, is_loading=False,
-                                                                 metadata=_optimizer_metadata(engine, fmt))
-    if "extra" in contents:
-        if engine.scheduler is not None:
-            state["lr_scheduler"] = engine.scheduler.state_dict()
-        state["rng_state"] = _rng_sharded_object(_rng_state())
+    meta = {"global_step": int(global_step), "layout": _layout(), "contents": list(contents),
+            "build": _build_record(engine), "optimizer_format": fmt, "data_parallel": "fsdp" if fsdp else "ddp"}
     keep_write_errors()  # megatron-core 0.19.2 drops a failed write's reason (ENOSPC) from its exception
     try:
-        dist_checkpointing.save(state, ckpt_dir)
+        if fsdp:
+            common = {"megarl": meta}
+            if "extra" in contents and engine.scheduler is not None:
+                common["lr_scheduler"] = engine.scheduler.state_dict()
+            save_fsdp(engine, ckpt_dir, common, model="model" in contents, optimizer="optimizer" in contents,
+                      rng_state=_rng_state() if "extra" in contents else None)
+        else:
+            dist_checkpointing.save(_ddp_state(engine, meta, contents, fmt), ckpt_dir)
         if "hf_model" in contents:
             with merged_weights(engine.chunks):  # LoRA: the merged model
                 save_hf_checkpoint(engine.chunks, engine.hf_config, os.path.join(path, "huggingface"),
@@ -175,6 +183,22 @@ def save_checkpoint(engine, path: str, *, contents: Sequence[str], global_step: 
         raise_if_storage_error(error, path)
         raise
     torch.distributed.barrier()
+
+
+def _ddp_state(engine, meta: dict[str, Any], contents: Sequence[str], fmt: str) -> dict[str, Any]:
+    """What `dist_checkpointing.save` writes for a DDP engine."""
+    state: dict[str, Any] = {"megarl": meta}
+    model_sd = _model_sharded_state_dict(engine.chunks)
+    if "model" in contents or "optimizer" in contents:
+        state.update(model_sd)
+    if "optimizer" in contents and engine.optimizer is not None:
+        state["optimizer"] = engine.optimizer.sharded_state_dict(model_sd, is_loading=False,
+                                                                 metadata=_optimizer_metadata(engine, fmt))
+    if "extra" in contents:
+        if engine.scheduler is not None:
+            state["lr_scheduler"] = engine.scheduler.state_dict()
+        state["rng_state"] = _rng_sharded_object(_rng_state())
+    return state
 
 
 def _build_record(engine) -> dict[str, Any]:
@@ -228,35 +252,85 @@ def _write_checksums(path: str) -> None:
         write_manifest(path, {name: entry for share in shares for name, entry in share.items()})
 
 
+def _checkpoint_dir(engine, path: str, fsdp: bool) -> str:
+    """`path`'s checkpoint of this engine's data-parallel wrapper; a checkpoint of the other one is
+    refused naming the key (DDP's dist checkpoint and FSDP's DTensor shards do not load into each other)."""
+    want, other = (FSDP_DIR, DDP_DIR) if fsdp else (DDP_DIR, FSDP_DIR)
+    ckpt_dir = os.path.join(path, want)
+    if os.path.isdir(ckpt_dir):
+        return ckpt_dir
+    if os.path.isdir(os.path.join(path, other)):
+        key = f"{engine.prefix}.megatron.use_megatron_fsdp"
+        raise ValueError(f"checkpoint {path} was written with {key}={str(not fsdp).lower()} ({other}/), which this run "
+                         f"({key}={str(fsdp).lower()}) cannot load: resume with {key}={str(not fsdp).lower()}, or start "
+                         "a new run (trainer.resume_mode=disable)")
+    raise FileNotFoundError(f"no megatron checkpoint at {ckpt_dir}")
+
+
+def _check_fsdp_layout(meta: dict[str, Any], path: str) -> None:
+    if meta.get("layout") != _layout():
+        raise ValueError(f"checkpoint {path}: written with Megatron-FSDP at the layout {meta.get('layout')}, which loads "
+                         f"only at that layout, not {_layout()} (megarl does not reshard its DTensor shards over "
+                         "TP/PP/VPP/CP/EP): resume at that layout, or leave model and optimizer out of "
+                         "checkpoint.load_contents")
+
+
 def load_checkpoint(engine, path: str, *, contents: Sequence[str]) -> dict[str, Any]:
-    """Load what `save_checkpoint` wrote, in any TP/PP layout. Returns its metadata."""
+    """Load what `save_checkpoint` wrote: DDP's in any TP/PP layout, Megatron-FSDP's at its own
+    TP/PP/VPP/CP/EP layout. Returns its metadata."""
     _check_contents(contents)
-    ckpt_dir = os.path.join(path, "dist_ckpt")
-    if not os.path.isdir(ckpt_dir):
-        raise FileNotFoundError(f"no megatron dist checkpoint at {ckpt_dir}")
-    common = dist_checkpointing.load_common_state_dict(ckpt_dir)
+    fsdp = is_fsdp(engine.chunks)
+    ckpt_dir = _checkpoint_dir(engine, path, fsdp)
+    common = read_common(ckpt_dir) if fsdp else dist_checkpointing.load_common_state_dict(ckpt_dir)
     meta = common.get("megarl", {})
-    if "model" in contents or "optimizer" in contents:
+    weights = "model" in contents or "optimizer" in contents
+    if weights:
         _check_lora_record(engine, meta.get("build", {}).get("lora"), path)
     saved = set(meta.get("contents", []))
     missing = sorted(set(contents) - saved - {"hf_model"})
     if missing:
         raise ValueError(f"checkpoint {path} has no {missing} (it holds {sorted(saved)}); adjust checkpoint.load_contents")
+    same_layout = meta.get("layout") == _layout()
+    if "extra" in contents and not same_layout:
+        logger.info("checkpoint layout %s differs from %s: RNG state not restored", meta.get("layout"), _layout())
+    with_optimizer = "optimizer" in contents and engine.optimizer is not None
+    if fsdp:
+        if weights:
+            _check_fsdp_layout(meta, path)
+        optimizer_state = load_fsdp(engine, ckpt_dir, model="model" in contents, optimizer=with_optimizer)
+        rng_state = rng_state_of_this_rank(common) if "extra" in contents and same_layout else None
+    else:
+        loaded = _load_ddp(engine, ckpt_dir, path, meta, contents, with_optimizer, "extra" in contents and same_layout)
+        optimizer_state, rng_state = loaded.get("optimizer"), loaded.get("rng_state")
+    if with_optimizer:
+        configured = [{k: v for k, v in group.items() if k != "params"} for group in engine.optimizer.param_groups]
+        with torch.no_grad():  # fp32 params: the distributed optimizer's main params are views of the (leaf) params
+            engine.optimizer.load_state_dict(optimizer_state)
+        _restore_configured_hyperparams(engine, configured)
+    if "extra" in contents:
+        if engine.scheduler is not None and "lr_scheduler" in common:
+            engine.scheduler.load_state_dict(common["lr_scheduler"])
+            engine.scheduler.step(increment=0)  # megatron sets weight decay before its loaded values: redo
+        if rng_state is not None:
+            _set_rng_state(rng_state)
+    return meta
+
+
+def _load_ddp(engine, ckpt_dir: str, path: str, meta: dict[str, Any], contents: Sequence[str], with_optimizer: bool,
+              with_rng: bool) -> dict[str, Any]:
+    """Load a DDP engine's dist checkpoint: the model in place; returns the loaded optimizer and RNG states."""
     model_sd = _model_sharded_state_dict(engine.chunks)
     request: dict[str, Any] = {}
     if "model" in contents:
         request.update(model_sd)
-    if "optimizer" in contents and engine.optimizer is not None:
+    if with_optimizer:
         saved = meta.get("optimizer_format")  # None: written before it was recorded, in megatron's default format
         if saved is not None:
             _check_optimizer_format(engine, saved, meta.get("layout"), path)
         request["optimizer"] = engine.optimizer.sharded_state_dict(
             model_sd, is_loading=True, metadata=None if saved is None else _optimizer_metadata(engine, saved))
-    same_layout = meta.get("layout") == _layout()
-    if "extra" in contents and same_layout:
+    if with_rng:
         request["rng_state"] = _rng_sharded_object(None)
-    elif "extra" in contents:
-        logger.info("checkpoint layout %s differs from %s: RNG state not restored", meta.get("layout"), _layout())
     try:
         loaded = dist_checkpointing.load(request, ckpt_dir)
     except Exception as error:  # e.g. megatron's "Global shape mismatch": name the checkpoint
@@ -265,18 +339,7 @@ def load_checkpoint(engine, path: str, *, contents: Sequence[str]) -> dict[str, 
                            "it was written for another model or is damaged") from error
     if "model" in contents:
         _load_model_state(engine.chunks, loaded)
-    if "optimizer" in contents and engine.optimizer is not None:
-        configured = [{k: v for k, v in group.items() if k != "params"} for group in engine.optimizer.param_groups]
-        with torch.no_grad():  # fp32 params: the distributed optimizer's main params are views of the (leaf) params
-            engine.optimizer.load_state_dict(loaded["optimizer"])
-        _restore_configured_hyperparams(engine, configured)
-    if "extra" in contents:
-        if engine.scheduler is not None and "lr_scheduler" in common:
-            engine.scheduler.load_state_dict(common["lr_scheduler"])
-            engine.scheduler.step(increment=0)  # megatron sets weight decay before its loaded values: redo
-        if same_layout:
-            _set_rng_state(loaded["rng_state"])
-    return meta
+    return loaded
 
 
 def _restore_configured_hyperparams(engine, configured: list[dict[str, Any]]) -> None:
