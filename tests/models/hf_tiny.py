@@ -51,14 +51,6 @@ TINY = {
              norm_topk_prob=True, routed_scaling_factor=2.5, use_qk_norm=True, attention_bias=True,
              num_nextn_predict_layers=0),
     ),
-    # GLM-4.5 with top-1 routing, its one sigmoid score kept (norm_topk_prob=false), as megatron keeps it
-    "glm4_moe_top1": (
-        "Glm4MoeConfig",
-        dict(tie_word_embeddings=False, head_dim=16, n_routed_experts=4, num_experts_per_tok=1,
-             moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1,
-             norm_topk_prob=False, routed_scaling_factor=2.5, use_qk_norm=True, attention_bias=True,
-             num_nextn_predict_layers=0),
-    ),
     # DeepSeek-V3 shape: MLA (q LoRA), dense first layer, sigmoid router with bias, 2 groups.
     "deepseek_v3": (
         "DeepseekV3Config",
@@ -125,6 +117,8 @@ TINY = {
              route_norm=True, qk_norm=True),
     ),
 }
+# GLM-4.5 with top-1 routing, its one sigmoid score kept (norm_topk_prob=false), as megatron keeps it
+TINY["glm4_moe_top1"] = ("Glm4MoeConfig", {**TINY["glm4_moe"][1], "num_experts_per_tok": 1, "norm_topk_prob": False})
 MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe_dense0", "glm4_moe", "deepseek_v3")
 
 
