@@ -12,7 +12,8 @@ router and expert biases and clamped GLU in :mod:`megarl.models.gpt_oss`).
   softmax over the k (= softmax, top-k, renormalise); ``True`` is softmax then top-k.
   GLM-4.5 / DeepSeek-V3 / Hy3: sigmoid scores, top-k of ``scores + e_score_correction_bias`` (megatron's expert
   bias, loaded and exported as a buffer, frozen: ``moe_router_bias_update_rate=0``, as HF and
-  vLLM never change it), weights renormalised and scaled by ``routed_scaling_factor`` (Hy3:
+  vLLM never change it), weights renormalised (megatron: only for top-k > 1, so HF's renormalised
+  top-1 is refused) and scaled by ``routed_scaling_factor`` (Hy3:
   ``router_scaling_factor``); routing
   groups (``n_group`` / ``topk_group``) where megatron's group score (sum of the top
   ``topk / topk_group`` scores of a group) is HF's (sum of the top 2).
@@ -104,6 +105,12 @@ def check_moe_supported(hf_config) -> None:
         if topk > 1 and not getattr(hf_config, "norm_topk_prob", True):
             raise ValueError(f"{model_type} norm_topk_prob=false is not supported (megatron's sigmoid router "
                              "renormalises the top-k weights)")
+        if topk == 1 and getattr(hf_config, "norm_topk_prob", True):
+            # megatron-core 0.19.2 (moe_utils.topk_routing_with_score_function) renormalises only when topk > 1
+            raise ValueError(f"{model_type} num_experts_per_tok=1 with norm_topk_prob=true is not supported (HF "
+                             "renormalises the one routed weight to 1, megatron's sigmoid router keeps its score and "
+                             "has no setting to renormalise it); megarl runs this family with num_experts_per_tok >= 2, "
+                             "or 1 with norm_topk_prob=false where the model was trained so")
         if groups > 1 and topk // group_topk != 2:
             raise ValueError(f"{model_type} n_group={groups} with num_experts_per_tok / topk_group != 2 is not "
                              "supported (HF scores a group by its top-2 experts, megatron by its top "

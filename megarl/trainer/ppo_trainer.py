@@ -461,7 +461,7 @@ class RayPPOTrainer:
         """The checkpoint to resume and its trainer state, checked before any worker starts: files
         against their checksums (auto falls back past a damaged one), nothing that could run code
         when unpickled, and the stored config against this run's (changes that cannot apply are
-        refused, the others listed), one of the other data-parallel wrapper (Megatron-FSDP / DDP) too. ``below``: a step before this one
+        refused, the others listed), one of the other data-parallel wrapper (Megatron-FSDP / DDP), or FSDP's at another layout, too. ``below``: a step before this one
         (the one that failed to load)."""
         t = self.cfg.trainer
         components = ("actor", "critic") if self.use_critic else ("actor",)

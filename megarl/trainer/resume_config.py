@@ -13,6 +13,8 @@ which older checkpoints also stored, has no effect to report):
   or another layout (TP/PP/VPP/CP/EP) for a distributed-optimizer state saved ``dp_reshardable``
   (the workers refuse both when loading, megarl.workers.megatron.checkpoint; decided here, before
   they start, so the verdict printed is the one enforced);
+* refused by ``refuse_fsdp_resume`` (run first, also without a stored config): another
+  ``megatron.use_megatron_fsdp``, and a Megatron-FSDP checkpoint's weights at another layout;
 * the lr schedule (``optim.lr``, warmup, decay, ``weight_decay``, ...): applied when
   ``optim.use_checkpoint_opt_param_scheduler=false`` (verl's default), kept from the
   checkpoint when true — said either way;
@@ -171,23 +173,46 @@ def refuse_fsdp_resume(record: dict[str, Any] | None, cfg: MegaRLConfig, use_cri
     """Refuse ``ckpt`` when a trained role's data-parallel wrapper (``megatron.use_megatron_fsdp``) differs
     from the one it was saved with (``record``: its run_record; None, or a config without the key: written
     before Megatron-FSDP existed, so DDP): DDP's dist checkpoint and FSDP's DTensor shards do not load into
-    each other. Before any worker starts, not deep in the load (the workers refuse it too)."""
+    each other; and a Megatron-FSDP checkpoint whose weights are loaded (``checkpoint.load_contents`` has
+    model or optimizer) at another TP/PP/VPP/CP/EP layout: its DTensor shards load only at the layout that
+    wrote them (DDP's dist checkpoint reshards). Before any worker starts, not deep in the load (the workers
+    refuse both too, megarl.workers.megatron.checkpoint)."""
     saved = _flatten(record["config"]) if record is not None else {}
-    trained = [("actor_rollout_ref.actor.megatron", cfg.actor_rollout_ref.actor.megatron)]
-    trained += [("critic.megatron", cfg.critic.megatron)] if use_critic else []
+    trained = [("actor_rollout_ref.actor", cfg.actor_rollout_ref.actor)]
+    trained += [("critic", cfg.critic)] if use_critic else []
     issues = []
-    for section, megatron in trained:
-        key = f"{section}.use_megatron_fsdp"
+    for role, section in trained:
+        key = f"{role}.megatron.use_megatron_fsdp"
         was = bool(saved.get(key, False))
-        if was != megatron.use_megatron_fsdp:
+        if was != section.megatron.use_megatron_fsdp:
             wrapper = lambda fsdp: "Megatron-FSDP's DTensor shards" if fsdp else "megatron DDP's dist checkpoint"  # noqa: E731
-            issues.append(Issue(key, megatron.use_megatron_fsdp, (
+            issues.append(Issue(key, section.megatron.use_megatron_fsdp, (
                 f"differs from the checkpoint {ckpt} (it was {str(was).lower()}: {wrapper(was)}), which this run "
-                f"({wrapper(megatron.use_megatron_fsdp)}) cannot load"),
+                f"({wrapper(section.megatron.use_megatron_fsdp)}) cannot load"),
                 f"set {key}={str(was).lower()} to continue that run, or set trainer.resume_mode=disable (start over), "
                 "or another trainer.default_local_dir"))
+        elif was and (role == ROLES[0] or record["critic"]) and {"model", "optimizer"} & set(section.checkpoint.load_contents):
+            issues += _fsdp_layout_refusal(saved, role, section.megatron, ckpt)
     if issues:
         raise ConfigError(issues)
+
+
+def _fsdp_layout_refusal(saved: dict[str, Any], role: str, megatron: Any, ckpt: str) -> list[Issue]:
+    """The layout keys of ``role`` (``megatron``: its typed section) that differ from the Megatron-FSDP
+    checkpoint's (``saved``: its flattened config); unset VPP is 1, as the workers count it."""
+    old = {k: saved.get(f"{role}.megatron.{k}") or 1 for k in LAYOUT}
+    new = {k: getattr(megatron, k) or 1 for k in LAYOUT}
+    changed = [k for k in LAYOUT if old[k] != new[k]]
+    if not changed:
+        return []
+    first = f"{role}.megatron.{changed[0]}"
+    return [Issue(first, new[changed[0]], (
+        f"differs from the checkpoint {ckpt}, written with Megatron-FSDP at another layout ("
+        + ", ".join(f"{role}.megatron.{k}: {old[k]} -> {new[k]}" for k in changed)
+        + "): its DTensor shards load only at the TP/PP/VPP/CP/EP layout that wrote them"),
+        "set " + " ".join(f"{role}.megatron.{k}={old[k]}" for k in changed) + " to continue that run, or set "
+        f"trainer.resume_mode=disable (start over), or another trainer.default_local_dir (or leave model and "
+        f"optimizer out of {role}.checkpoint.load_contents)")]
 
 
 def check_resume_config(record: dict[str, Any], cfg: MegaRLConfig, use_critic: bool, ckpt: str) -> list[str]:

@@ -117,6 +117,8 @@ TINY = {
              route_norm=True, qk_norm=True),
     ),
 }
+# GLM-4.5 with top-1 routing, its one sigmoid score kept (norm_topk_prob=false), as megatron keeps it
+TINY["glm4_moe_top1"] = ("Glm4MoeConfig", {**TINY["glm4_moe"][1], "num_experts_per_tok": 1, "norm_topk_prob": False})
 MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe_dense0", "glm4_moe", "deepseek_v3")
 
 

@@ -69,6 +69,9 @@ def test_deepseek_v3_scope_is_refused_naming_the_field():
     (lambda: transformers.Qwen3MoeConfig(num_hidden_layers=2, mlp_only_layers=[0, 1]), "no MoE layer"),
     (lambda: transformers.Glm4MoeConfig(norm_topk_prob=False), "norm_topk_prob"),
     (lambda: transformers.Glm4MoeConfig(n_group=4, topk_group=2, num_experts_per_tok=8), "topk_group"),
+    # HF renormalises the single routed weight to 1, megatron keeps its score (log-probs differ by ~2e-2)
+    (lambda: transformers.Glm4MoeConfig(num_experts_per_tok=1, n_group=1, topk_group=1), "num_experts_per_tok=1 with norm"),
+    (lambda: transformers.DeepseekV3Config(num_experts_per_tok=1, n_group=1, topk_group=1), "num_experts_per_tok=1 with norm"),
 ])
 def test_moe_features_megarl_cannot_honour_are_refused(config, match):
     with pytest.raises(ValueError, match=match):
@@ -109,3 +112,16 @@ def test_moe_fields_follow_the_hf_config():
     assert glm["moe_router_enable_expert_bias"] and glm["moe_router_bias_update_rate"] == 0.0
     assert (glm["moe_router_num_groups"], glm["moe_router_group_topk"]) == (4, 4)
     assert glm["moe_shared_expert_intermediate_size"] == 32
+
+
+def test_top1_routing_is_judged_on_the_raw_config_json():
+    """The preflight reads config.json as written: no norm_topk_prob means HF's default (true), refused; top-1
+    with norm_topk_prob=false keeps the single score in HF as in megatron, accepted."""
+    import types
+
+    from megarl.models.config import unsupported_reason
+
+    raw = {k: v for k, v in transformers.Glm4MoeConfig(num_experts_per_tok=1, n_group=1, topk_group=1).to_dict().items()
+           if k != "norm_topk_prob"}
+    assert "num_experts_per_tok=1 with norm_topk_prob=true" in unsupported_reason(types.SimpleNamespace(**raw))
+    assert unsupported_reason(types.SimpleNamespace(**raw, norm_topk_prob=False)) is None

@@ -109,3 +109,13 @@ def test_logprobs_and_roundtrip(layout, hf_dirs):
         assert all(r[index]["experts"] in ([], ["SequentialMLP"]) for r in per_rank)
         if case["grad"]:
             _check_grads(case["hf_dir"], case["batch"], [r[index]["grads"] for r in per_rank])
+
+
+@pytest.mark.slow
+def test_top1_sigmoid_routing_without_renormalisation(tmp_path):
+    """GLM-4.5 top-1 with norm_topk_prob=false (the top-1 case megarl accepts; with true HF renormalises the weight
+    to 1 and megatron does not: refused, test_config_errors) equals HF's log-probs."""
+    hf_dir = make_tiny_hf("glm4_moe_top1", str(tmp_path), num_layers=2)
+    case = {"hf_dir": hf_dir, "batch": padded_batch(96), "packed": False, "grad": False}
+    per_rank = run_distributed(convert_and_forward, 1, {}, [case], timeout=240)
+    assert_matches_hf(hf_dir, case["batch"], [r[0] for r in per_rank], packed=False)

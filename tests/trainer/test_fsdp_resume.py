@@ -2,7 +2,8 @@
 (`megatron.use_megatron_fsdp`, stored in its run_config.json): a Megatron-FSDP run finding a DDP
 checkpoint (or one written before the run config was stored: DDP), or a DDP run finding an FSDP one,
 is refused when the trainer chooses what to resume, before Ray or any worker starts, naming the key,
-the folder and the fixes; the same wrapper resumes."""
+the folder and the fixes; the same wrapper resumes. A Megatron-FSDP checkpoint's weights resume only at the
+TP/PP/VPP/CP/EP layout that wrote them (refused there too, naming the keys that changed); DDP's reshard."""
 
 from __future__ import annotations
 
@@ -82,3 +83,42 @@ def test_the_same_wrapper_resumes(tmp_path):
 
 def test_fsdp_run_with_an_empty_folder_starts(tmp_path):
     assert _plan_resume(tmp_path / "empty", f"{ACTOR_FSDP}=true") == (None, None)
+
+
+ACTOR = "actor_rollout_ref.actor.megatron"
+
+
+@pytest.mark.parametrize("changed", [
+    {"tensor_model_parallel_size": 2},
+    {"pipeline_model_parallel_size": 2, "virtual_pipeline_model_parallel_size": 2},
+    {"context_parallel_size": 2, "expert_model_parallel_size": 2},
+])
+@pytest.mark.parametrize("contents", ["[model]", "[model,optimizer,extra]"])
+def test_fsdp_checkpoint_at_another_layout_is_refused(tmp_path, changed, contents):
+    """Refused here, not by the workers once loading (megarl.workers.megatron.checkpoint._check_fsdp_layout)."""
+    _save(tmp_path, 3, f"{ACTOR_FSDP}=true")
+    message = _refusal(tmp_path, f"{ACTOR_FSDP}=true", f"actor_rollout_ref.actor.checkpoint.load_contents={contents}",
+                       *(f"{ACTOR}.{k}={v}" for k, v in changed.items()))
+    assert str(tmp_path / "global_step_3") in message, message
+    for key in changed:
+        assert f"{ACTOR}.{key}: 1 -> 2" in message and f"{ACTOR}.{key}=1" in message, message
+    for fix in ("trainer.resume_mode=disable", "trainer.default_local_dir"):
+        assert fix in message, (fix, message)
+
+
+def test_fsdp_checkpoint_resumes_at_its_own_layout(tmp_path):
+    layout = (f"{ACTOR}.tensor_model_parallel_size=2", f"{ACTOR}.pipeline_model_parallel_size=2")
+    _save(tmp_path, 3, f"{ACTOR_FSDP}=true", *layout)
+    path, state = _plan_resume(tmp_path, f"{ACTOR_FSDP}=true", *layout)
+    assert path == tmp_path / "global_step_3" and state["global_step"] == 3
+    # without model and optimizer among load_contents the workers load no shards: nothing to refuse
+    path, _ = _plan_resume(tmp_path, f"{ACTOR_FSDP}=true", "actor_rollout_ref.actor.checkpoint.load_contents=[extra]")
+    assert path == tmp_path / "global_step_3"
+
+
+def test_ddp_checkpoint_at_another_layout_resumes(tmp_path):
+    """DDP's dist checkpoint reshards (its optimizer state too when saved fully_reshardable): a new TP resumes."""
+    reshardable = f"{ACTOR}.dist_ckpt_optim_fully_reshardable=true"
+    _save(tmp_path, 3, reshardable)
+    path, _ = _plan_resume(tmp_path, reshardable, f"{ACTOR}.tensor_model_parallel_size=2")
+    assert path == tmp_path / "global_step_3"

@@ -10,7 +10,8 @@ plus `common.pt` (rank 0): megarl's metadata, the lr scheduler, and the RNG stat
 
 It loads only into a Megatron-FSDP model at the same TP/PP/VPP/CP/EP layout: Megatron-LM reshards
 TP only through its SwiGLU / expert rewrites (`handle_swiglu_in_state_dict`), which megarl does not
-apply; the caller refuses another layout (megarl.workers.megatron.checkpoint).
+apply; the caller refuses another layout (megarl.workers.megatron.checkpoint), as the trainer does
+before Ray starts (megarl.trainer.resume_config.refuse_fsdp_resume).
 """
 
 from __future__ import annotations
