@@ -31,9 +31,9 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
+from megarl.models.data_parallel import is_fsdp, unsharded_params
 from megarl.models.lora import merged_weights
 from megarl.utils.fault_points import rank_pause_point
-from megarl.workers.megatron.data_parallel import is_fsdp, unsharded_params
 from megarl.weight_sync.direct import ActorShards, DirectTargets, direct_targets
 from megarl.weight_sync.plan import plan_for_model
 from megarl.weight_sync.transport import SyncStats, stream_in_process

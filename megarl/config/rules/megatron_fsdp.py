@@ -1,4 +1,4 @@
-"""Megatron-FSDP (`megatron.use_megatron_fsdp`, megarl.workers.megatron.data_parallel): what megarl's
+"""Megatron-FSDP (`megatron.use_megatron_fsdp`, megarl.models.data_parallel): what megarl's
 FSDP path does not cover yet is refused by key. Its parameters live as DTensor shards, which megarl's
 offload (moves DDP's buffers) and LoRA (adapters on DDP's parameters) do not read. Checkpoints are
 written in Megatron-FSDP's own DTensor format (megarl.workers.megatron.fsdp_checkpoint); resuming one

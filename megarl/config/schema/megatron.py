@@ -51,7 +51,7 @@ class MegatronTrainConfig(MegatronInferConfig):
     # distrib_optim_sharding_type, as verl): false = dp_reshardable, true = fully_reshardable
     dist_ckpt_optim_fully_reshardable: bool = spec()
     distrib_optim_fully_reshardable_mem_efficient: bool = spec()
-    use_megatron_fsdp: bool = spec()  # Megatron-FSDP instead of DDP (megarl.workers.megatron.data_parallel)
+    use_megatron_fsdp: bool = spec()  # Megatron-FSDP instead of DDP (megarl.models.data_parallel)
 
 
 @dataclass

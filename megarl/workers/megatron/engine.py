@@ -34,7 +34,7 @@ from megarl.parallel import init_distributed
 from megarl.parallel.dynamic_batch import fixed_size_partitions, partition_by_token_budget, restore_order
 from megarl.workers.megatron.inputs import build_inputs, valid_length
 from megarl.models.moe_config import moe_layers, num_experts
-from megarl.workers.megatron.data_parallel import is_fsdp, unsharded_params, wrap_data_parallel
+from megarl.models.data_parallel import is_fsdp, unsharded_params, wrap_data_parallel
 from megarl.workers.megatron.optim import build_optimizer, build_scheduler, grad_reduce_in_fp32
 from megarl.workers.megatron.moe_health import MoEHealth
 from megarl.workers.megatron.router_replay import REPLAY, RoutingReplay, check_routes
