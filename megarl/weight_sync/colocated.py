@@ -160,15 +160,16 @@ class ColocatedSync:
         self.plan = plan_for_model(engine.hf_config, engine.unwrapped_chunks()[0].config, model_path,
                                    world_size=dist.get_world_size(), rollout_tp=rollout_tp,
                                    bucket_size_bytes=bucket_size_bytes, dtype=dtype, experts=self.experts)
-        self.direct, why = choose_path(actor, rollout, self.plan, rollout_tp)
+        if is_fsdp(engine.chunks):  # the same on every rank: no rank enters choose_path's collective
+            # Megatron-FSDP gathers its parameters into buffers it frees: no views to keep
+            self.direct, why = None, "Megatron-FSDP's parameters are gathered over DP for each sync"
+        else:
+            self.direct, why = choose_path(actor, rollout, self.plan, rollout_tp)
         if self.experts is not None:
             self.direct = None  # MoE: vLLM's fused expert parameters load through its own loaders
             why = f"the dense tensors and this rank's {len(self.experts)} experts, each from its own parameters"
         elif experts_why and vllm_local_experts(rollout.model()) is not None:
             why = f"every expert to every rank, vLLM keeps its own: {experts_why}"
-        if self.direct is not None and is_fsdp(engine.chunks):
-            self.direct = None  # Megatron-FSDP gathers its parameters into buffers it frees: no views to keep
-            why = "Megatron-FSDP's parameters are gathered over DP for each sync"
         self.path = ("shard to shard into vLLM's parameters" if self.direct is not None and self.direct.local else
                      "gathered into vLLM's parameters" if self.direct is not None else f"reload_weights ({why})")
         self.weights_version = 0  # bumped whenever the actor's weights change

@@ -38,12 +38,12 @@ from omegaconf import OmegaConf
 
 from megarl.compat.megatron_core.checkpoint_write import keep_write_errors
 from megarl.models import save_hf_checkpoint, save_hf_config, unwrap_chunk
+from megarl.models.data_parallel import is_fsdp
 from megarl.models.lora import ADAPTER_KEY, adapters, merged_weights
 from megarl.utils.checksums import digest_files, list_files, write_manifest
-from megarl.models.data_parallel import is_fsdp
+from megarl.utils.storage import raise_if_storage_error
 from megarl.workers.megatron.fsdp_checkpoint import FSDP_DIR, load_fsdp, read_common, rng_state_of_this_rank, save_fsdp
 from megarl.workers.megatron.fsdp_checkpoint import OPTIMIZER_FORMAT as FSDP_OPTIMIZER_FORMAT
-from megarl.utils.storage import raise_if_storage_error
 
 __all__ = ["save_checkpoint", "load_checkpoint", "load_model_only"]
 
