@@ -31,7 +31,7 @@
 #               update's activations on pipeline stage 0 (its peak less the parameters, gradients, optimizer state and
 #               reference the plan lists) against the plan's 52.3 GiB, the term that puts verl's 8-GPU layout at 81.0 GiB
 #               (issue 34). With 4 GPUs DP=1 leaves the optimizer state unsharded: 92.5 GiB, so run it on nvidia-h200-x4
-#   oom_update  issue 37: 2 GPUs, the 7B TP=2 run (model7b first) with an update micro-batch of 64 x ~1,088 tokens the
+#   oom_update  issue 37: 2 GPUs, the 7B TP=2 run (FAULT_MODEL, /tmp/q7b: model7b first) with an update micro-batch of 64 x ~1,088 tokens the
 #               plan says cannot fit, started anyway (trainer.memory_plan.enforce=false): it must end with exit 7 naming
 #               phase update_actor, the rank, the GPU's memory by pool and the keys to change, and leave no process on
 #               the GPUs. (The 0.5B shape cannot show it: its random policy stops after ~60 tokens, and the update fits.)
@@ -208,7 +208,7 @@ for step in "$@"; do
              echo rc $?; du -sh /tmp/q8b ;;
     e2e8b_verl) plan_e2e e2e8b_verl /tmp/q8b 4 "${VERL8B[@]}"
              run_e2e e2e8b_verl /tmp/q8b 4 540 "${VERL8B[@]}" ;;
-    oom_update) run_e2e oom_update /tmp/q7b 2 420 "${OOM7B[@]}"
+    oom_update) run_e2e oom_update "${FAULT_MODEL:-/tmp/q7b}" 2 420 "${OOM7B[@]}"
              grep -A4 "the run failed" "$OUT/oom_update.log"; nvidia-smi --query-compute-apps=pid,used_memory --format=csv ;;
     model30b) [ -f /tmp/q30b/config.json ] || timeout 420 python3 benchmarks/grpo_model_dir.py /tmp/q30b --30b \
                --layers "${MOE30B_LAYERS:-24}" > "$OUT/model30b.log" 2>&1
