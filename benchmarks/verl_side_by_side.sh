@@ -8,6 +8,7 @@
 #   carry [".gpuverl"]   command: bash .gpuverl/run_verl.sh            (FSDP backend, 0.5B, 1 GPU)
 #                                 bash .gpuverl/run_verl.sh megatron   (verl's Megatron backend, mbridge + TE, 0.5B)
 #                                 bash .gpuverl/run_verl.sh megatron7b (Megatron backend, 7B, 2 GPUs: gpu_scale.sh verl7b_tp2)
+#   bash .gpuverl/run_verl.sh --unpack    (unpacks the part into /tmp/verl_site, nothing else: a queue's staging call)
 #   bash .gpuverl/run_verl.sh --print-overrides megatron7b   (prints the Hydra overrides, one per line; no run)
 #   env: VERL_TIMEOUT (s, split over the backends), VERL_RAY_CPUS (32), VERL_WATCHDOG_S (240), VERL_USE_V1 (true),
 #        VERL_EXTRA_OVERRIDES (Hydra overrides appended; one naming a workload key replaces its value)
@@ -124,6 +125,9 @@ fi
 # through getattr); the same getattr here, idempotent.
 sed -i 's/== ModelType\.encoder_and_decoder:/== getattr(ModelType, "encoder_and_decoder", None):/' \
   /tmp/verl_site/mbridge/core/util.py
+# --unpack: only the above, in the call that carries .gpuverl (a later call's copy of the tree drops it, so a queue
+# started in that call finds the part gone by the time its verl step runs)
+[ "${BACKENDS[0]}" = --unpack ] && { say "unpacked into /tmp/verl_site"; exit 0; }
 python3 -c "import verl, vllm, ray, torch, transfer_queue, megatron.core as m; print('verl', verl.__version__, 'vllm', vllm.__version__, 'ray', ray.__version__, 'torch', torch.__version__, 'mcore', m.__version__)" 2>&1 | tail -1
 say "unpacked"
 
