@@ -47,15 +47,20 @@ def _vllm_pool_by_tag() -> dict[str, int]:
 
 def oom_report() -> str:
     """One line on this GPU's memory when an allocation failed: the device (every process), this
-    process's torch allocator (Megatron's tensors) and vLLM's pool by tag."""
+    process's torch allocator (Megatron's tensors: now, and the peak since the last phase report, which
+    the failed phase's freed tensors still show) and vLLM's pool by tag. torch counts vLLM's pool in its
+    allocated and reserved figures even while it sleeps unmapped, so both are given without it."""
     if not torch.cuda.is_available():
         return "memory: no CUDA device in this process"
     free, total = torch.cuda.mem_get_info()
     pool = _vllm_pool_by_tag()
+    pool_bytes = sum(pool.values())
     vllm = ", ".join(f"{tag} {size / GIB:.1f}" for tag, size in sorted(pool.items())) or "none"
+    allocated, peak, reserved = (torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated(),
+                                 torch.cuda.memory_reserved())
     return (f"memory (GiB): GPU {(total - free) / GIB:.1f} of {total / GIB:.1f} in use (every process); this process: "
-            f"torch allocated {(torch.cuda.memory_allocated() - sum(pool.values())) / GIB:.1f} and reserved "
-            f"{torch.cuda.memory_reserved() / GIB:.1f} beside vLLM's pool (allocated through torch, mapped or asleep: {vllm})")
+            f"torch allocated {(allocated - pool_bytes) / GIB:.1f} (peak {(peak - pool_bytes) / GIB:.1f} in this phase), "
+            f"reserved {(reserved - pool_bytes) / GIB:.1f}, beside vLLM's pool (mapped or asleep: {vllm})")
 
 
 def phase_memory(phase: str) -> dict[str, float]:

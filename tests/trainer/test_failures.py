@@ -196,3 +196,31 @@ def test_oom_report_reads_vllms_pool_by_tag_as_vllm_counts_it(monkeypatch):
     fake = SimpleNamespace(CuMemAllocator=SimpleNamespace(instance=SimpleNamespace(pointer_to_data=data)))
     monkeypatch.setitem(sys.modules, "vllm.device_allocator.cumem", fake)
     assert gpu_memory._vllm_pool_by_tag() == {"weights": 8 * gib, "kv_cache": 30 * gib}
+
+
+def test_oom_report_leaves_vllms_sleeping_pool_out_of_torchs_figures(monkeypatch):
+    """The 7B OOM of 2026-11-27 (H200): torch counted vLLM's 69.5 GiB pool (asleep, unmapped) in allocated
+    and reserved, so the report said 'reserved 169.7' on a 139.8 GiB card. Each of torch's figures is given
+    without the pool: allocated 169.3 - 69.5, reserved 169.7 - 69.5, and the phase's peak (torch's own message
+    said 205.0 allocated when it failed) 205.0 - 69.5."""
+    import sys
+    from types import SimpleNamespace
+
+    import torch
+
+    from megarl.utils import gpu_memory
+
+    gib = 2**30
+    data = {1: SimpleNamespace(tag="weights", handle=(0, int(7.4 * gib))),
+            2: SimpleNamespace(tag="kv_cache", handle=(0, int(62.1 * gib)))}
+    fake = SimpleNamespace(CuMemAllocator=SimpleNamespace(instance=SimpleNamespace(pointer_to_data=data)))
+    monkeypatch.setitem(sys.modules, "vllm.device_allocator.cumem", fake)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (int(1.2 * gib), int(139.8 * gib)))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: int(169.3 * gib))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: int(205.0 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: int(169.7 * gib))
+    line = gpu_memory.oom_report()
+    assert "GPU 138.6 of 139.8" in line
+    assert "torch allocated 99.8 (peak 135.5 in this phase), reserved 100.2," in line, line
+    assert "kv_cache 62.1, weights 7.4" in line
