@@ -44,6 +44,7 @@ try:  # torch >= 2.10: flash attention over packed (thd) sequences, CUDA only
     )
 except ImportError:  # pragma: no cover - older torch
     _varlen_attn, _VARLEN_CAUSAL = None, {}
+_VARLEN_DTYPES = (torch.float16, torch.bfloat16)  # flash attention's; fp32 raises inside it
 
 
 class SDPACoreAttention(MegatronModule):
@@ -151,8 +152,9 @@ class SDPACoreAttention(MegatronModule):
         O(T^2) over a whole packed batch). Returns ``[sq, b, np * hn]`` or None.
 
         * no padding mask, sq == sk: SDPA ``is_causal`` (cuDNN / flash backend), GQA native;
-        * packed thd on CUDA: ``torch.nn.attention.varlen.varlen_attn`` with a causal
-          window over each sequence (KV heads repeated: its GQA support varies by torch).
+        * packed thd on CUDA in fp16 / bf16: ``torch.nn.attention.varlen.varlen_attn`` with a causal
+          window over each sequence (KV heads repeated: its GQA support varies by torch); it is flash
+          attention, which refuses fp32 (an fp32 model takes the masked path).
         A sliding-window or sink layer takes the masked path (SDPA has no window or sink argument).
         """
         if self.window is not None or self.softmax_offset is not None:
@@ -161,7 +163,8 @@ class SDPACoreAttention(MegatronModule):
         sq, b, num_heads, _ = query.shape
         sk, _, num_groups, _ = key.shape
         if packed_params is not None:
-            if _varlen_attn is None or not query.is_cuda or dropout > 0.0 or sq != sk:
+            if (_varlen_attn is None or not query.is_cuda or dropout > 0.0 or sq != sk
+                    or query.dtype not in _VARLEN_DTYPES):
                 return None
             cu_q = packed_params.cu_seqlens_q_padded
             cu_q = cu_q if cu_q is not None else packed_params.cu_seqlens_q
