@@ -281,7 +281,8 @@ def hf_to_transformer_config(
         if kwargs["expert_tensor_parallel_size"] > 1:
             raise ValueError("gpt_oss's experts have biases, which Megatron-Core supports at expert tensor parallel "
                              "size 1 only; set megatron.expert_tensor_parallel_size=1")
-        kwargs.update(gpt_oss_transformer_kwargs(hf_config, on_cpu=on_cpu))
+        kwargs.update(gpt_oss_transformer_kwargs(
+            hf_config, on_cpu=on_cpu, grouped_gemm=bool(overrides.get("moe_grouped_gemm", kwargs["moe_grouped_gemm"]))))
     kwargs.update(overrides)
     if model_type in MLA_MODEL_TYPES:
         return MLATransformerConfig(**kwargs)

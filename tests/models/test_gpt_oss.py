@@ -98,19 +98,45 @@ def test_config_equals_megatron_bridge_provider():
     assert ours["window"][:2] == [(127, 0), False] and ours["softmax_type"] == "learnable"
 
 
+def test_megatron_fused_clamped_geglu_clamps_before_the_bias():
+    """Why SequentialMLP experts run GPT-OSS's activation unfused on CUDA (megarl.models.gpt_oss): megatron-core's
+    fused bias + clamped quick-GEGLU clamps its input and then adds the bias, where HF clamps gate_up + bias.
+    When this fails megatron has changed the kernel: bias_activation_fusion can follow grouped_gemm no more."""
+    import torch
+    from megatron.core.fusions.fused_bias_geglu import weighted_bias_quick_geglu_impl
+
+    gen = torch.Generator().manual_seed(0)
+    x, bias, probs = torch.randn(5, 8, generator=gen) * 6, torch.randn(8, generator=gen) * 3, torch.rand(5, 1, generator=gen)
+
+    def act(y):  # quick-GELU GLU with the + 1 offset, weighted per token
+        gate, up = y.chunk(2, -1)
+        return gate * torch.sigmoid(1.702 * gate) * (up + 1) * probs
+
+    def clamp(y):  # gate halves at most 7, up halves within +-7
+        gate, up = y.chunk(2, -1)
+        return torch.cat([gate.clamp(max=7.0), up.clamp(-7.0, 7.0)], -1)
+
+    fused = weighted_bias_quick_geglu_impl(x, bias, probs, False, 1.0, 7.0)
+    assert (fused - act(clamp(x + bias))).abs().max() > 1.0  # not HF's (GptOssExperts: clamp(gate_up + bias))
+    torch.testing.assert_close(fused, act(clamp(x) + bias))
+
+
 @pytest.mark.gpu
-def test_transformer_engine_spec_matches_hf(gpt_oss_dir):
-    """One GPU with transformer-engine (its attention with learnable softmax offsets, grouped experts with
-    biases): packed rows (TE's spec takes no padding mask) against HF's fp32 forward within
-    tests/models/test_gpu_moe.py's tolerance, export bitwise."""
+@pytest.mark.parametrize("grouped", [True, False], ids=["grouped_experts", "sequential_experts"])
+def test_transformer_engine_spec_matches_hf(gpt_oss_dir, grouped):
+    """One GPU with transformer-engine (its attention with learnable softmax offsets, experts with biases,
+    grouped: TEGroupedMLP, or one MLP each: SequentialMLP, which takes the activation unfused): packed rows
+    (TE's spec takes no padding mask) against HF's fp32 forward within tests/models/test_gpu_moe.py's
+    tolerance, export bitwise."""
     import torch
     from hf_tiny import hf_token_log_probs
     from safetensors.torch import load_file
 
     pytest.importorskip("transformer_engine")
     case = {"hf_dir": gpt_oss_dir, "batch": padded_batch(96), "packed": True}
-    res = run_distributed(convert_and_forward, 1, {}, [case], "cuda", timeout=300)[0][0]
-    assert res["experts"] == ["TEGroupedMLP"]
+    cfg = {} if grouped else {"override_transformer_config": {"moe_grouped_gemm": False}}
+    res = run_distributed(convert_and_forward, 1, cfg, [case], "cuda", timeout=300)[0][0]
+    assert res["experts"] == ["TEGroupedMLP" if grouped else "SequentialMLP"]
     input_ids, attention_mask, position_ids = case["batch"]
     expected = hf_token_log_probs(gpt_oss_dir, input_ids, attention_mask, position_ids)
     valid = (attention_mask[:, :-1] * attention_mask[:, 1:]).bool()
