@@ -196,14 +196,16 @@ for step in "$@"; do
     tests)   # the files not yet seen green on the stack first, each in its own pytest, so its tracebacks print even when
              # a later file hangs; --timeout-method=thread dumps every thread's stack at a hang inside C (a CUDA or NCCL
              # call, where the signal method never fires) and ends that pytest
-             for f in tests/models/test_qwen_hybrid.py tests/models/test_gpt_oss.py tests/models/test_gpu_moe.py; do
+             for f in tests/models/test_qwen_hybrid.py tests/models/test_gpt_oss.py tests/models/test_gpu_moe.py \
+                      tests/gpu/test_gpu_paths.py; do
                name=$(basename "$f" .py)
-               timeout 300 python3 -m pytest -v --tb=long --timeout="${TEST_TIMEOUT:-150}" --timeout-method=thread -m gpu \
+               # pytest's limit above run_distributed's (300 s): the ranks' own stacks print at a hang
+               timeout 400 python3 -m pytest -v --tb=long --timeout=330 --timeout-method=thread -m gpu \
                  "$f" -rA -p no:cacheprovider > "$OUT/pytest_gpu.$name.log" 2>&1; echo "$name rc $?"
                grep -E "^(FAILED|ERROR)|Error|Timeout|passed|failed" "$OUT/pytest_gpu.$name.log" | tail -8
              done
              timeout "${TESTS_LIMIT:-420}" python3 -m pytest -v --tb=short --timeout="${TEST_TIMEOUT:-150}" -m gpu \
-               tests/gpu/test_te_spec.py tests/models/test_gpu.py tests/gpu/test_vllm_direct_sync.py tests/gpu/test_gpu_paths.py \
+               tests/gpu/test_te_spec.py tests/models/test_gpu.py tests/gpu/test_vllm_direct_sync.py \
                tests/gpu/test_offload_pinned.py -rA -p no:cacheprovider > "$OUT/pytest_gpu.log" 2>&1; echo rc $?
              grep -E "passed|failed|PASSED|FAILED|SKIPPED|Error" "$OUT/pytest_gpu.log" | tail -24 ;;
     model8b) [ -f /tmp/q8b/config.json ] || timeout 300 python3 benchmarks/grpo_model_dir.py /tmp/q8b --8b > "$OUT/model8b.log" 2>&1
