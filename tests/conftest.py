@@ -12,6 +12,17 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 if importlib.util.find_spec("flashinfer") is None:
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
 
+if importlib.util.find_spec("absl") is not None:
+    # absl's log handler (megatron-core imports absl) closes the stream it was made with when logging is
+    # reconfigured (Hydra's job logging in main_ppo.cli) unless that stream is the current sys.stderr; under
+    # pytest it is a capture buffer, and closing it broke every later test of the session. The real stderr
+    # is one it never closes.
+    import sys
+
+    import absl.logging
+
+    absl.logging.get_absl_handler().python_handler.stream = sys.__stderr__
+
 
 def pytest_collection_modifyitems(config, items):
     try:
