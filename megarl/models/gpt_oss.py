@@ -115,6 +115,8 @@ def gpt_oss_transformer_kwargs(hf_config, *, on_cpu: bool, grouped_gemm: bool) -
     """TransformerConfig fields of GPT-OSS (on top of megarl's Llama-like base and the MoE fields)."""
     from megatron.core.fusions.fused_bias_geglu import quick_gelu
 
+    from megarl.compat.megatron_core.clamped_geglu import fused_clamped_geglu_is_exact
+
     rope = _rope(hf_config)
     types = _layer_types(hf_config)
     kwargs: dict[str, Any] = dict(
@@ -126,11 +128,7 @@ def gpt_oss_transformer_kwargs(hf_config, *, on_cpu: bool, grouped_gemm: bool) -
         window_attn_skip_freq=[int(t == "sliding_attention") for t in types],
         # megatron's own quick_gelu on CUDA: its fused bias + clamped GEGLU kernel is chosen by identity
         activation_func=_eager_quick_gelu if on_cpu else quick_gelu,
-        # megatron-core 0.19's fused bias + clamped GEGLU (weighted_bias_quick_geglu_impl) clamps before it adds
-        # the bias; HF clamps gate_up + bias. TEGroupedMLP adds fc1's bias in its GEMM (no separate bias), so
-        # its fused path is HF's; SequentialMLP hands the bias over separately: unfused there (H200 2026-11-27:
-        # max |d| 0.019 vs HF with the fusion)
-        bias_activation_fusion=not on_cpu and grouped_gemm,
+        bias_activation_fusion=not on_cpu and fused_clamped_geglu_is_exact(grouped_gemm),
         activation_func_clamp_value=float(getattr(hf_config, "swiglu_limit", 7.0)),
         glu_linear_offset=1.0,
         apply_rope_fusion=False,  # TE's fused RoPE has no YaRN attention factor (mscale)

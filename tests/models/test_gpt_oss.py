@@ -99,8 +99,9 @@ def test_config_equals_megatron_bridge_provider():
 
 
 def test_megatron_fused_clamped_geglu_clamps_before_the_bias():
-    """Why SequentialMLP experts run GPT-OSS's activation unfused on CUDA (megarl.models.gpt_oss): megatron-core's
-    fused bias + clamped quick-GEGLU clamps its input and then adds the bias, where HF clamps gate_up + bias.
+    """Why SequentialMLP experts run GPT-OSS's activation unfused on CUDA (megarl.compat.megatron_core.clamped_geglu):
+    megatron-core's fused bias + clamped quick-GEGLU clamps its input and then adds the bias, where HF clamps
+    gate_up + bias.
     When this fails megatron has changed the kernel: bias_activation_fusion can follow grouped_gemm no more."""
     import torch
     from megatron.core.fusions.fused_bias_geglu import weighted_bias_quick_geglu_impl
