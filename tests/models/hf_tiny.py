@@ -116,6 +116,18 @@ TINY = {
              num_shared_experts=1, router_scaling_factor=2.826, first_k_dense_replace=1, expert_hidden_dim=32,
              route_norm=True, qk_norm=True),
     ),
+    # Nemotron-H: every block kind (Mamba-2, attention without rotary, squared-ReLU MLP, MoE with a shared expert and
+    # DeepSeek-V3's sigmoid routing, scaled), 8 Mamba heads in 2 groups, chunks of 4 (< the batch's 12 tokens: the
+    # scan carries its state across chunks); transformers' HF names, checkpoint names under backbone.
+    "nemotron_h": (
+        "NemotronHConfig",
+        dict(tie_word_embeddings=False, head_dim=16,
+             layers_block_type=["linear_attention", "full_attention", "mlp", "linear_attention", "moe"],
+             mamba_num_heads=8, mamba_head_dim=8, n_groups=2, ssm_state_size=16, conv_kernel=4, chunk_size=4,
+             n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+             moe_shared_expert_intermediate_size=48, routed_scaling_factor=2.5, n_group=1, topk_group=1,
+             norm_topk_prob=True),
+    ),
 }
 # GLM-4.5 with top-1 routing, its one sigmoid score kept (norm_topk_prob=false), as megatron keeps it
 TINY["glm4_moe_top1"] = ("Glm4MoeConfig", {**TINY["glm4_moe"][1], "num_experts_per_tok": 1, "norm_topk_prob": False})
@@ -148,6 +160,8 @@ def make_tiny_hf(name: str, out_dir: str, *, vocab_size: int = 96, num_layers: i
                 param.normal_(0, 0.1)
             elif pname.endswith("sinks"):
                 param.normal_(0, 1.0)
+            elif pname.endswith("mixer.D"):  # Mamba's skip weight per head
+                param.normal_(1.0, 0.5)
         for bname, buf in model.named_buffers():  # GLM-4.5's router bias (a buffer)
             if bname.endswith("e_score_correction_bias"):
                 buf.normal_(0, 0.1)

@@ -247,6 +247,22 @@ def hybrid_layer_types(hf: Mapping[str, Any]) -> list[str] | None:
     return None
 
 
+NEMOTRON_H_PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
+
+
+def nemotron_h_layer_kinds(hf: Mapping[str, Any]) -> list[str] | None:
+    """Each Nemotron-H layer's kind in a config.json: its ``layers_block_type``, else its
+    ``hybrid_override_pattern`` (one of :data:`NEMOTRON_H_PATTERN`'s characters per layer, as the released
+    checkpoints give it; transformers' reading); None when it gives neither or an unknown kind."""
+    if hf.get("layers_block_type"):
+        kinds = list(hf["layers_block_type"])
+    elif hf.get("hybrid_override_pattern"):
+        kinds = [NEMOTRON_H_PATTERN.get(c, c) for c in hf["hybrid_override_pattern"]]
+    else:
+        return None
+    return kinds if set(kinds) <= set(NEMOTRON_H_PATTERN.values()) else None
+
+
 def _has_linear_attention(hf: Mapping[str, Any]) -> bool:
     return "linear_attention" in (hybrid_layer_types(hf) or ())
 
