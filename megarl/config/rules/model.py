@@ -71,6 +71,10 @@ def megatron_shape(v: View, role: Role, hf: dict[str, Any]) -> Iterator[Issue]:
             f"or split unevenly with {m}.override_transformer_config.num_layers_in_first_pipeline_stage / "
             "num_layers_in_last_pipeline_stage / pipeline_model_parallel_layout",
         )
+    groups = hf.get("n_groups") if hf.get("model_type") == "nemotron_h" else None
+    if groups and groups % tp:  # megatron's MambaMixer splits its groups (and heads) over TP
+        yield Issue(f"{m}.tensor_model_parallel_size", tp, f"does not divide the Mamba layers' n_groups={groups} {where}",
+                    f"choose a TP size that divides {groups}")
     ep = v.get(f"{m}.expert_model_parallel_size")
     if ep > 1 and not experts:
         yield Issue(f"{m}.expert_model_parallel_size", ep, f"the model has no MoE experts {where}", f"set {m}.expert_model_parallel_size=1")
@@ -121,6 +125,7 @@ MOE_FIELDS = {
     "hy_v3": ("num_experts_per_tok", "moe_intermediate_size", "num_shared_experts"),
     "qwen3_next": ("num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size"),
     "qwen3_5_moe_text": ("num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size"),
+    "nemotron_h": ("num_experts_per_tok", "moe_intermediate_size", "moe_shared_expert_intermediate_size"),
 }
 
 
