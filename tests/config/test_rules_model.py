@@ -168,6 +168,7 @@ NEMOTRON_H = {"model_type": "nemotron_h", "architectures": ["NemotronHForCausalL
 
 def test_nemotron_h_is_accepted_and_what_megarl_does_not_build_is_refused_by_field(make):
     no_issues(make(hf=NEMOTRON_H))
+    no_issues(make(hf={**NEMOTRON_H, "num_hidden_layers": None}))  # transformers 5 saves it without: the pattern's
     no_issues(make(hf={**NEMOTRON_H, "hybrid_override_pattern": None,
                        "layers_block_type": ["linear_attention", "full_attention", "mlp", "moe"]}))
     issue_for(make(hf={**NEMOTRON_H, "hybrid_override_pattern": None}), P, "neither layers_block_type nor "

@@ -134,7 +134,11 @@ EXPECTED: dict[str, tuple[str, str | None, str]] = {
         f"data.continuous_token.* (verl 0.9.1 keys megarl's yaml lacks), then DeepSeek-V4: {_FAMILY}"),
     "verl/examples/grpo_trainer/run_hy_v3_megatron.sh": ("fits", None, ""),  # 59 GiB peak (generate) of 80
     "verl/examples/grpo_trainer/run_moonlight_16b_a3b_megatron.sh": ("fits", None, ""),
-    "verl/examples/grpo_trainer/run_nemotron_nano_v3_30b_a3b_megatron.sh": ("gap", _PATH, f"Nemotron-H: {_FAMILY}"),
+    "verl/examples/grpo_trainer/run_nemotron_nano_v3_30b_a3b_megatron.sh": (  # megarl builds Nemotron-H
+        "gap", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size",
+        "TP=8 over Nemotron-3-Nano's 2 KV heads: Megatron-Core 0.19 replicates KV heads when TP is a multiple of "
+        "them (transformer/attention.py:353), megarl splits KV groups over TP and refuses TP > KV heads; with "
+        "tensor_model_parallel_size=2 the script plans and fits (peak 63 GiB of 80, generate)"),
     "verl/examples/grpo_trainer/run_qwen2-7b_math_megatron_fsdp.sh": ("fits", None, ""),
     "verl/examples/grpo_trainer/run_qwen2_5_vl_7b_megatron.sh": ("vision", _PATH, "Qwen2.5-VL"),
     "verl/examples/grpo_trainer/run_qwen3_235b_a22b_megatron.sh": (

@@ -39,11 +39,18 @@ def read_hf_config(v: View, path_key: str, override_key: str | None) -> tuple[di
     return hf, None
 
 
+def _num_layers(hf: Mapping[str, Any]) -> int | None:
+    """Decoder layers: ``num_hidden_layers``; Nemotron-H's, the length of its layer pattern (transformers 5 saves
+    its config.json without num_hidden_layers)."""
+    kinds = nemotron_h_layer_kinds(hf) if hf.get("model_type") == "nemotron_h" else None
+    return len(kinds) if kinds else hf.get("num_hidden_layers")
+
+
 def _shape(hf: dict[str, Any]) -> tuple[int | None, int | None, int | None, int | None]:
     heads = hf.get("num_attention_heads")
     kv = hf.get("num_key_value_heads") or heads
     experts = next((hf[k] for k in _EXPERT_FIELDS if hf.get(k)), None)
-    return heads, kv, hf.get("num_hidden_layers"), experts
+    return heads, kv, _num_layers(hf), experts
 
 
 def megatron_shape(v: View, role: Role, hf: dict[str, Any]) -> Iterator[Issue]:
@@ -132,6 +139,8 @@ MOE_FIELDS = {
 def missing_fields(hf: dict[str, Any]) -> list[str]:
     """The config.json fields megarl builds a model from that `hf` lacks."""
     missing = [f for f in REQUIRED_FIELDS if not isinstance(hf.get(f), (int, str)) or isinstance(hf.get(f), bool)]
+    if "num_hidden_layers" in missing and _num_layers(hf):
+        missing.remove("num_hidden_layers")
     if hf.get("model_type") in MOE_FIELDS:
         missing += [f for f in MOE_FIELDS[hf["model_type"]] if not isinstance(hf.get(f), int)]
         if not any(isinstance(hf.get(f), int) for f in _EXPERT_FIELDS):
