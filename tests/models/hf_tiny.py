@@ -242,6 +242,8 @@ def checkpoint_named_grads(model) -> dict[str, torch.Tensor]:
     fused in memory (``mlp.experts.gate_up_proj`` ``[E, 2I, H]``, ``down_proj`` ``[E, H, I]``) and
     saves them per expert (Mixtral under ``block_sparse_moe`` as w1 / w3 / w2): split them so; Hy3's router and
     shared experts are renamed back to its checkpoint's names."""
+    if model.config.model_type == "nemotron_h":
+        return _nemotron_h_checkpoint_grads(model)
     block, gate_name, up_name, down_name = _CHECKPOINT_EXPERTS.get(model.config.model_type, _QWEN_EXPERTS)
     grads = {}
     for name, param in model.named_parameters():
@@ -260,5 +262,19 @@ def checkpoint_named_grads(model) -> dict[str, torch.Tensor]:
         else:
             for memory, checkpoint in _CHECKPOINT_RENAMES.get(model.config.model_type, ()):
                 name = name.replace(memory, checkpoint)
+            grads[name] = param.grad
+    return grads
+
+
+def _nemotron_h_checkpoint_grads(model) -> dict[str, torch.Tensor]:
+    """Nemotron-H's ``.grad`` under its checkpoint names: ``backbone.`` for ``model.``, its non-gated experts
+    (``mixer.experts.up_proj`` ``[E, I, H]``, ``down_proj`` ``[E, H, I]`` in memory) one tensor per expert."""
+    grads = {}
+    for name, param in model.named_parameters():
+        name = "backbone." + name.removeprefix("model.") if name.startswith("model.") else name
+        if name.endswith(("mixer.experts.up_proj", "mixer.experts.down_proj")):
+            prefix, proj = name.rsplit(".", 1)
+            grads.update({f"{prefix}.{e}.{proj}.weight": grad for e, grad in enumerate(param.grad)})
+        else:
             grads[name] = param.grad
     return grads

@@ -4,7 +4,8 @@ built in megatron-core from its HF config, against HF transformers.
 Log-probs equal HF's eager fp32 forward (atol 1e-5) on a batch whose rows have their padding after their tokens
 (megatron's MambaMixer takes no padding mask; megarl's workers lay rows out so), through megatron's pipeline schedule
 and packed as thd sequences (the Mamba kernels split at each sequence's start), at TP=1 and TP=2 (Mamba heads and
-groups, convolution channels, attention heads, MLP, shared and routed experts split); the HF -> megatron -> HF
+groups, convolution channels, attention heads, MLP, shared and routed experts split), with gradients equal to HF
+autograd's at TP=1 (through megarl's torch Mamba kernels: every Mamba parameter included); the HF -> megatron -> HF
 export is bitwise the safetensors (checkpoint names under ``backbone.``) on every rank. On CPU the Mamba kernels
 are megarl's torch ones (megarl.compat.megatron_core.mamba_torch).
 
@@ -22,6 +23,7 @@ import pytest
 from helpers.dist_utils import run_distributed
 from hf_tiny import assert_matches_hf, front_aligned, make_tiny_hf, padded_batch
 from mcore_body import convert_and_forward
+from test_megatron_vs_hf import _check_grads
 
 NANO = Path(__file__).parents[1] / "fixtures" / "verl_scripts" / "models" / "Nemotron-3-Nano-30B-A3B"
 LAYOUTS = {
@@ -39,9 +41,13 @@ def nemotron_h_dir(tmp_path_factory):
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_logprobs_and_roundtrip(layout, nemotron_h_dir):
     world, megatron_cfg = LAYOUTS[layout]
-    case = {"hf_dir": nemotron_h_dir, "batch": front_aligned(padded_batch(96)), "packed": True}
+    case = {"hf_dir": nemotron_h_dir, "batch": front_aligned(padded_batch(96)), "packed": True, "grad": layout == "tp1"}
     per_rank = run_distributed(convert_and_forward, world, megatron_cfg, [case], timeout=240)
     assert_matches_hf(nemotron_h_dir, case["batch"], [r[0] for r in per_rank], packed=True)
+    if case["grad"]:
+        # the export names the router's expert bias too: a buffer (state, not trained) that HF gives no gradient
+        _check_grads(nemotron_h_dir, case["batch"], [{k: g for k, g in r[0]["grads"].items() if not k.endswith("e_score_correction_bias")}
+                                                     for r in per_rank])
 
 
 def config_vs_bridge(model_dir: str) -> dict:
