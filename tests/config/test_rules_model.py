@@ -185,6 +185,11 @@ def test_nemotron_h_is_accepted_and_what_megarl_does_not_build_is_refused_by_fie
               "n_groups=2")
 
 
+def test_nemotron_h_on_cuda_needs_mamba_ssm_and_causal_conv1d(make):
+    issue_for(make({"trainer.device": "cuda"}, hf=NEMOTRON_H), P, "mamba-ssm", "mamba_ssm, causal_conv1d")
+    no_issues(make({"trainer.device": "cuda"}, hf={**NEMOTRON_H, "hybrid_override_pattern": "*-E"}))  # no Mamba layer
+
+
 QWEN3_5 = {"model_type": "qwen3_5_text", "architectures": ["Qwen3_5ForCausalLM"], "head_dim": 16,
            "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"],
            "linear_conv_kernel_dim": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,

