@@ -122,7 +122,8 @@ TINY = {
     "nemotron_h": (
         "NemotronHConfig",
         dict(tie_word_embeddings=False, head_dim=16,
-             layers_block_type=["linear_attention", "full_attention", "mlp", "linear_attention", "moe"],
+             layers_block_type=["linear_attention", "full_attention", "mlp", "linear_attention", "moe",
+                                "linear_attention"],
              mamba_num_heads=8, mamba_head_dim=8, n_groups=2, ssm_state_size=16, conv_kernel=4, chunk_size=4,
              n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
              moe_shared_expert_intermediate_size=48, routed_scaling_factor=2.5, n_group=1, topk_group=1,

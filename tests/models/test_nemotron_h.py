@@ -3,8 +3,9 @@ built in megatron-core from its HF config, against HF transformers.
 
 Log-probs equal HF's eager fp32 forward (atol 1e-5) on a batch whose rows have their padding after their tokens
 (megatron's MambaMixer takes no padding mask; megarl's workers lay rows out so), through megatron's pipeline schedule
-and packed as thd sequences (the Mamba kernels split at each sequence's start), at TP=1 and TP=2 (Mamba heads and
-groups, convolution channels, attention heads, MLP, shared and routed experts split), with gradients equal to HF
+and packed as thd sequences (the Mamba kernels split at each sequence's start), at TP=1, TP=2 (Mamba heads and
+groups, convolution channels, attention heads, MLP, shared and routed experts split) and TP=2 with sequence
+parallelism; EP=2 and PP=2 with ``-m extended``; with gradients equal to HF
 autograd's at TP=1 (through megarl's torch Mamba kernels: every Mamba parameter included); the HF -> megatron -> HF
 export is bitwise the safetensors (checkpoint names under ``backbone.``) on every rank. On CPU the Mamba kernels
 are megarl's torch ones (megarl.compat.megatron_core.mamba_torch).
@@ -29,21 +30,29 @@ NANO = Path(__file__).parents[1] / "fixtures" / "verl_scripts" / "models" / "Nem
 LAYOUTS = {
     "tp1": (1, {}),
     "tp2": (2, {"tensor_model_parallel_size": 2}),
+    # sequence parallel: the Mamba in_proj gathers the sequence, out_proj scatters it (padded rows only: the packed
+    # batch's 37 tokens do not split over 2 ranks)
+    "tp2_sp": (2, {"tensor_model_parallel_size": 2, "sequence_parallel": True}),
+    "ep2": (2, {"expert_model_parallel_size": 2}),
+    "pp2": (2, {"pipeline_model_parallel_size": 2}),  # M * - | M E M: each stage's layers by its offset
 }
+EXTENDED = ("ep2", "pp2")
 
 
 @pytest.fixture(scope="module")
 def nemotron_h_dir(tmp_path_factory):
-    return make_tiny_hf("nemotron_h", str(tmp_path_factory.mktemp("nemotron_h")), num_layers=5)
+    return make_tiny_hf("nemotron_h", str(tmp_path_factory.mktemp("nemotron_h")), num_layers=6)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("layout", [pytest.param(name, marks=pytest.mark.extended) if name in EXTENDED else name
+                                    for name in LAYOUTS])
 def test_logprobs_and_roundtrip(layout, nemotron_h_dir):
     world, megatron_cfg = LAYOUTS[layout]
-    case = {"hf_dir": nemotron_h_dir, "batch": front_aligned(padded_batch(96)), "packed": True, "grad": layout == "tp1"}
+    packed = layout not in ("tp2_sp", "pp2")  # thd packing where the model is one chunk and the tokens split
+    case = {"hf_dir": nemotron_h_dir, "batch": front_aligned(padded_batch(96)), "packed": packed, "grad": layout == "tp1"}
     per_rank = run_distributed(convert_and_forward, world, megatron_cfg, [case], timeout=240)
-    assert_matches_hf(nemotron_h_dir, case["batch"], [r[0] for r in per_rank], packed=True)
+    assert_matches_hf(nemotron_h_dir, case["batch"], [r[0] for r in per_rank], packed=packed)
     if case["grad"]:
         # the export names the router's expert bias too: a buffer (state, not trained) that HF gives no gradient
         _check_grads(nemotron_h_dir, case["batch"], [{k: g for k, g in r[0]["grads"].items() if not k.endswith("e_score_correction_bias")}
