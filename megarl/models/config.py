@@ -240,7 +240,8 @@ def hf_to_transformer_config(
         num_query_groups=getattr(hf_config, "num_key_value_heads", None) or num_heads,
         kv_channels=head_dim,
         normalization="RMSNorm",
-        layernorm_epsilon=getattr(hf_config, "rms_norm_eps", None),  # Nemotron-H: layer_norm_epsilon
+        layernorm_epsilon=(hf_config.layer_norm_epsilon if model_type in NEMOTRON_H_MODEL_TYPES
+                           else hf_config.rms_norm_eps),
         activation_func=F.silu,
         gated_linear_unit=True,
         add_bias_linear=False,

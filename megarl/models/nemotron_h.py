@@ -24,9 +24,9 @@ per-sequence ``seq_idx``, the pipeline schedule, the LM-head hooks, the converte
 is the one every other family runs. megatron's MambaMixer takes no padding mask: rows must have their padding
 after their tokens, or be packed (megarl's workers do both).
 
-Where HF and megatron differ: HF clamps the SSM step ``softplus(dt + dt_bias)`` below at ``time_step_min``,
-megatron-core's MambaMixer passes mamba-ssm no limit (0); the two agree wherever the step is at least
-``time_step_min`` (0.001 in the released config).
+Where HF differs: it clamps the SSM step ``softplus(dt + dt_bias)`` below at ``time_step_min``; megatron-core's
+MambaMixer and vLLM 0.32's MambaMixer2 (the rollout) pass the kernels no limit (``dt_limit`` (0, inf)). They agree
+wherever the step is at least ``time_step_min`` (0.001 in the released config).
 """
 
 from __future__ import annotations
@@ -90,11 +90,11 @@ def check_nemotron_h_supported(hf_config) -> None:
 
 
 def nemotron_h_transformer_kwargs(hf_config) -> dict[str, Any]:
-    """TransformerConfig fields of Nemotron-H (on top of megarl's Llama-like base and the MoE fields)."""
+    """TransformerConfig fields of Nemotron-H (on top of megarl's Llama-like base, its norms' ``layer_norm_epsilon``
+    and the MoE fields)."""
     from megatron.core.activations import squared_relu
 
     return dict(
-        layernorm_epsilon=float(hf_config.layer_norm_epsilon),
         activation_func=squared_relu,
         gated_linear_unit=False,
         mamba_state_dim=int(hf_config.ssm_state_size),
