@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from helpers.dist_utils import run_distributed
-from hf_tiny import assert_matches_hf, front_aligned, make_tiny_hf, padded_batch
+from hf_tiny import assert_matches_hf, front_aligned, hf_token_log_probs, make_tiny_hf, padded_batch
 from mcore_body import convert_and_forward
 from test_megatron_vs_hf import _check_grads
 
@@ -57,6 +57,24 @@ def test_logprobs_and_roundtrip(layout, nemotron_h_dir):
         # the export names the router's expert bias too: a buffer (state, not trained) that HF gives no gradient
         _check_grads(nemotron_h_dir, case["batch"], [{k: g for k, g in r[0]["grads"].items() if not k.endswith("e_score_correction_bias")}
                                                      for r in per_rank])
+
+
+
+@pytest.mark.gpu
+def test_mamba_ssm_kernels_match_hf(nemotron_h_dir):
+    """One GPU with mamba-ssm and causal-conv1d: their kernels in the same local-spec model, against HF's fp32
+    forward within tests/models/test_gpu_moe.py's tolerance (the Triton scan accumulates in another order)."""
+    import torch
+
+    pytest.importorskip("mamba_ssm")
+    pytest.importorskip("causal_conv1d")
+    batch = front_aligned(padded_batch(96))
+    res = run_distributed(convert_and_forward, 1, {}, [{"hf_dir": nemotron_h_dir, "batch": batch, "packed": True}],
+                          "cuda", timeout=300)[0][0]
+    expected = hf_token_log_probs(nemotron_h_dir, *batch)
+    valid = (batch[1][:, :-1] * batch[1][:, 1:]).bool()
+    for got in (res["result"], res["packed"]):
+        torch.testing.assert_close(got[valid], expected[valid], atol=2e-4, rtol=1e-4)
 
 
 def config_vs_bridge(model_dir: str) -> dict:
