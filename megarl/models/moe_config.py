@@ -3,7 +3,8 @@
 Families: ``mixtral``, ``qwen2_moe``, ``qwen3_next`` and ``qwen3_5_moe_text`` (shared expert with a sigmoid gate),
 ``qwen3_moe``,
 ``glm4_moe`` (GLM-4.5) and ``deepseek_v3`` (its MoE; MLA in :mod:`megarl.models.mla_config`):
-sigmoid router with a score-correction bias, shared experts, dense first layers; ``hy_v3`` (Hy3: the
+sigmoid router with a score-correction bias, shared experts, dense first layers; ``nemotron_h`` (the same routing
+over non-gated experts, MoE layers where its layer pattern says: :mod:`megarl.models.nemotron_h`); ``hy_v3`` (Hy3: the
 same routing without groups, :mod:`megarl.models.hy_v3`); ``gpt_oss`` (its
 router and expert biases and clamped GLU in :mod:`megarl.models.gpt_oss`).
 
@@ -54,11 +55,11 @@ __all__ = ["MOE_MODEL_TYPES", "check_moe_supported", "moe_layer_pattern", "moe_l
            "num_experts"]
 
 MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "glm4_moe", "deepseek_v3", "gpt_oss", "qwen3_next",
-                   "qwen3_5_moe_text", *HY_V3_MODEL_TYPES)
+                   "qwen3_5_moe_text", "nemotron_h", *HY_V3_MODEL_TYPES)
 # Families with one shared expert behind a sigmoid gate (Qwen2-MoE's, Qwen3-Next's)
 _GATED_SHARED_EXPERT = ("qwen2_moe", "qwen3_next", "qwen3_5_moe_text")
 # Families routed like DeepSeek-V3 (sigmoid + score-correction bias, groups, scaling, shared experts)
-_DEEPSEEK_ROUTED = ("glm4_moe", "deepseek_v3")
+_DEEPSEEK_ROUTED = ("glm4_moe", "deepseek_v3", "nemotron_h")
 _SIGMOID_ROUTED = (*_DEEPSEEK_ROUTED, *HY_V3_MODEL_TYPES)
 
 
@@ -71,6 +72,10 @@ def moe_layer_pattern(hf_config) -> list[int]:
     """Per decoder layer: 1 = MoE, 0 = dense MLP (``[num_hidden_layers]``)."""
     if hf_config.model_type in HY_V3_MODEL_TYPES:
         return hy_v3_moe_layer_pattern(hf_config)
+    if hf_config.model_type == "nemotron_h":  # its MoE layers are the pattern's 'E' (megarl.models.nemotron_h)
+        from megarl.config.rules.model import nemotron_h_layer_kinds
+
+        return [int(kind == "moe") for kind in nemotron_h_layer_kinds(vars(hf_config)) or ()]
     if hf_config.model_type in _DEEPSEEK_ROUTED:
         first = getattr(hf_config, "first_k_dense_replace", 0) or 0
         return [int(i >= first) for i in range(hf_config.num_hidden_layers)]
@@ -162,4 +167,6 @@ def moe_transformer_kwargs(hf_config, *, grouped_gemm: bool, on_cpu: bool) -> di
             moe_router_dtype="fp32",  # HF routes in fp32
             moe_shared_expert_intermediate_size=hf_config.moe_intermediate_size * shared,
         )
+    if model_type == "nemotron_h":  # one shared expert of its own size, whatever n_shared_experts says (as HF)
+        kwargs["moe_shared_expert_intermediate_size"] = hf_config.moe_shared_expert_intermediate_size
     return kwargs

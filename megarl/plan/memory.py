@@ -146,8 +146,8 @@ def fsdp_gathered(p: ParamCount, layout: ParallelLayout, setup: TrainSetup) -> F
     (``main_grads_dtype``) wait for their reduce-scatter. The embedding and LM head, outside any unit,
     are not counted as gathered. ``model`` = the stage's TP-local parameters (as DDP holds them)."""
     s = p.shape
-    attention = max(p.attention_and_norms if s.layers > s.linear_layers else 0,
-                    p.linear_attention_and_norms if s.linear_layers else 0)
+    attention = max(p.attention_and_norms if p.softmax_layers else 0,
+                    p.linear_attention_and_norms if s.linear_layers else 0, p.mamba_and_norms)
     dense_mlp = p.dense_mlp / layout.tp
     moe_mlp = p.moe_shared / layout.tp + s.experts * p.expert / (layout.ep * layout.etp)
     layer = attention / layout.tp + max((dense_mlp,) * bool(p.dense_layers) + (moe_mlp,) * bool(s.moe_layers))
@@ -183,15 +183,18 @@ def activation_bytes(p: ParamCount, layout: ParallelLayout, setup: TrainSetup, t
     v_out = (s.kv_heads + s.heads) * s.v_dim  # v, attention output
     gate = s.heads * s.head_dim if s.attention_gate else 0
     attention = 2 * s.hidden / norm_div + (q_k + v_out + gate) / tp
-    if s.linear_layers:  # gated DeltaNet: q/k/v before and after the convolution, z, its output and gated norm
-        qkv = 2 * s.linear_key_dim + s.linear_value_dim
-        linear = 2 * s.hidden / norm_div + (2 * qkv + 3 * s.linear_value_dim) / tp
-        attention = ((s.layers - s.linear_layers) * attention + s.linear_layers * linear) / s.layers
-    dense_mlp = 2 * s.hidden / norm_div + 3 * s.ffn / tp
+    # gated DeltaNet: q/k/v before and after the convolution, z, its output and gated norm
+    qkv = 2 * s.linear_key_dim + s.linear_value_dim
+    linear = 2 * s.hidden / norm_div + (2 * qkv + 3 * s.linear_value_dim) / tp
+    # Mamba-2: its input projection's output (z, x, B, C, dt), the convolution's, the scan's, the gated norm's in/out
+    mamba = 2 * s.hidden / norm_div + (2 * (2 * s.mamba_inner + 2 * s.mamba_bc) + s.mamba_heads + 3 * s.mamba_inner) / tp
+    attention = (p.softmax_layers * attention + s.linear_layers * linear + s.mamba_layers * mamba) / s.layers
+    mlp = 3 if s.gated_mlp else 2  # saved per MLP: input, (gate,) up, activation
+    dense_mlp = 2 * s.hidden / norm_div + mlp * s.ffn / tp
     copies = s.experts_per_token * etp / norm_div  # expert token copies on this rank per token
-    moe_mlp = 2 * s.hidden / norm_div + copies * (s.hidden + 3 * s.expert_ffn / etp) + 3 * s.shared_expert_ffn / tp
+    moe_mlp = 2 * s.hidden / norm_div + copies * (s.hidden + mlp * s.expert_ffn / etp) + mlp * s.shared_expert_ffn / tp
     dispatcher = 2 * copies * s.hidden if s.moe_layers else 0
-    dense_layers = s.layers - s.moe_layers
+    dense_layers = p.dense_layers
     per_layer_avg = attention + (dense_layers * dense_mlp + s.moe_layers * moe_mlp) / s.layers
     per_layer_max = attention + max((moe_mlp,) * bool(s.moe_layers) + (dense_mlp,) * bool(dense_layers))
     logit_bytes = LOGIT_BYTES
@@ -255,22 +258,30 @@ class VllmMemory:
     weights: int
     kv_cache: int
     kv_bytes_per_token: int
+    state_bytes_per_sequence: int = 0  # Mamba-2 layers' state (Nemotron-H), held in the same pool
 
     @property
     def kv_tokens(self) -> int:
-        return self.kv_cache // self.kv_bytes_per_token if self.kv_bytes_per_token else 0
+        """Tokens the KV cache holds beside one sequence's state."""
+        room = max(0, self.kv_cache - self.state_bytes_per_sequence)
+        return room // self.kv_bytes_per_token if self.kv_bytes_per_token else 0
 
 
 def vllm_memory(p: ParamCount, tp: int, dtype: str, gpu_bytes: int, utilization: float) -> VllmMemory:
     """vLLM at tensor-parallel size ``tp``: weights / tp; KV cache = budget - weights (vLLM's
     own activation and CUDA-graph memory are not counted, so the KV figure is an upper bound).
     KV per token = softmax-attention layers (Qwen3.5's gated DeltaNet layers keep a fixed state per sequence
-    instead) x (k + v: 2 x kv heads (at least one per rank) x head_dim; multi-latent
+    instead; Nemotron-H's Mamba-2 layers one too, counted per sequence: its convolution's last ``conv_kernel - 1``
+    inputs in ``dtype`` and the SSM state, ``mamba_ssm_cache_dtype``) x (k + v: 2 x kv heads (at least one per rank) x head_dim; multi-latent
     attention: the latent and rotary key, ``kv_lora_rank + qk_rope_head_dim``, on every rank)
     x dtype bytes."""
     s = p.shape
     budget = int(gpu_bytes * utilization)
     weights = int(p.total / tp * DTYPE_BYTES[dtype])
     per_layer = s.kv_lora_rank + s.qk_rope_head_dim if s.mla else max(1, s.kv_heads // tp) * (s.head_dim + s.v_dim)
-    kv_per_token = (s.layers - s.linear_layers) * per_layer * DTYPE_BYTES[dtype]  # gated DeltaNet: a state, no KV
-    return VllmMemory(budget=budget, weights=weights, kv_cache=max(0, budget - weights), kv_bytes_per_token=kv_per_token)
+    kv_per_token = p.softmax_layers * per_layer * DTYPE_BYTES[dtype]  # gated DeltaNet, Mamba: a state, no KV
+    # Mamba-2: per sequence, the convolution's last width - 1 inputs and the SSM state of this rank's heads
+    conv = (s.mamba_inner + 2 * s.mamba_bc) // tp * (s.mamba_conv - 1) * DTYPE_BYTES[dtype]
+    ssm = s.mamba_inner // tp * s.mamba_state * DTYPE_BYTES[s.mamba_ssm_cache_dtype]
+    return VllmMemory(budget=budget, weights=weights, kv_cache=max(0, budget - weights), kv_bytes_per_token=kv_per_token,
+                      state_bytes_per_sequence=s.mamba_layers * (conv + ssm))

@@ -24,7 +24,11 @@ and Qwen3.5-MoE (MoE), and DeepSeek-V2 (``deepseek_v2``, counted only). What is 
   attention sinks (one per head and layer);
 * which layers are MoE: Qwen's ``mlp_only_layers`` / ``decoder_sparse_step``; DeepSeek's / GLM's
   ``first_k_dense_replace`` (dense first) and ``moe_layer_freq`` (every n-th after that); Hy3's
-  ``mlp_layer_types`` (absent: HF's default, the first layer dense).
+  ``mlp_layer_types`` (absent: HF's default, the first layer dense);
+* Nemotron-H (``nemotron_h``): one block per layer (``layers_block_type`` / ``hybrid_override_pattern``), each
+  with one norm: Mamba-2 (in_proj of z, x, B, C, dt; the x/B/C convolution and its bias; ``A_log``, ``D``,
+  ``dt_bias``; the gated group norm; out_proj), attention, a non-gated MLP (up, down) or MoE (router with its
+  score-correction bias, non-gated experts, one shared expert of ``moe_shared_expert_intermediate_size``).
 
 Not counted: multi-token-prediction layers (``num_nextn_predict_layers``: DeepSeek-V3's 14 B
 and GLM-4.5-Air's ~2.5 B). The published totals (671 B, 106 B) leave them out, HF's
@@ -38,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from megarl.config.rules.model import hybrid_layer_types
+from megarl.config.rules.model import hybrid_layer_types, nemotron_h_layer_kinds
 
 __all__ = ["ModelShape", "ParamCount", "count_params", "load_shape"]
 
@@ -101,6 +105,18 @@ class ModelShape:
     linear_value_head_dim: int = 0
     linear_conv: int = 0  # convolution width
     moe_layers: int = 0  # how many of `layers` are MoE layers
+    # Nemotron-H: its layers are one of Mamba-2, attention, MLP, MoE, each with one norm
+    mamba_layers: int = 0  # Mamba-2 layers among `layers` (no KV cache: a state per sequence)
+    mamba_inner: int = 0  # mamba_num_heads x mamba_head_dim
+    mamba_bc: int = 0  # n_groups x ssm_state_size (each of B, C)
+    mamba_heads: int = 0
+    mamba_state: int = 0  # ssm_state_size
+    mamba_conv: int = 0  # convolution width
+    mamba_ssm_cache_dtype: str = "float32"  # what vLLM keeps the SSM state in (config.json's, Nemotron-H's default)
+    attention_free_layers: int = 0  # layers with only an MLP / MoE
+    mlp_free_layers: int = 0  # layers with only attention / Mamba
+    norms_per_layer: int = 2
+    gated_mlp: bool = True  # SwiGLU (gate, up, down); Nemotron-H's squared ReLU: up, down
 
     @property
     def mla(self) -> bool:
@@ -115,7 +131,9 @@ class ModelShape:
         """From a config.json dict (a VLM's `text_config` is used when present)."""
         c = c.get("text_config") or c
         model_type = c.get("model_type", "")
-        hidden, heads, layers = c["hidden_size"], c["num_attention_heads"], c["num_hidden_layers"]
+        blocks = nemotron_h_layer_kinds(c) if model_type == "nemotron_h" else None
+        # transformers 5 saves Nemotron-H's config.json without num_hidden_layers (the length of its pattern)
+        hidden, heads, layers = c["hidden_size"], c["num_attention_heads"], len(blocks) if blocks else c["num_hidden_layers"]
         experts = next((c[f] for f in _EXPERT_FIELDS if c.get(f)), 0)
         moe = dict(experts=experts, experts_per_token=c.get("num_experts_per_tok") or 0,
                    expert_ffn=c.get("moe_intermediate_size") or c["intermediate_size"],
@@ -152,6 +170,19 @@ class ModelShape:
                 linear_value_dim=c["linear_num_value_heads"] * c["linear_value_head_dim"],
                 linear_value_heads=c["linear_num_value_heads"], linear_value_head_dim=c["linear_value_head_dim"],
                 linear_conv=c.get("linear_conv_kernel_dim") or 4)
+        if blocks and experts:
+            moe.update(shared_expert_ffn=c.get("moe_shared_expert_intermediate_size") or 0, router_bias=True,
+                       moe_layers=blocks.count("moe"))
+        if blocks:
+            attention.update(
+                mamba_layers=blocks.count("linear_attention"),
+                mamba_inner=c.get("mamba_num_heads", 128) * c.get("mamba_head_dim", 64),  # NemotronHConfig's defaults
+                mamba_bc=c.get("n_groups", 8) * c.get("ssm_state_size", 128), mamba_heads=c.get("mamba_num_heads", 128),
+                mamba_state=c.get("ssm_state_size", 128), mamba_conv=c.get("conv_kernel", 4),
+                mamba_ssm_cache_dtype=c.get("mamba_ssm_cache_dtype", "float32"),
+                attention_free_layers=blocks.count("mlp") + blocks.count("moe"),
+                mlp_free_layers=blocks.count("linear_attention") + blocks.count("full_attention"),
+                norms_per_layer=1, gated_mlp=False)
         return cls(model_type=model_type, vocab=c["vocab_size"], hidden=hidden, ffn=c["intermediate_size"],
                    layers=layers, heads=heads, tied_embeddings=bool(c.get("tie_word_embeddings", False)),
                    **attention, **moe)
@@ -166,6 +197,7 @@ class ParamCount:
     lm_head: int  # 0 when tied to the embedding
     attention_and_norms: int  # per (softmax) attention layer
     linear_attention_and_norms: int  # per gated DeltaNet layer (Qwen3.5)
+    mamba_and_norms: int  # per Mamba-2 layer (Nemotron-H)
     dense_mlp: int  # per dense layer
     moe_shared: int  # per MoE layer: router (+ its bias) + shared experts (+ gate), replicated over EP
     expert: int  # one routed expert
@@ -174,13 +206,20 @@ class ParamCount:
 
     @property
     def dense_layers(self) -> int:
-        return self.shape.layers - self.shape.moe_layers
+        return self.shape.layers - self.shape.moe_layers - self.shape.mlp_free_layers
+
+    @property
+    def softmax_layers(self) -> int:
+        """Layers with softmax attention."""
+        s = self.shape
+        return s.layers - s.linear_layers - s.mamba_layers - s.attention_free_layers
 
     @property
     def attention_params(self) -> int:
-        """Every layer's attention (softmax or gated DeltaNet) and norms."""
+        """Every layer's attention (softmax, gated DeltaNet or Mamba-2) and norms."""
         s = self.shape
-        return (s.layers - s.linear_layers) * self.attention_and_norms + s.linear_layers * self.linear_attention_and_norms
+        return (self.softmax_layers * self.attention_and_norms + s.linear_layers * self.linear_attention_and_norms
+                + s.mamba_layers * self.mamba_and_norms)
 
     @property
     def expert_params(self) -> int:
@@ -229,17 +268,29 @@ def _linear_attention(s: ModelShape) -> int:
             + 2 * s.linear_value_heads + s.linear_value_head_dim + s.linear_value_dim * s.hidden)
 
 
+def _mamba(s: ModelShape) -> int:
+    """One Mamba-2 mixer: in_proj (z, x, B, C, dt), the x/B/C convolution and its bias, A_log / D / dt_bias, the
+    gated norm, out_proj."""
+    conv = s.mamba_inner + 2 * s.mamba_bc
+    return (s.hidden * (2 * s.mamba_inner + 2 * s.mamba_bc + s.mamba_heads) + conv * (s.mamba_conv + 1)
+            + 3 * s.mamba_heads + s.mamba_inner + s.mamba_inner * s.hidden)
+
+
 def count_params(s: ModelShape) -> ParamCount:
     """Element counts of every parameter group of ``s`` (bias-free MLPs, RMS norms)."""
+    mlp = 3 if s.gated_mlp else 2  # weight matrices of an MLP / expert
+    mlp_norm = s.hidden if s.attention_free_layers else 0  # Nemotron-H: an MLP / MoE layer's own norm
     moe_shared = 0
     if s.experts:
         moe_shared = s.hidden * s.experts + (s.experts if s.router_bias else 0)  # router
-        moe_shared += 3 * s.hidden * s.shared_expert_ffn + (s.hidden if s.shared_expert_gate else 0)
+        moe_shared += mlp * s.hidden * s.shared_expert_ffn + (s.hidden if s.shared_expert_gate else 0) + mlp_norm
+    norms = s.norms_per_layer * s.hidden
     return ParamCount(
         embedding=s.vocab * s.hidden, lm_head=0 if s.tied_embeddings else s.vocab * s.hidden,
-        attention_and_norms=_attention(s) + 2 * s.hidden, dense_mlp=3 * s.hidden * s.ffn, moe_shared=moe_shared,
-        linear_attention_and_norms=_linear_attention(s) + 2 * s.hidden if s.linear_layers else 0,
-        expert=3 * s.hidden * s.expert_ffn + (2 * s.expert_ffn + s.hidden if s.expert_bias else 0),
+        attention_and_norms=_attention(s) + norms, dense_mlp=mlp * s.hidden * s.ffn + mlp_norm, moe_shared=moe_shared,
+        linear_attention_and_norms=_linear_attention(s) + norms if s.linear_layers else 0,
+        mamba_and_norms=_mamba(s) + norms if s.mamba_layers else 0,
+        expert=mlp * s.hidden * s.expert_ffn + (2 * s.expert_ffn + s.hidden if s.expert_bias else 0),
         final_norm=s.hidden, shape=s,
     )
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from megarl.plan.build import GIB, TRAINER_POOL, Phase, Plan, host_terms
+from megarl.plan.build import GIB, MIB, TRAINER_POOL, Phase, Plan, host_terms
 from megarl.plan.placement import group_lines, node_lines, slot_lines
 
 DETAILED_NODES = 2  # up to this many nodes the placement is listed per GPU
@@ -65,7 +65,9 @@ def format_plan(plan: Plan, notes: tuple[str, ...] | list[str] = ()) -> str:
                    f"{_g(m.activations_forward):>9}")
     v = plan.vllm
     out.append(f"  vLLM: budget {_g(v.budget)} = weights {_g(v.weights)} + KV cache {_g(v.kv_cache)} "
-               f"({v.kv_tokens} tokens at {v.kv_bytes_per_token} B/token)")
+               f"({v.kv_tokens} tokens at {v.kv_bytes_per_token} B/token"
+               + (f", beside one sequence's Mamba state of {v.state_bytes_per_sequence / MIB:.1f} MiB"
+                  if v.state_bytes_per_sequence else "") + ")")
     out.append("")
     out.append("peak per phase, GiB per GPU (= its terms, megarl/plan/build.py; overhead: the memory outside them, "
                "fitted to the GPU runs' device memory in use, megarl/plan/overhead.py):")

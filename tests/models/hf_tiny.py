@@ -116,6 +116,19 @@ TINY = {
              num_shared_experts=1, router_scaling_factor=2.826, first_k_dense_replace=1, expert_hidden_dim=32,
              route_norm=True, qk_norm=True),
     ),
+    # Nemotron-H: every block kind (Mamba-2, attention without rotary, squared-ReLU MLP, MoE with a shared expert and
+    # DeepSeek-V3's sigmoid routing, scaled), 8 Mamba heads in 2 groups, chunks of 4 (< the batch's 12 tokens: the
+    # scan carries its state across chunks); transformers' HF names, checkpoint names under backbone.
+    "nemotron_h": (
+        "NemotronHConfig",
+        dict(tie_word_embeddings=False, head_dim=16,
+             layers_block_type=["linear_attention", "full_attention", "mlp", "linear_attention", "moe",
+                                "linear_attention"],
+             mamba_num_heads=8, mamba_head_dim=8, n_groups=2, ssm_state_size=16, conv_kernel=4, chunk_size=4,
+             n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+             moe_shared_expert_intermediate_size=48, routed_scaling_factor=2.5, n_group=1, topk_group=1,
+             norm_topk_prob=True),
+    ),
 }
 # GLM-4.5 with top-1 routing, its one sigmoid score kept (norm_topk_prob=false), as megatron keeps it
 TINY["glm4_moe_top1"] = ("Glm4MoeConfig", {**TINY["glm4_moe"][1], "num_experts_per_tok": 1, "norm_topk_prob": False})
@@ -148,6 +161,8 @@ def make_tiny_hf(name: str, out_dir: str, *, vocab_size: int = 96, num_layers: i
                 param.normal_(0, 0.1)
             elif pname.endswith("sinks"):
                 param.normal_(0, 1.0)
+            elif pname.endswith("mixer.D"):  # Mamba's skip weight per head
+                param.normal_(1.0, 0.5)
         for bname, buf in model.named_buffers():  # GLM-4.5's router bias (a buffer)
             if bname.endswith("e_score_correction_bias"):
                 buf.normal_(0, 0.1)
@@ -228,6 +243,8 @@ def checkpoint_named_grads(model) -> dict[str, torch.Tensor]:
     fused in memory (``mlp.experts.gate_up_proj`` ``[E, 2I, H]``, ``down_proj`` ``[E, H, I]``) and
     saves them per expert (Mixtral under ``block_sparse_moe`` as w1 / w3 / w2): split them so; Hy3's router and
     shared experts are renamed back to its checkpoint's names."""
+    if model.config.model_type == "nemotron_h":
+        return _nemotron_h_checkpoint_grads(model)
     block, gate_name, up_name, down_name = _CHECKPOINT_EXPERTS.get(model.config.model_type, _QWEN_EXPERTS)
     grads = {}
     for name, param in model.named_parameters():
@@ -246,5 +263,19 @@ def checkpoint_named_grads(model) -> dict[str, torch.Tensor]:
         else:
             for memory, checkpoint in _CHECKPOINT_RENAMES.get(model.config.model_type, ()):
                 name = name.replace(memory, checkpoint)
+            grads[name] = param.grad
+    return grads
+
+
+def _nemotron_h_checkpoint_grads(model) -> dict[str, torch.Tensor]:
+    """Nemotron-H's ``.grad`` under its checkpoint names: ``backbone.`` for ``model.``, its non-gated experts
+    (``mixer.experts.up_proj`` ``[E, I, H]``, ``down_proj`` ``[E, H, I]`` in memory) one tensor per expert."""
+    grads = {}
+    for name, param in model.named_parameters():
+        name = "backbone." + name.removeprefix("model.") if name.startswith("model.") else name
+        if name.endswith(("mixer.experts.up_proj", "mixer.experts.down_proj")):
+            prefix, proj = name.rsplit(".", 1)
+            grads.update({f"{prefix}.{e}.{proj}.weight": grad for e, grad in enumerate(param.grad)})
+        else:
             grads[name] = param.grad
     return grads

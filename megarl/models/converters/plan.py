@@ -69,6 +69,9 @@ def dims_of(hf_config) -> Dims:
                        * (getattr(hf_config, "linear_value_head_dim", 0) or 0)),
         gdn_key_heads=getattr(hf_config, "linear_num_key_heads", 0) or 0,
         gdn_value_heads=getattr(hf_config, "linear_num_value_heads", 0) or 0,
+        mamba_inner=(getattr(hf_config, "mamba_num_heads", 0) or 0) * (getattr(hf_config, "mamba_head_dim", 0) or 0),
+        mamba_bc=(getattr(hf_config, "n_groups", 0) or 0) * (getattr(hf_config, "ssm_state_size", 0) or 0),
+        mamba_heads=getattr(hf_config, "mamba_num_heads", 0) or 0,
     )
 
 
@@ -118,11 +121,9 @@ def build_plan(hf_config, config: TransformerConfig, *, value_head: bool = False
                 layer = offset + local_layer
                 is_moe = bool(tables.moe_pattern) and tables.moe_pattern[layer] == 1
                 linear = bool(tables.linear_pattern) and tables.linear_pattern[layer] == 1
-                plan += [
-                    _entry(rule, pp_rank, vp_stage, layer=layer, local_layer=local_layer)
-                    for rule in (tables.linear_layer if linear else tables.layer)
-                    + (tables.moe if is_moe else tables.dense_mlp)
-                ]
+                rules = (tables.per_layer[layer] if tables.per_layer else
+                         (tables.linear_layer if linear else tables.layer) + (tables.moe if is_moe else tables.dense_mlp))
+                plan += [_entry(rule, pp_rank, vp_stage, layer=layer, local_layer=local_layer) for rule in rules]
                 if is_moe and tables.stacked_experts:
                     plan += [ParamSource(**{**_entry(rule, pp_rank, vp_stage, layer=layer, local_layer=local_layer,
                                                      local_expert="{expert}").__dict__,

@@ -53,6 +53,9 @@ class ArchTables:
     # Hybrids (Qwen3.5): layer ``i`` takes ``linear_layer`` instead of ``layer`` where ``linear_pattern[i]`` is 1
     linear_layer: tuple[Rule, ...] = ()
     linear_pattern: tuple[int, ...] = ()
+    # Nemotron-H: layer ``i``'s rules are ``per_layer[i]`` (its kind's: Mamba, attention, MLP or MoE) instead of
+    # ``layer`` / ``linear_layer`` and ``dense_mlp`` / ``moe``; its experts still by ``moe_pattern``
+    per_layer: tuple[tuple[Rule, ...], ...] = ()
     # Tied embeddings: the last chunk's copy of the embedding, when it is not also the
     # first chunk (PP > 1). Loaded from the embedding; never exported (same tensor).
     tied_output: Rule | None = None
@@ -187,6 +190,44 @@ _GPT_OSS_EXPERTS = (
     Rule(_X + "linear_fc2.weight", (_SE + "down_proj",), "split1_transposed"),
     Rule(_X + "linear_fc2.bias", (_SE + "down_proj_bias",), "replicated"),
 )
+# Nemotron-H (checkpoint names under ``backbone.``; transformers renames them on load: conversion_mapping.py's
+# "nemotron_h"): every layer is ``norm`` + ``mixer``, the mixer a Mamba-2 mixer (megatron's MambaMixer in the
+# attention's place, megarl.models.nemotron_h), attention without rotary, a non-gated MLP or a MoE.
+_NB = "backbone.layers.{layer}."
+_NX = _NB + "mixer."
+_NEMOTRON_H_NORM = {"attention": Rule(_M + "input_layernorm.weight", (_NB + "norm.weight",), "replicated"),
+                    "mlp": Rule(_M + "pre_mlp_layernorm.weight", (_NB + "norm.weight",), "replicated")}
+_NEMOTRON_H_LAYERS = {
+    "linear_attention": (
+        _NEMOTRON_H_NORM["attention"],
+        Rule(_A + "in_proj.weight", (_NX + "in_proj.weight",), "mamba_in_proj"),
+        Rule(_A + "conv1d_weight", (_NX + "conv1d.weight",), "mamba_conv"),
+        Rule(_A + "conv1d_bias", (_NX + "conv1d.bias",), "mamba_conv"),
+        *(Rule(_A + name, (_NX + name,), "split0") for name in ("A_log", "D", "dt_bias", "norm.weight")),
+        Rule(_A + "out_proj.weight", (_NX + "out_proj.weight",), "split1"),
+    ),
+    "full_attention": (
+        _NEMOTRON_H_NORM["attention"],
+        Rule(_A + "linear_qkv.weight", tuple(_NX + f"{p}_proj.weight" for p in "qkv"), "qkv"),
+        Rule(_A + "linear_proj.weight", (_NX + "o_proj.weight",), "split1"),
+    ),
+    "mlp": (
+        _NEMOTRON_H_NORM["mlp"],
+        Rule(_M + "mlp.linear_fc1.weight", (_NX + "up_proj.weight",), "split0"),
+        Rule(_M + "mlp.linear_fc2.weight", (_NX + "down_proj.weight",), "split1"),
+    ),
+    "moe": (
+        _NEMOTRON_H_NORM["mlp"],
+        Rule(_M + "mlp.router.weight", (_NX + "gate.weight",), "replicated"),
+        Rule(_M + "mlp.router.expert_bias", (_NX + "gate.e_score_correction_bias",), "replicated"),
+        Rule(_M + "mlp.shared_experts.linear_fc1.weight", (_NX + "shared_experts.up_proj.weight",), "split0"),
+        Rule(_M + "mlp.shared_experts.linear_fc2.weight", (_NX + "shared_experts.down_proj.weight",), "split1"),
+    ),
+}
+_NEMOTRON_H_EXPERTS = (
+    Rule(_X + "linear_fc1.weight", (_NX + "experts.{expert}.up_proj.weight",), "split0"),
+    Rule(_X + "linear_fc2.weight", (_NX + "experts.{expert}.down_proj.weight",), "split1"),
+)
 # model_type -> (per-MoE-layer rules, per-expert rules)
 _MOE = {
     "gpt_oss": (_GPT_OSS_ROUTER, _GPT_OSS_EXPERTS),
@@ -198,6 +239,7 @@ _MOE = {
     "qwen3_next": (_QWEN_ROUTER + _SHARED_EXPERT, _QWEN_EXPERTS),
     "qwen3_5_moe_text": (_QWEN_ROUTER + _SHARED_EXPERT, _QWEN_EXPERTS),
     "mixtral": (_MIXTRAL_ROUTER, _MIXTRAL_EXPERTS),
+    "nemotron_h": ((), _NEMOTRON_H_EXPERTS),  # its routers: _NEMOTRON_H_LAYERS["moe"]
 }
 _EMBEDDING = (Rule("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), "vocab"),)
 _FINAL_NORM = Rule("decoder.final_layernorm.weight", ("model.norm.weight",), "replicated")
@@ -244,14 +286,21 @@ def arch_tables(hf_config, *, value_head: bool = False) -> ArchTables:
     if model_type == "gpt_oss":
         layer += _GPT_OSS_ATTENTION
     moe, experts = _MOE.get(model_type, ((), ()))
-    last = [_FINAL_NORM]
+    nemotron_h = model_type == "nemotron_h"
+    last = [Rule("decoder.final_layernorm.weight", ("backbone.norm_f.weight",), "replicated") if nemotron_h
+            else _FINAL_NORM]
     if value_head:
         last.append(_VALUE_HEAD)
     elif not getattr(hf_config, "tie_word_embeddings", False):
         last.append(_LM_HEAD)
     tied = not value_head and bool(getattr(hf_config, "tie_word_embeddings", False))
+    if nemotron_h:
+        from megarl.models.nemotron_h import nemotron_h_layer_kinds
+
+        per_layer = tuple(_NEMOTRON_H_LAYERS[kind] for kind in nemotron_h_layer_kinds(hf_config))
     return ArchTables(
-        first=_EMBEDDING,
+        first=(Rule("embedding.word_embeddings.weight", ("backbone.embeddings.weight",), "vocab"),) if nemotron_h
+        else _EMBEDDING,
         layer=tuple(layer),
         dense_mlp=_DENSE_MLP,
         moe=moe,
@@ -263,5 +312,6 @@ def arch_tables(hf_config, *, value_head: bool = False) -> ArchTables:
                       if model_type in QWEN_HYBRID_MODEL_TYPES else ()),
         linear_pattern=(tuple(int(t == "linear_attention") for t in layer_types(hf_config))
                         if model_type in QWEN_HYBRID_MODEL_TYPES else ()),
+        per_layer=per_layer if nemotron_h else (),
         tied_output=Rule("output_layer.weight", ("model.embed_tokens.weight",), "vocab") if tied else None,
     )

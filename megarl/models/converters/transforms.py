@@ -26,6 +26,9 @@ Kinds:
   * ``gdn_in_proj_grouped`` - the same from Qwen3-Next's ``in_proj_qkvz`` (per key head: its q, k, then the v
     and z of its value heads) and ``in_proj_ba`` (per key head: the b, then the a of its value heads).
   * ``gdn_conv`` - its convolution over q/k/v channels (HF ``[q; k; v]``): each TP shard ``[q; k; v]`` of its heads.
+  * ``mamba_in_proj`` - a Mamba-2 mixer's input projection (HF rows ``[z; x; B; C; dt]``): each TP shard
+    ``[z; x; B; C; dt]`` of its heads and groups.
+  * ``mamba_conv`` - its convolution weight / bias over x/B/C channels: each TP shard ``[x; B; C]`` of its part.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from dataclasses import dataclass
 import torch
 
 KINDS = ("replicated", "split0", "split1", "vocab", "qkv", "gate_up", "gate_up_interleaved", "split1_transposed",
-         "qkv_gated", "gdn_in_proj", "gdn_in_proj_grouped", "gdn_conv")
+         "qkv_gated", "gdn_in_proj", "gdn_in_proj_grouped", "gdn_conv", "mamba_in_proj", "mamba_conv")
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,9 @@ class Dims:
     gdn_value_dim: int = 0  # linear_num_value_heads * linear_value_head_dim
     gdn_key_heads: int = 0  # linear_num_key_heads
     gdn_value_heads: int = 0  # linear_num_value_heads
+    mamba_inner: int = 0  # Mamba-2: mamba_num_heads * mamba_head_dim (z, x rows)
+    mamba_bc: int = 0  # n_groups * ssm_state_size (B, C rows)
+    mamba_heads: int = 0  # mamba_num_heads (dt rows)
 
 
 def _qkv_fuse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dims: Dims) -> torch.Tensor:
@@ -103,6 +109,12 @@ def _gated_qkv_split(fused: torch.Tensor, dims: Dims) -> list[torch.Tensor]:
 def _gdn_sections(dims: Dims) -> list[int]:
     """HF rows of in_proj_qkv / conv1d: q, k, v."""
     return [dims.gdn_key_dim, dims.gdn_key_dim, dims.gdn_value_dim]
+
+
+def _mamba_sections(kind: str, dims: Dims) -> list[int]:
+    """HF rows of a Mamba-2 in_proj (z, x, B, C, dt) or conv1d (x, B, C)."""
+    inner, bc = dims.mamba_inner, dims.mamba_bc
+    return [inner, inner, bc, bc, dims.mamba_heads] if kind == "mamba_in_proj" else [inner, bc, bc]
 
 
 def _gdn_ungroup(qkvz: torch.Tensor, ba: torch.Tensor, dims: Dims) -> list[torch.Tensor]:
@@ -176,6 +188,8 @@ def to_shard(kind: str, hf: list[torch.Tensor], rank: int, size: int, dims: Dims
         return _per_rank_cat(_gdn_ungroup(*hf, dims), rank, size)
     if kind == "gdn_conv":
         return _per_rank_cat(list(torch.split(hf[0], _gdn_sections(dims))), rank, size)
+    if kind in ("mamba_in_proj", "mamba_conv"):
+        return _per_rank_cat(list(torch.split(hf[0], _mamba_sections(kind, dims))), rank, size)
     raise ValueError(f"unknown layout kind {kind!r}; known: {KINDS}")
 
 
@@ -206,6 +220,8 @@ def from_shards(kind: str, shards: list[torch.Tensor], dims: Dims) -> list[torch
         return [torch.cat([q, k, v]), z, b, a] if kind == "gdn_in_proj" else _gdn_group(q, k, v, z, b, a, dims)
     if kind == "gdn_conv":
         return [torch.cat(_per_rank_split(shards, _gdn_sections(dims)))]
+    if kind in ("mamba_in_proj", "mamba_conv"):
+        return [torch.cat(_per_rank_split(shards, _mamba_sections(kind, dims)))]
     raise ValueError(f"unknown layout kind {kind!r}; known: {KINDS}")
 
 
@@ -214,7 +230,7 @@ def views_of_unsharded(kind: str, param: torch.Tensor, dims: Dims) -> list[torch
     that copies them into HF-layout memory (``dest.view(v.shape).copy_(v)``). A view holds its
     HF tensor's elements in row-major order; qkv views are ``[groups, rows per group, *rest]``
     (megatron interleaves q, k, v per query group, so merging those dims would need a copy)."""
-    if kind in ("replicated", "split0", "split1"):
+    if kind in ("replicated", "split0", "split1", "mamba_in_proj", "mamba_conv"):  # Mamba's: HF's rows at TP=1
         return [param]
     if kind == "vocab":
         return [param[: dims.vocab_size]]
