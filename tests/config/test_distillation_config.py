@@ -113,3 +113,18 @@ def test_verl_megatron_example_distillation_keys_pass(make, tmp_path):
 def test_grpo_group_of_one_is_refused_while_the_task_reward_counts(distil):
     over = {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 1}
     issue_for(distil({**over, f"{LOSS}.use_task_rewards": True}), "actor_rollout_ref.rollout.n", "group of >= 2")
+
+
+def test_teacher_tp_over_kv_heads(distil, tmp_path):
+    """The teacher's TP may be a multiple of its KV heads (replicated, as the actor's: megatron-core and vLLM
+    both replicate each head); TP must still divide its query heads, and divide or be a multiple of its KV heads."""
+    from megarl.config import collect_issues
+    from megarl.preflight import RUNTIME_RULES
+
+    pool = {f"{D}.nnodes": 1, f"{D}.n_gpus_per_node": 4, f"{T}.inference.tensor_model_parallel_size": 4}
+    write_model(tmp_path / "teacher", num_attention_heads=4, num_key_value_heads=2)
+    key = f"{T}.inference.tensor_model_parallel_size"
+    assert [i.format() for i in collect_issues(distil(pool), RUNTIME_RULES) if i.key == key] == []
+    write_model(tmp_path / "teacher", num_attention_heads=6, num_key_value_heads=3, hidden_size=96)
+    issue_for(distil({**pool, f"{T}.inference.tensor_model_parallel_size": 2}), key,
+              "num_key_value_heads=3", "nor is a multiple")

@@ -91,3 +91,16 @@ def test_rows_without_ground_truth_pass_preflight_when_the_reward_model_scores(r
     off = rm_on({**files, f"{RM}.enable": False})
     assert [i.key for i in data_issues(off, tok, "train")] == ["data.train_files"]  # no ground truth
     assert data_issues(rm_on(files), tok, "train") == []
+
+
+def test_reward_model_tp_over_kv_heads(rm_on):
+    """TP a multiple of the reward model's KV heads is accepted (replicated, as the actor's), a TP that neither
+    divides them nor is a multiple of them is refused by key."""
+    from megarl.config import collect_issues
+    from megarl.preflight import RUNTIME_RULES
+
+    key = f"{RM}.rollout.tensor_model_parallel_size"
+    four = {"trainer.n_gpus_per_node": 4, key: 4}
+    assert [i.format() for i in collect_issues(rm_on(four), RUNTIME_RULES) if i.key == key] == []
+    issue_for(rm_on({**four, key: 2}, num_attention_heads=6, num_key_value_heads=3, hidden_size=96), key,
+              "num_key_value_heads=3", "nor is a multiple")

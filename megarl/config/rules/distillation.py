@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from megarl.config.errors import Issue
-from megarl.config.rules.model import model_dir, read_hf_config
+from megarl.config.rules.model import kv_heads_split, model_dir, read_hf_config
 from megarl.config.rules.roles import ACTOR, TEACHER_ROLE
 from megarl.config.rules.view import View
 
@@ -61,10 +61,11 @@ def teacher(v: View) -> Iterator[Issue]:
                     f"the teacher's vocab_size {hf.get('vocab_size')} differs from the student's {student.get('vocab_size')}: "
                     "its log-probs must be over the student's tokens", "distil from a teacher with the student's tokenizer")
     heads, kv = hf.get("num_attention_heads"), hf.get("num_key_value_heads") or hf.get("num_attention_heads")
-    if isinstance(heads, int) and isinstance(kv, int) and (heads % tp or kv % tp):
+    if isinstance(heads, int) and isinstance(kv, int) and (heads % tp or not kv_heads_split(kv, tp)):
         yield Issue(f"{INFER}.tensor_model_parallel_size", tp,
-                    f"does not divide the teacher's num_attention_heads={heads} / num_key_value_heads={kv}",
-                    f"choose a TP size dividing {kv}")
+                    f"does not divide the teacher's num_attention_heads={heads}, or neither divides its "
+                    f"num_key_value_heads={kv} nor is a multiple of it", f"choose a TP size dividing {heads} and {kv}, "
+                    f"or dividing {heads} and a multiple of {kv}")
 
 
 RULES = (distillation_loss, teacher)

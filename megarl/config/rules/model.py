@@ -53,6 +53,12 @@ def _shape(hf: dict[str, Any]) -> tuple[int | None, int | None, int | None, int 
     return heads, kv, _num_layers(hf), experts
 
 
+def kv_heads_split(kv: int, tp: int) -> bool:
+    """Whether TP ranks can hold ``kv`` KV heads: TP divides them (Megatron and vLLM split them), or is a
+    multiple of them (both replicate each head over TP / kv ranks; megatron-core 0.19 attention.py:353)."""
+    return not (kv % tp and tp % kv)
+
+
 def megatron_shape(v: View, role: Role, hf: dict[str, Any]) -> Iterator[Issue]:
     m = role.megatron
     heads, kv, layers, experts = _shape(hf)
@@ -60,7 +66,7 @@ def megatron_shape(v: View, role: Role, hf: dict[str, Any]) -> Iterator[Issue]:
     where = f"({role.model_path} config.json)"
     if heads and heads % tp:
         yield Issue(f"{m}.tensor_model_parallel_size", tp, f"does not divide num_attention_heads={heads} {where}", f"choose a TP size that divides {heads}")
-    elif kv and kv % tp and tp % kv:  # TP a multiple of the KV heads: Megatron replicates them (attention.py:353)
+    elif kv and not kv_heads_split(kv, tp):
         yield Issue(f"{m}.tensor_model_parallel_size", tp, f"neither divides num_key_value_heads={kv} {where} nor is a "
                     "multiple of it (Megatron splits KV groups over TP, or replicates each over TP / KV ranks)",
                     f"choose a TP size that divides {kv} or is a multiple of it")
@@ -219,7 +225,7 @@ def rollout_shape(v: View, hf: dict[str, Any]) -> Iterator[Issue]:
     tp = v.get(key)
     if heads and heads % tp:
         yield Issue(key, tp, f"vLLM TP must divide num_attention_heads={heads}", f"choose {key} dividing {heads}")
-    elif kv and kv % tp and tp % kv:
+    elif kv and not kv_heads_split(kv, tp):
         yield Issue(key, tp, f"vLLM TP must divide num_key_value_heads={kv} or be a multiple of it", f"choose {key} dividing {kv} or a multiple of {kv}")
 
 

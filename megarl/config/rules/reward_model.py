@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from omegaconf import OmegaConf
 
 from megarl.config.errors import Issue
-from megarl.config.rules.model import model_dir
+from megarl.config.rules.model import kv_heads_split, model_dir
 from megarl.config.rules.roles import RM_ROLE
 from megarl.config.rules.view import View, needs_files
 
@@ -51,10 +51,11 @@ def reward_model(v: View) -> Iterator[Issue]:
                     f"its config.json has {labels} labels; a reward model has one score (num_labels 1, score.weight [1, hidden])",
                     "point it at a reward model saved with num_labels=1")
     heads, kv, layers = hf.get("num_attention_heads"), hf.get("num_key_value_heads") or hf.get("num_attention_heads"), hf.get("num_hidden_layers")
-    if isinstance(heads, int) and isinstance(kv, int) and (heads % tp or kv % tp):
+    if isinstance(heads, int) and isinstance(kv, int) and (heads % tp or not kv_heads_split(kv, tp)):
         yield Issue(f"{RM}.rollout.tensor_model_parallel_size", tp,
-                    f"does not divide the reward model's num_attention_heads={heads} / num_key_value_heads={kv}",
-                    f"choose a TP size dividing {kv}")
+                    f"does not divide the reward model's num_attention_heads={heads}, or neither divides its "
+                    f"num_key_value_heads={kv} nor is a multiple of it", f"choose a TP size dividing {heads} and {kv}, "
+                    f"or dividing {heads} and a multiple of {kv}")
     if isinstance(layers, int) and layers % pp:
         yield Issue(f"{RM}.rollout.pipeline_model_parallel_size", pp,
                     f"does not divide the reward model's num_hidden_layers={layers}", f"choose a PP size dividing {layers}")
