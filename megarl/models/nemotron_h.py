@@ -174,14 +174,11 @@ def _layer_specs(config: TransformerConfig, hf_config) -> dict[str, ModuleSpec]:
 
 def nemotron_h_block(config: TransformerConfig, vp_stage: Optional[int], hf_config):
     """The decoder block of one (virtual) pipeline stage: each layer's spec by its kind."""
-    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
-    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
-    from megarl.models.spec import SequenceParallelTorchNorm
+    from megarl.models.spec import SequenceParallelTorchNorm, stage_layers
 
     kinds = nemotron_h_layer_kinds(hf_config)
     specs = _layer_specs(config, hf_config)
-    offset = get_transformer_layer_offset(config, vp_stage=vp_stage)
-    return TransformerBlockSubmodules(
-        layer_specs=[specs[kinds[offset + i]] for i in range(get_num_layers_to_build(config, vp_stage=vp_stage))],
-        layer_norm=SequenceParallelTorchNorm)
+    return TransformerBlockSubmodules(layer_specs=[specs[kinds[layer]] for layer in stage_layers(config, vp_stage)],
+                                      layer_norm=SequenceParallelTorchNorm)

@@ -117,18 +117,15 @@ def _linear_attention_layer(config: TransformerConfig, moe: bool) -> ModuleSpec:
 def qwen_hybrid_block(config: TransformerConfig, vp_stage: Optional[int]):
     """The decoder block of one (virtual) pipeline stage: each layer's spec by ``linear_attention_freq`` and, for an
     MoE model, ``moe_layer_freq``."""
-    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
-    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
     from megarl.models.gemma3 import ZeroCenteredRMSNorm
-    from megarl.models.spec import moe_pattern
+    from megarl.models.spec import moe_pattern, stage_layers
 
     layers = config.num_layers
     moe = moe_pattern(config) or [int(bool(config.num_moe_experts))] * layers
     specs = {(linear, is_moe): (_linear_attention_layer if linear else _attention_layer)(config, bool(is_moe))
              for linear, is_moe in set(zip(config.linear_attention_freq, moe))}
-    offset = get_transformer_layer_offset(config, vp_stage=vp_stage)
     return TransformerBlockSubmodules(
-        layer_specs=[specs[config.linear_attention_freq[offset + i], moe[offset + i]]
-                     for i in range(get_num_layers_to_build(config, vp_stage=vp_stage))],
+        layer_specs=[specs[config.linear_attention_freq[layer], moe[layer]] for layer in stage_layers(config, vp_stage)],
         layer_norm=ZeroCenteredRMSNorm)

@@ -31,7 +31,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from megarl.models.core_attention import MLACoreAttention, SDPACoreAttention
 
 __all__ = ["SequenceParallelTorchNorm", "get_layer_spec", "have_transformer_engine", "local_block",
-           "moe_pattern", "resolve_transformer_impl", "te_block"]
+           "moe_pattern", "resolve_transformer_impl", "stage_layers", "te_block"]
 
 _IMPL_KEY = "megatron.override_transformer_config.transformer_impl"
 TRANSFORMER_IMPLS = ("transformer_engine", "local")
@@ -129,23 +129,30 @@ def _swap_norms(spec) -> None:
             _swap_norms(value)
 
 
+def stage_layers(config: TransformerConfig, vp_stage: Optional[int]) -> range:
+    """The global indices of the decoder layers one (virtual) pipeline stage builds."""
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+    offset = get_transformer_layer_offset(config, vp_stage=vp_stage)
+    return range(offset, offset + get_num_layers_to_build(config, vp_stage=vp_stage))
+
+
 def local_block(layer_spec: ModuleSpec, config: TransformerConfig, vp_stage: Optional[int], final_norm=None):
     """The local spec's decoder block for one (virtual) pipeline stage: megatron builds the same
     from a layer spec, but with ``WrappedTorchNorm`` as the final norm. ``layer_spec`` is the
     MoE layer's spec of a MoE model; layers that ``config.moe_layer_freq`` marks dense get
     the dense spec. ``final_norm``: the final norm's module (default
     :class:`SequenceParallelTorchNorm`)."""
-    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
-    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
-    layers = get_num_layers_to_build(config, vp_stage=vp_stage)
+    layers = stage_layers(config, vp_stage)
     pattern = moe_pattern(config)
     if pattern is None:
-        specs = [layer_spec] * layers
+        specs = [layer_spec] * len(layers)
     else:
         dense = get_layer_spec(config, use_te=False, num_experts=None)
-        offset = get_transformer_layer_offset(config, vp_stage=vp_stage)
-        specs = [layer_spec if pattern[offset + i] else dense for i in range(layers)]
+        specs = [layer_spec if pattern[layer] else dense for layer in layers]
     return TransformerBlockSubmodules(layer_specs=specs, layer_norm=final_norm or SequenceParallelTorchNorm)
 
 
