@@ -138,14 +138,15 @@ def test_3_damage_lock_and_model_changes_fail_before_ray(first_run, demo_dir, ru
     shard = _zero_4k_of_a_shard(root / "global_step_4")
     other_model = run_dir / "other_model"
     shutil.copytree(demo_dir / "model", other_model)
-    # side by side: the model change is refused while the config is read, before the lock is taken
+    # one after the other: both are refused while the trainer reads the checkpoint, which it does holding the run
+    # lock (side by side, the second found the first's lock: exit 3, CI 2026-11-27)
     damaged = Driver(demo_dir, run_dir, _args(demo_dir, "trainer.resume_mode=resume_path",
                                               f"trainer.resume_from_path={root / 'global_step_4'}"))
-    changed = Driver(demo_dir, run_dir, _args(demo_dir, f"actor_rollout_ref.model.path={other_model}", *_demo_settings(demo_dir)))
     code, text = damaged.wait(timeout=900), damaged.text()
     _assert_one_message(text, code, 4)
     assert str(shard) in text and NO_RAY not in text, text[-4000:]
 
+    changed = Driver(demo_dir, run_dir, _args(demo_dir, f"actor_rollout_ref.model.path={other_model}", *_demo_settings(demo_dir)))
     code, text = changed.wait(timeout=900), changed.text()
     _assert_one_message(text, code, 2)
     assert "actor_rollout_ref.model.path" in text and str(other_model) in text and str(demo_dir / "model") in text, text[-4000:]
