@@ -89,15 +89,11 @@ def _hf_dir(args: argparse.Namespace, local_dir: Path) -> Path:
 def _init_single_process() -> None:
     """A world of one gloo rank: TP = PP = EP = 1."""
     from megarl.parallel import init_distributed
+    from megarl.parallel.rendezvous import open_rendezvous
 
     if not torch.distributed.is_initialized():
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
-        if "MASTER_PORT" not in os.environ:
-            import socket
-
-            with socket.socket() as sock:
-                sock.bind(("127.0.0.1", 0))
-                os.environ["MASTER_PORT"] = str(sock.getsockname()[1])
+        os.environ["MASTER_PORT"] = str(open_rendezvous("127.0.0.1"))
     init_distributed({}, "cpu", seed=0)
 
 

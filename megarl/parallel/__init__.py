@@ -36,7 +36,8 @@ def init_distributed(megatron_cfg: Any, device: str | torch.device, *, seed: int
     """Initialise torch.distributed and megatron's model-parallel groups (idempotent).
 
     Reads ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` (and ``LOCAL_RANK`` on
-    CUDA) from the environment; gloo on CPU, nccl on CUDA, bound to the interface that reaches
+    CUDA) from the environment; rank 0 builds on the store it already listens on when it opened one
+    (:mod:`megarl.parallel.rendezvous`); gloo on CPU, nccl on CUDA, bound to the interface that reaches
     ``MASTER_ADDR`` unless GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME say otherwise
     (:mod:`megarl.parallel.net_iface`). On CPU megatron-core's CPU shims
     (:mod:`megarl.compat.megatron_core.cpu`) are installed first. The layout is
@@ -59,6 +60,7 @@ def init_distributed(megatron_cfg: Any, device: str | torch.device, *, seed: int
 
     from megarl.compat.megatron_core.cpu import apply_cpu
     from megarl.parallel.net_iface import use_route_to_master
+    from megarl.parallel.rendezvous import held_store
 
     device_type = _device_type(device)
     if device_type == "cpu":
@@ -69,7 +71,15 @@ def init_distributed(megatron_cfg: Any, device: str | torch.device, *, seed: int
     if not dist.is_initialized():
         use_route_to_master()  # across machines: gloo / NCCL on the interface that reaches MASTER_ADDR
         timeout = {} if timeout_s is None else {"timeout": datetime.timedelta(seconds=timeout_s)}
-        dist.init_process_group(backend="gloo" if device_type == "cpu" else "nccl", **timeout)
+        backend = "gloo" if device_type == "cpu" else "nccl"
+        store = held_store()
+        if store is not None:  # this process is rank 0 and already listens (megarl.parallel.rendezvous)
+            # as torch's env:// rendezvous does for the other ranks: its timeout, its "default_pg" key prefix
+            store.set_timeout(timeout.get("timeout", dist.constants.default_pg_timeout))
+            dist.init_process_group(backend=backend, store=dist.PrefixStore("default_pg", store),
+                                    rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]), **timeout)
+        else:
+            dist.init_process_group(backend=backend, **timeout)
     layout = ParallelLayout.from_megatron_config(megatron_cfg or {}, dist.get_world_size())
     layout.validate()
 

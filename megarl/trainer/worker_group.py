@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import socket
 import time
 import traceback
 from typing import Any, Sequence
@@ -21,6 +20,7 @@ from typing import Any, Sequence
 import ray
 
 from megarl.parallel.layout import ParallelLayout
+from megarl.parallel.rendezvous import open_rendezvous
 from megarl.protocol import DataProto
 from megarl.trainer.dispatch import chunk_index, gather, scatter
 
@@ -38,12 +38,6 @@ class WorkerError(RuntimeError):
         super().__init__(message)
         self.group, self.rank, self.pid, self.method = group, rank, pid, method
         self.error_type, self.error_text, self.remote_traceback, self.died = error_type, error_text, remote_traceback, died
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def device_index(ray_gpu_id: int | str, visible_devices: str | None) -> int:
@@ -86,8 +80,9 @@ class WorkerHost:
         return ray.get_runtime_context().get_node_id(), f"{ip}, Slurm node {slurm}" if slurm else ip
 
     def address(self) -> tuple[str, int]:
-        """(this node's IP, a free port on it): the rendezvous of the group's rank 0."""
-        return ray.util.get_node_ip_address(), _free_port()
+        """(this node's IP, the port rank 0 listens on from now): the group's rendezvous."""
+        ip = ray.util.get_node_ip_address()
+        return ip, open_rendezvous(ip)
 
     def set_env(self, env: dict[str, str]) -> None:
         os.environ.update(env)

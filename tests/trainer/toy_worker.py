@@ -35,3 +35,27 @@ class ToyWorker:
 
     def call_count(self) -> int:
         return getattr(self, "calls", 0)
+
+    def master_port_taken(self) -> bool:
+        """Whether another socket could bind this group's MASTER_PORT now (it must not: rank 0 listens on
+        it from the moment it was chosen, or any other socket of the machine may take it first)."""
+        import socket
+
+        with socket.socket() as probe:
+            try:
+                probe.bind(("", int(os.environ["MASTER_PORT"])))
+            except OSError:
+                return True
+        return False
+
+    def all_reduce_rank(self) -> int:
+        """The group's torch.distributed world formed through megarl's rendezvous: the sum of the ranks."""
+        import torch
+        import torch.distributed as dist
+
+        from megarl.parallel import init_distributed
+
+        init_distributed({}, "cpu", seed=0)
+        value = torch.tensor([int(os.environ["RANK"])])
+        dist.all_reduce(value)
+        return int(value.item())
