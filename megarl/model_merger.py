@@ -93,7 +93,7 @@ def _init_single_process() -> None:
 
     if not torch.distributed.is_initialized():
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
-        os.environ["MASTER_PORT"] = str(open_rendezvous("127.0.0.1"))
+        os.environ["MASTER_PORT"] = str(open_rendezvous("127.0.0.1", "world"))
     init_distributed({}, "cpu", seed=0)
 
 

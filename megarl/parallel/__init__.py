@@ -60,7 +60,7 @@ def init_distributed(megatron_cfg: Any, device: str | torch.device, *, seed: int
 
     from megarl.compat.megatron_core.cpu import apply_cpu
     from megarl.parallel.net_iface import use_route_to_master
-    from megarl.parallel.rendezvous import held_store
+    from megarl.parallel.rendezvous import take_rendezvous
 
     device_type = _device_type(device)
     if device_type == "cpu":
@@ -72,7 +72,7 @@ def init_distributed(megatron_cfg: Any, device: str | torch.device, *, seed: int
         use_route_to_master()  # across machines: gloo / NCCL on the interface that reaches MASTER_ADDR
         timeout = {} if timeout_s is None else {"timeout": datetime.timedelta(seconds=timeout_s)}
         backend = "gloo" if device_type == "cpu" else "nccl"
-        store = held_store()
+        store = take_rendezvous("world")
         if store is not None:  # this process is rank 0 and already listens (megarl.parallel.rendezvous)
             # as torch's env:// rendezvous does for the other ranks: its timeout, its "default_pg" key prefix
             store.set_timeout(timeout.get("timeout", dist.constants.default_pg_timeout))

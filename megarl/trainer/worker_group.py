@@ -79,10 +79,11 @@ class WorkerHost:
         ip, slurm = ray.util.get_node_ip_address(), os.environ.get("SLURMD_NODENAME")
         return ray.get_runtime_context().get_node_id(), f"{ip}, Slurm node {slurm}" if slurm else ip
 
-    def address(self) -> tuple[str, int]:
-        """(this node's IP, the port rank 0 listens on from now): the group's rendezvous."""
+    def address(self, purpose: str = "world") -> tuple[str, int]:
+        """(this node's IP, the port this process listens on from now): the rendezvous of ``purpose``'s
+        group (:mod:`megarl.parallel.rendezvous`)."""
         ip = ray.util.get_node_ip_address()
-        return ip, open_rendezvous(ip)
+        return ip, open_rendezvous(ip, purpose)
 
     def set_env(self, env: dict[str, str]) -> None:
         os.environ.update(env)

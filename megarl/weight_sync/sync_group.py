@@ -3,7 +3,8 @@
 The trainer's ranks form one torch.distributed world (Megatron's) and every engine process has its
 own (vLLM's); a process can hold only one default world, so the weight push uses a group outside
 both: a TCPStore on the trainer's rank 0 and a gloo (CPU) or NCCL (GPU) process group built on it
-directly, registered in neither world. Its ranks are its own: the trainer's rank 0 is rank 0, engine
+directly, registered in neither world (the store opened when its port was chosen, where it was:
+:mod:`megarl.parallel.rendezvous`). Its ranks are its own: the trainer's rank 0 is rank 0, engine
 ``i`` is rank ``i + 1``. Every collective is bounded by ``timeout_s``; with gloo a peer that died
 fails the next collective at once (its connection closes).
 """
@@ -14,6 +15,8 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from megarl.parallel.rendezvous import take_rendezvous
 
 BACKENDS = ("gloo", "nccl")
 
@@ -27,7 +30,10 @@ class SyncGroup:
             raise ValueError(f"weight-push group backend must be one of {BACKENDS}, got {backend!r}")
         timeout = timedelta(seconds=timeout_s)
         self.rank, self.size, self.backend = rank, size, backend
-        store = dist.TCPStore(host, port, size, rank == 0, timeout=timeout)
+        store = take_rendezvous("weight_push") if rank == 0 else None  # opened with the port, when it was
+        if store is None:
+            store = dist.TCPStore(host, port, size, rank == 0, timeout=timeout)
+        store.set_timeout(timeout)
         prefixed = dist.PrefixStore("megarl_weight_push", store)
         if backend == "gloo":
             self.group = dist.ProcessGroupGloo(prefixed, rank, size, timeout)

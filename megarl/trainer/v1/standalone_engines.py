@@ -59,7 +59,7 @@ class StandaloneEngines:
         self.pad_token_id = self.group.call_all_within(CALL_TIMEOUT_S, "pad_token_id")[0]
         dtype = self.group.call_all_within(CALL_TIMEOUT_S, "engine_dtype")[0]
         plan = self.actor.call_all("weight_push_plan", dtype)[0]
-        host, port = ray.get(self.actor.hosts[0].address.remote())
+        host, port = ray.get(self.actor.hosts[0].address.remote("weight_push"))
         size = self.replicas + 1
         trainer = self.actor.start_all("join_weight_push", host, port, size, self.backend, PUSH_TIMEOUT_S)
         engines = [h.call.remote("join_weight_push", host, port, rank + 1, size, self.backend, PUSH_TIMEOUT_S, plan)
