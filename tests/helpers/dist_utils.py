@@ -135,6 +135,14 @@ def _dump_stacks(procs) -> None:
             time.sleep(1)  # one rank's dump at a time
 
 
+PORT_ATTEMPTS = 3  # jobs started again when rank 0 finds its port taken
+
+
+class _PortTaken(DistributedTestError):
+    """Rank 0 could not listen on the port chosen for the job: another socket took it after
+    :func:`free_port` closed it (megarl's worker groups hold theirs: megarl.parallel.rendezvous)."""
+
+
 def run_distributed(
     fn: Callable[..., Any],
     world_size: int,
@@ -151,11 +159,22 @@ def run_distributed(
         timeout: seconds for the whole job; afterwards every rank is killed.
         env: extra environment variables for every rank.
 
+    A job whose rank 0 finds the chosen port taken (``EADDRINUSE``) starts again on another port.
+
     Raises:
         DistributedTestError: a rank raised (its traceback is in the message and the
             original exception is chained when picklable), died without reporting,
             or the job timed out (the ranks' stacks are on their stderr).
     """
+    for attempt in range(PORT_ATTEMPTS):
+        try:
+            return _run_once(fn, world_size, args, kwargs, timeout, env)
+        except _PortTaken:
+            if attempt == PORT_ATTEMPTS - 1:
+                raise
+
+
+def _run_once(fn, world_size, args, kwargs, timeout, env) -> list[Any]:
     ctx, forked = _context()
     result_queue = ctx.Queue()
     port = free_port()
@@ -210,9 +229,8 @@ def run_distributed(
                         cause = pickle.loads(exc_bytes)
                     except Exception:
                         cause = None
-                raise DistributedTestError(
-                    f"rank {rank} of {fn.__name__} failed:\n{tb}"
-                ) from cause
+                error = _PortTaken if "EADDRINUSE" in tb and str(port) in tb else DistributedTestError
+                raise error(f"rank {rank} of {fn.__name__} failed:\n{tb}") from cause
             results[rank] = pickle.loads(payload)
     finally:
         for proc in procs:

@@ -30,3 +30,20 @@ def test_run_distributed_reraises_rank_error():
     with pytest.raises(DistributedTestError, match="boom from rank 1") as info:
         run_distributed(_raise_on_rank_one, 2, timeout=60)
     assert isinstance(info.value.__cause__, ValueError)
+
+
+@pytest.mark.slow
+def test_run_distributed_starts_again_when_the_port_is_taken(monkeypatch):
+    """The port chosen for a job can be taken by another socket before rank 0 listens on it: the job
+    starts again on another port instead of failing the test."""
+    import socket
+
+    import helpers.dist_utils as dist_utils
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        ports = iter([taken.getsockname()[1]])
+        real = dist_utils.free_port
+        monkeypatch.setattr(dist_utils, "free_port", lambda: next(ports, None) or real())
+        assert run_distributed(_all_reduce_rank, 2, 10, timeout=60) == [30.0, 30.0]
