@@ -16,9 +16,10 @@ at another point of a noisy curve on every machine (150 steps gave 0.38 with AVX
 one malformed answer in 200 with AVX-512). Measured on this recipe (seed 0), the rule stops at
 step 147 (0.405 right) with AVX-512, 140 (0.395) with AVX2 and 149 (0.40) with the default
 kernels; on an Intel Xeon @ 2.50GHz at step 140 (0.43), 142 (0.5) and 142 (0.385): the step that
-crosses the target can overshoot it by 0.12. A step takes ~40 ms on one core, a measurement ~15 ms. Starting the measurements
-earlier stops sooner at a similar accuracy (step 132 with AVX-512) but from a model that GRPO
-improved less in the quickstart (0.735 instead of 0.79 at step 120 on one AVX-512 machine).
+crosses the target can overshoot it by 0.12. A step takes ~40 ms on one core, a measurement ~15 ms.
+Starting the measurements earlier stops sooner at a similar accuracy (step 132 with AVX-512) but
+from a model that GRPO improved less in the quickstart (0.735 instead of 0.79 at step 120 on one
+AVX-512 machine).
 
 Deterministic given the seed on one machine: seeded data and init, one torch thread while
 it runs (a multi-threaded CPU matmul may sum in another order with another thread
