@@ -182,11 +182,15 @@ def _greedy_scores(trainer, prompts) -> dict[str, float]:
 def _reference_advantages(estimator: str, groups: list[list[float]]) -> torch.Tensor:
     """Outcome advantages from the scores alone (verl's formulas)."""
     out = []
+    responses = sum(len(scores) for scores in groups)
+    nonzero = sum(1 for scores in groups for score in scores if score != 0)
     for scores in groups:
         s = torch.tensor(scores, dtype=torch.float64)
         n = len(s)
         if estimator == "rloo":
             out.append((s - s.mean()) * n / (n - 1))
+        elif estimator == "gpg":  # alpha = batch / #non-zero scores, f_norm = 1
+            out.append((s - s.mean()) * responses / max(1, nonzero))
         else:  # grpo, norm_adv_by_std_in_grpo=true
             out.append((s - s.mean()) / (s.std() + 1e-6))
     return torch.cat(out)
@@ -203,14 +207,18 @@ def test_controller_step_with_every_estimator(controller, estimator):
     greedy_scores = _greedy_scores(trainer, prompts) if estimator == "remax" else None
     trainer.global_step += 1
     m = trainer.train_step(prompts, prompts_iter)
-    assert math.isfinite(m["actor/pg_loss"]) and m["actor/grad_norm"] > 0, m
+    assert math.isfinite(m["actor/pg_loss"]) and math.isfinite(m["actor/grad_norm"]), m
     assert math.isfinite(m["critic/vf_loss"]) and m["critic/grad_norm"] > 0, m
     for stat in ("mean", "max", "min"):
         assert math.isfinite(m[f"critic/advantages/{stat}"]), m
-    if estimator in ("rloo", "grpo"):
+    if estimator in ("rloo", "grpo", "gpg"):
         reference = _reference_advantages(estimator, _groups(run_dir, trainer.global_step))
         assert m["critic/advantages/max"] == pytest.approx(reference.max().item(), abs=1e-4)
         assert m["critic/advantages/min"] == pytest.approx(reference.min().item(), abs=1e-4)
+        # a step whose every group scored alike has no advantage, hence (no entropy or KL loss) no gradient
+        assert (m["actor/grad_norm"] > 0) == bool(reference.abs().max() > 0), (reference, m)
+    else:
+        assert m["actor/grad_norm"] > 0, m
     if estimator == "remax":
         assert m["timing_s/gen_max"] > 0, m
         rows = _rows(run_dir, trainer.global_step)
