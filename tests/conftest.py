@@ -24,6 +24,27 @@ if importlib.util.find_spec("absl") is not None:
     absl.logging.get_absl_handler().python_handler.stream = sys.__stderr__
 
 
+# The default run has two xdist workers, each a file at a time (pytest.ini): the tests pin OMP_NUM_THREADS=1,
+# so one process at a time leaves one of CI's two cores idle. Files that share a session fixture costlier
+# than its building twice go to one worker together.
+WORKER_SHARED_FILES = {  # file -> the fixture it shares
+    "tests/fault/test_reliability_e2e.py": "four_steps",
+    "tests/fault/test_resume_fallback.py": "four_steps",
+}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedFixtureFileScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            return WORKER_SHARED_FILES.get(path, path)
+
+    return SharedFixtureFileScheduling(config, log) if config.getvalue("dist") == "loadfile" else None
+
+
 def pytest_collection_modifyitems(config, items):
     try:
         import torch
