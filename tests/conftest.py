@@ -31,18 +31,28 @@ WORKER_SHARED_FILES = {  # file -> the fixture it shares
     "tests/fault/test_reliability_e2e.py": "four_steps",
     "tests/fault/test_resume_fallback.py": "four_steps",
 }
+# Their files start whole runs (drivers, Ray, engines), minutes each: handed out first, so that the run does
+# not end on one of them alone (xdist's own order, most tests first, left them to the end).
+LONG_FILES_FIRST = ("tests/fault/", "tests/trainer/")
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadFileScheduling
 
-    class SharedFixtureFileScheduling(LoadFileScheduling):
+    class FileScheduling(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = super()._split_scope(nodeid)
             return WORKER_SHARED_FILES.get(path, path)
 
-    return SharedFixtureFileScheduling(config, log) if config.getvalue("dist") == "loadfile" else None
+        def _assign_work_unit(self, node) -> None:
+            long = next((scope for scope in self.workqueue if scope.startswith(LONG_FILES_FIRST)
+                         or scope in WORKER_SHARED_FILES.values()), None)
+            if long is not None:
+                self.workqueue.move_to_end(long, last=False)
+            super()._assign_work_unit(node)
+
+    return FileScheduling(config, log) if config.getvalue("dist") == "loadfile" else None
 
 
 def pytest_collection_modifyitems(config, items):
