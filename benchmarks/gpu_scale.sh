@@ -45,6 +45,8 @@
 #               (the reference), TP=2 + sequence parallel, CP=2, TP=1 on one GPU (the bf16 yardstick), TP=2 + SP with
 #               CUDA_DEVICE_MAX_CONNECTIONS=1 (benchmarks/bench_long_context.py): log-probs against the reference,
 #               tokens/s/GPU of the log-prob pass and the update, peak memory
+#   lc_tp1, lc_cp2  long_context's yardstick split for a queue that runs side by side: TP=1 on one GPU (lc_tp1, beside
+#               another one-GPU step), then TP=2 and CP=2 on two (lc_cp2), compared with lc_tp1's result when it is there
 #   tests       the GPU tests of tests/gpu (the e2e module aside) and tests/models, on the GPUs the machine has
 #   baselines   same-run copy and NCCL all-gather of one rank's 7B share (benchmarks/bench_sync_baselines.py)
 #   model30b    a random Qwen3-30B-A3B-shaped policy (128 experts top 8, real vocabulary) in /tmp/q30b with
@@ -72,8 +74,10 @@
 #               tokens over all turns. Prints phases, turns per sample (agent/*) and tokens/s/GPU per step. Its
 #               rollout/log_prob_gap is bf16's (verl's dtypes with a model path): compare it with e2e05_tp2's, not the
 #               fp32 demo's (on CPU this command at float32 measured max 2.8e-5, at bfloat16 max 0.61 mean 0.006)
-#   diag33      one GPU: benchmarks/check_gpt_oss_te.py beside the fla test at run_distributed's limit, then
-#               test_gpu_paths and test_offload_pinned (issue 33)
+#   diag33      one GPU: benchmarks/check_gpt_oss_te.py beside the fla test at run_distributed's limit (issue 33)
+#   tests_rest  test_gpu_paths and test_offload_pinned, each alone (the combined pytest's limit cut them before)
+#   session_STEP  benchmarks/gpu_session.sh's STEP (one GPU: e2e, hybrid; issue 33's before/after figures, issue 31's
+#               generate_sequences vs standalone vLLM)
 #   tests2      the 2-GPU tests: direct sync (shard to shard, gathered into vLLM), TP=2 paths
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -158,6 +162,16 @@ mapfile -t MOE30B48_CPUOPT < <(merged MOE30B actor_rollout_ref.actor.megatron.pa
   "+$CPUOPT.optimizer_cpu_offload=true" "+$CPUOPT.optimizer_offload_fraction=${MOE30B_CPUOPT_FRACTION:-0.75}" \
   "+$CPUOPT.overlap_cpu_optimizer_d2h_h2d=true" "+$CPUOPT.use_precision_aware_optimizer=true")
 
+lc_run() {  # lc_run LAYOUT... [--name NAME]: benchmarks/bench_long_context.py at LC_SEQ tokens, one GPU for "--tp 1", else two
+  local name="" args=()
+  while [ $# -gt 0 ]; do case $1 in --name) name=$2; shift 2 ;; *) args+=("$1"); shift ;; esac; done
+  [ -n "$name" ] || name=lc$(echo "${args[*]}" | tr -d ' -')
+  local procs=2; [ "${args[*]}" = "--tp 1" ] && procs=1
+  timeout 240 torchrun --standalone --nproc_per_node="$procs" benchmarks/bench_long_context.py "${args[@]}" --seq "${LC_SEQ:-16384}" \
+    --shape "${LC_SHAPE:-1.5b}" --out "$OUT/$name" > "$OUT/$name.log" 2>&1; echo "$name rc $?"
+  grep -E "Error|error:" "$OUT/$name.log" | tail -3
+}
+
 for step in "$@"; do
   echo "=== $step $(date -u +%T)"
   case $step in
@@ -234,33 +248,30 @@ for step in "$@"; do
     kill_sync) fault_run kill_sync weight_sync@1:rank1 --kill ;;
     nccl_timeout) fault_run nccl_timeout update_microbatch@2:rank1 actor_rollout_ref.nccl_timeout=60 ;;
     long_context) # "--tp 1" (one GPU): the TP=1 vs TP=2 difference is the bf16 yardstick for CP=2's
-             for layout in "--tp 2" "--tp 2 --sp" "--tp 1 --cp 2" "--tp 1"; do
-               name=lc$(echo "$layout" | tr -d ' -')
-               procs=$([ "$layout" = "--tp 1" ] && echo 1 || echo 2)
-               timeout 240 torchrun --nproc_per_node="$procs" benchmarks/bench_long_context.py $layout --seq "${LC_SEQ:-16384}" \
-                 --shape "${LC_SHAPE:-1.5b}" --out "$OUT/$name" > "$OUT/$name.log" 2>&1; echo "$name rc $?"
-               grep -E "Error|error:" "$OUT/$name.log" | tail -3
-             done
+             for layout in "--tp 2" "--tp 2 --sp" "--tp 1 --cp 2" "--tp 1"; do lc_run $layout; done
              # Megatron asks for CUDA_DEVICE_MAX_CONNECTIONS=1 with sequence parallelism (its warning in every TP run)
-             CUDA_DEVICE_MAX_CONNECTIONS=1 timeout 240 torchrun --nproc_per_node=2 benchmarks/bench_long_context.py --tp 2 --sp \
-               --seq "${LC_SEQ:-16384}" --shape "${LC_SHAPE:-1.5b}" --out "$OUT/lctp2sp_c1" > "$OUT/lctp2sp_c1.log" 2>&1
+             CUDA_DEVICE_MAX_CONNECTIONS=1 lc_run --tp 2 --sp --name lctp2sp_c1
              python3 benchmarks/bench_long_context.py --compare "$OUT/lctp2" "$OUT/lctp2sp" "$OUT/lctp1cp2" "$OUT/lctp1" \
                "$OUT/lctp2sp_c1" ;;
+    lc_tp1)  lc_run --tp 1 ;;
+    lc_cp2)  lc_run --tp 2; lc_run --tp 1 --cp 2
+             # against TP=1 (lc_tp1's, when it ran before in this queue): TP=2's difference is the bf16 yardstick for CP=2's
+             python3 benchmarks/bench_long_context.py --compare $(ls -d "$OUT/lctp1" 2>/dev/null) "$OUT/lctp2" "$OUT/lctp1cp2" ;;
     baselines) timeout 120 torchrun --nproc_per_node=2 benchmarks/bench_sync_baselines.py --model /tmp/q7b --tp 2 \
                > "$OUT/baselines.log" 2>&1; echo rc $?; grep -E "baseline|Error" "$OUT/baselines.log" ;;
     multiturn_tp2) [ -f /tmp/q05/model.safetensors ] || python3 benchmarks/grpo_model_dir.py /tmp/q05 > "$OUT/e2e_model_q05.log" 2>&1
              python3 benchmarks/multiturn_data.py /tmp/gpu-demo /tmp/gpu-demo-mt
              PYTHONPATH=$PYTHONPATH:$PWD/tests/agent E2E_DATA=/tmp/gpu-demo-mt run_e2e multiturn_tp2 /tmp/q05 2 420 "${MULTITURN_TP2[@]}" ;;
     diag33)  # issue 33 on one GPU: which TE-spec part moves GPT-OSS off HF, beside the fla test with run_distributed's own
-             # 300 s limit under pytest's (its ranks' stacks print at that limit; pytest's 150 s had cut the parent first);
-             # then the files the 420 s limit of `tests` left unrun
+             # 300 s limit under pytest's (its ranks' stacks print at that limit; pytest's 150 s had cut the parent first)
              timeout 400 python3 benchmarks/check_gpt_oss_te.py > "$OUT/gpt_oss_te.log" 2>&1 &
              timeout 400 python3 -m pytest -o addopts= -v --tb=long --timeout=360 --timeout-method=thread -m gpu -k qwen3_5 \
                tests/models/test_qwen_hybrid.py -rA -p no:cacheprovider > "$OUT/pytest_gpu.fla.log" 2>&1; echo "fla rc $?"
-             wait; grep -vE "Writing|Loading" "$OUT/gpt_oss_te.log" | tail -14
-             timeout 300 python3 -m pytest -o addopts= -v --tb=short --timeout=150 -m gpu tests/gpu/test_gpu_paths.py \
+             wait; grep -vE "Writing|Loading" "$OUT/gpt_oss_te.log" | tail -14 ;;
+    tests_rest) timeout 300 python3 -m pytest -o addopts= -v --tb=short --timeout=150 -m gpu tests/gpu/test_gpu_paths.py \
                tests/gpu/test_offload_pinned.py -rA -p no:cacheprovider > "$OUT/pytest_gpu.rest.log" 2>&1; echo "rest rc $?"
              grep -E "passed|failed|PASSED|FAILED|SKIPPED" "$OUT/pytest_gpu.rest.log" | tail -12 ;;
+    session_*) bash benchmarks/gpu_session.sh "${step#session_}" ;;
     tests2)  timeout 420 python3 -m pytest -o addopts= -q -m gpu tests/gpu/test_vllm_direct_sync.py tests/gpu/test_gpu_paths.py -rA \
                -p no:cacheprovider > "$OUT/pytest_gpu2.log" 2>&1; echo rc $?
              grep -E "passed|failed|PASSED|FAILED|SKIPPED|Error" "$OUT/pytest_gpu2.log" | tail -14 ;;

@@ -27,7 +27,7 @@ set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export PYTHONPATH=/tmp/site:/tmp/site-te:$PWD
 OUT=${OUT:-$PWD/outputs}; mkdir -p "$OUT"
-TR="torchrun --nproc_per_node=1"
+TR="torchrun --standalone --nproc_per_node=1"  # --standalone: a free port, so two can run side by side
 python3 -c "import torch, vllm, megatron.core as mc; import transformer_engine as te; print('torch', torch.__version__, 'vllm', vllm.__version__, 'mcore', mc.__version__, 'te', te.__version__, torch.cuda.get_device_name())" 2>&1 | tail -1
 
 source benchmarks/gpu_e2e.sh
