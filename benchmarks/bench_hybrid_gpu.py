@@ -98,6 +98,7 @@ def main() -> None:
     result: dict = {"shape": args.shape, "enforce_eager": args.enforce_eager, "device": torch.cuda.get_device_name()}
 
     if not args.skip_sync:
+        worker.sync_weights()  # the engine sleeps at level 2 after init: its parameters have memory again only after a sync
         vllm_params = [p.data for _, p in worker.rollout.model().named_parameters()]
         clones = [p.detach().clone() for p in vllm_params]
         nbytes = sum(p.numel() * p.element_size() for p in vllm_params)

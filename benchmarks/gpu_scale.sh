@@ -14,7 +14,7 @@
 #               tokens, offload as verl's 7B Megatron scripts set it; the launch plan of the same command first
 #   model7b_llama  the same shape as a Llama in /tmp/l7b (verl's agent loop refuses the qwen2 model type with the demo
 #               tokenizer: benchmarks/verl_side_by_side.sh says why), built on the GPU, ~45 s
-#   verl7b_tp2  verl 0.9.1's Megatron backend on e2e7b_tp2's workload (/tmp/l7b; builds it if absent), 2 GPUs, 540 s
+#   verl7b_tp2  verl 0.9.1's Megatron backend on e2e7b_tp2's workload (/tmp/l7b; builds it if absent), 2 GPUs, 1,080 s
 #               limit (VERL_TIMEOUT): benchmarks/verl_side_by_side.sh megatron7b; needs .gpuverl carried in the call
 #               (benchmarks/prepare_verl_part.sh). Prints verl's per-step phases, tokens/s/GPU and peak memory
 #   e2e7b_tp2_llama  e2e7b_tp2 on /tmp/l7b (model7b_llama), the model verl7b_tp2 runs: megarl beside verl on one model
@@ -195,7 +195,7 @@ for step in "$@"; do
     model7b_llama) [ -f /tmp/l7b/tokenizer.json ] || timeout 300 python3 benchmarks/grpo_model_dir.py /tmp/l7b --7b --llama \
                > "$OUT/model7b_llama.log" 2>&1
              echo rc $?; du -sh /tmp/l7b ;;
-    verl7b_tp2) VERL_TIMEOUT=${VERL_TIMEOUT:-540} VERL_WATCHDOG_S=${VERL_WATCHDOG_S:-400} \
+    verl7b_tp2) VERL_TIMEOUT=${VERL_TIMEOUT:-1080} VERL_WATCHDOG_S=${VERL_WATCHDOG_S:-400} \
                bash benchmarks/verl_side_by_side.sh megatron7b ;;
     e2e7b_tp2_optim) plan_e2e e2e7b_tp2_optim /tmp/q7b 2 "${SCALE7B[@]}" actor_rollout_ref.rollout.gpu_memory_utilization=0.45
              run_e2e e2e7b_tp2_optim /tmp/q7b 2 540 "${SCALE7B[@]}" actor_rollout_ref.rollout.gpu_memory_utilization=0.45 ;;
@@ -256,7 +256,7 @@ for step in "$@"; do
     lc_tp1)  lc_run --tp 1 ;;
     lc_cp2)  lc_run --tp 2; lc_run --tp 1 --cp 2
              # against TP=1 (lc_tp1's, when it ran before in this queue): TP=2's difference is the bf16 yardstick for CP=2's
-             python3 benchmarks/bench_long_context.py --compare $(ls -d "$OUT/lctp1" 2>/dev/null) "$OUT/lctp2" "$OUT/lctp1cp2" ;;
+             python3 benchmarks/bench_long_context.py --compare $([ -f "$OUT/lctp1.pt" ] && echo "$OUT/lctp1") "$OUT/lctp2" "$OUT/lctp1cp2" ;;
     baselines) timeout 120 torchrun --nproc_per_node=2 benchmarks/bench_sync_baselines.py --model /tmp/q7b --tp 2 \
                > "$OUT/baselines.log" 2>&1; echo rc $?; grep -E "baseline|Error" "$OUT/baselines.log" ;;
     multiturn_tp2) [ -f /tmp/q05/model.safetensors ] || python3 benchmarks/grpo_model_dir.py /tmp/q05 > "$OUT/e2e_model_q05.log" 2>&1
