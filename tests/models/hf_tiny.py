@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import inspect
+import sys
+from collections.abc import Iterator
+
 import torch
 import transformers
 from safetensors.torch import load_file
@@ -193,15 +198,43 @@ def front_aligned(batch):
     return input_ids.gather(1, order) * mask, mask, (mask.cumsum(-1) - 1).clamp(min=0)
 
 
+# The functions of HF's modeling modules that transformers' use_kernel_func_from_hub_with_fallback binds to another
+# package's kernels (fla, causal-conv1d, mamba-ssm) at import, where that package is importable (transformers 5.19)
+HF_KERNEL_FALLBACKS = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_fn",
+                       "causal_conv1d_update", "chunk_kimi_delta_attention", "recurrent_kimi_delta_attention",
+                       "mamba2_chunk_scan", "mamba2_selective_state_update", "mamba2_split_conv1d_scan_combined",
+                       "mamba_inner_fn", "mamba_selective_scan", "mamba_selective_state_update")
+
+
+@contextlib.contextmanager
+def hf_torch_path(hf_dir: str) -> Iterator[None]:
+    """HF's own PyTorch functions in ``hf_dir``'s modeling module while it lasts: where transformers bound another
+    package's kernel in their place (the decorator keeps the PyTorch function as ``__wrapped__``), the reference
+    would run the kernels under test, and on CPU tensors, which Triton refuses (fla on 2 x H200, 2026-11-27)."""
+    config = transformers.AutoConfig.from_pretrained(hf_dir)
+    module = sys.modules[transformers.AutoModelForCausalLM._model_mapping[type(config)].__module__]
+    bound = {name: getattr(module, name) for name in HF_KERNEL_FALLBACKS if hasattr(module, name)}
+    try:
+        for name, function in bound.items():
+            torch_function = inspect.unwrap(function)
+            assert torch_function.__module__ == module.__name__, (name, torch_function.__module__)
+            setattr(module, name, torch_function)
+        yield
+    finally:
+        for name, function in bound.items():
+            setattr(module, name, function)
+
+
 def hf_token_log_probs(hf_dir: str, input_ids, attention_mask, position_ids) -> torch.Tensor:
-    """HF transformers reference: log p(token t+1 | <= t), ``[b, s-1]``, fp32 eager."""
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        hf_dir, dtype=torch.float32, attn_implementation="eager"
-    ).eval()
-    with torch.no_grad():
-        logits = model(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
-        ).logits
+    """HF transformers reference: log p(token t+1 | <= t), ``[b, s-1]``, fp32 eager, on HF's PyTorch functions."""
+    with hf_torch_path(hf_dir):
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            hf_dir, dtype=torch.float32, attn_implementation="eager"
+        ).eval()
+        with torch.no_grad():
+            logits = model(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
+            ).logits
     return torch.log_softmax(logits[:, :-1].float(), dim=-1).gather(-1, input_ids[:, 1:, None])[..., 0]
 
 

@@ -14,7 +14,6 @@ Qwen2-MoE's, held at EP=2 by test_megatron_vs_hf.py).
 from __future__ import annotations
 
 import importlib
-import inspect
 
 import pytest
 from helpers.dist_utils import run_distributed
@@ -52,16 +51,15 @@ def test_logprobs_and_roundtrip(family, layout, hf_dirs):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next"])
-def test_flash_linear_attention_kernels_match_hf(family, hf_dirs, monkeypatch):
+def test_flash_linear_attention_kernels_match_hf(family, hf_dirs):
     """One GPU with flash-linear-attention: fla's DeltaNet kernels in the same local-spec model, against HF's fp32
     forward within tests/models/test_gpu_moe.py's tolerance (fla computes in lower precision inside). The reference
-    is HF's own PyTorch path: with fla importable, HF binds fla's kernels in its place (and runs them on CPU tensors,
-    which Triton refuses: seen on 2 x H200, 2026-11-27), so the reference would not be independent of the kernels
-    under test."""
+    runs HF's own PyTorch DeltaNet, not fla's kernels that transformers binds in its place (hf_tiny.hf_torch_path)."""
     import torch
 
     pytest.importorskip("fla")
-    hf_torch_path(monkeypatch, family)
+    modeling = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    assert hasattr(modeling, "torch_chunk_gated_delta_rule"), "HF renamed its DeltaNet: hf_tiny.HF_KERNEL_FALLBACKS"
     batch = front_aligned(padded_batch(96))
     res = run_distributed(convert_and_forward, 1, {}, [{"hf_dir": hf_dirs[family], "batch": batch, "packed": True}],
                           "cuda", timeout=300)[0][0]
@@ -70,19 +68,3 @@ def test_flash_linear_attention_kernels_match_hf(family, hf_dirs, monkeypatch):
     for got in (res["result"], res["packed"]):
         torch.testing.assert_close(got[valid], expected[valid], atol=2e-4, rtol=1e-4)
 
-
-HF_KERNEL_FALLBACKS = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_fn",
-                       "causal_conv1d_update")
-
-
-def hf_torch_path(monkeypatch, family: str) -> None:
-    """Points ``family``'s HF modeling module at its own PyTorch functions where transformers'
-    ``use_kernel_func_from_hub_with_fallback`` bound another package's kernel (fla, causal-conv1d) at import
-    (the decorator keeps the PyTorch function as ``__wrapped__``)."""
-    module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
-    names = [name for name in HF_KERNEL_FALLBACKS if hasattr(module, name)]
-    assert "torch_chunk_gated_delta_rule" in names, f"{module.__name__}: HF's DeltaNet function was renamed"
-    for name in names:
-        torch_function = inspect.unwrap(getattr(module, name))
-        assert torch_function.__module__ == module.__name__, (name, torch_function.__module__)
-        monkeypatch.setattr(module, name, torch_function)
