@@ -27,9 +27,9 @@ if importlib.util.find_spec("absl") is not None:
 # The default run has two xdist workers, each a file at a time (pytest.ini): the tests pin OMP_NUM_THREADS=1,
 # so one process at a time leaves one of CI's two cores idle. Files that share a session fixture costlier
 # than its building twice go to one worker together.
-WORKER_SHARED_FILES = {  # file -> the fixture it shares
-    "tests/fault/test_reliability_e2e.py": "four_steps",
-    "tests/fault/test_resume_fallback.py": "four_steps",
+WORKER_SHARED_FILES = {  # file -> its group, named after the fixture it shares (in its directory)
+    "tests/fault/test_reliability_e2e.py": "tests/fault/four_steps",
+    "tests/fault/test_resume_fallback.py": "tests/fault/four_steps",
 }
 # Their files start whole runs (drivers, Ray, engines), minutes each: handed out first, so that the run does
 # not end on one of them alone (xdist's own order, most tests first, left them to the end).
@@ -46,8 +46,7 @@ def pytest_xdist_make_scheduler(config, log):
             return WORKER_SHARED_FILES.get(path, path)
 
         def _assign_work_unit(self, node) -> None:
-            long = next((scope for scope in self.workqueue if scope.startswith(LONG_FILES_FIRST)
-                         or scope in WORKER_SHARED_FILES.values()), None)
+            long = next((scope for scope in self.workqueue if scope.startswith(LONG_FILES_FIRST)), None)
             if long is not None:
                 self.workqueue.move_to_end(long, last=False)
             super()._assign_work_unit(node)
