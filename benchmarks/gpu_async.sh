@@ -8,6 +8,7 @@
 #   async1   one GPU: sync vs colocate_async (separate_async needs a GPU of its own for the engine)
 #   async2   two GPUs: sync and colocate_async on both (actor DP=2, two vLLM replicas) vs separate_async
 #            (trainer on one GPU, one standalone engine on the other)
+#   async2_sync  two GPUs: sync alone (the same-run baseline of async2_deep, on the other two GPUs of a 4-GPU machine)
 #   async2_deep  two GPUs: colocate_async and separate_async with samples spanning up to 3 versions (2 warm-up
 #            batches): a long response then has three generation phases to finish in, not two
 # The policy: a random Qwen2.5-0.5B shape (benchmarks/grpo_model_dir.py /tmp/q05), the demo task's prompts,
@@ -53,6 +54,7 @@ for step in "$@"; do
   case $step in
     async1) modes async1 1 sync,colocate_async ;;
     async2) modes async2 2 sync,colocate_async,separate_async ;;
+    async2_sync) modes async2_sync 2 sync ;;
     async2_deep) modes async2_deep 2 colocate_async,separate_async --off-policy 3 ;;
   esac
 done
