@@ -131,7 +131,7 @@ def _classify(error: BaseException, context: FailureContext) -> RunFailure:
             return RunFailure(EXIT_WORKER, _first_lines(str(error).splitlines()[0]), (
                 "look for the cause in the worker's output above (an out-of-memory kill, a segfault); then "
                 f"{_resume_hint(context)}"), where=where, **at)
-        if error.error_type == "OutOfMemoryError":
+        if error.out_of_memory:
             from megarl.trainer.oom import oom_fix
 
             return RunFailure(EXIT_WORKER, _first_lines(f"out of GPU memory: {error.error_text}"), oom_fix(context.phase),

@@ -1,6 +1,6 @@
 """What to change when a phase runs out of GPU memory: the keys the memory plan would name for it.
 
-A worker that hits torch's ``OutOfMemoryError`` reports the GPU's memory by pool with it
+A worker that runs out of GPU memory (torch's ``OutOfMemoryError``, or vLLM's allocator at a wake-up) reports the GPU's memory by pool with it
 (megarl.utils.gpu_memory.oom_report); megarl.trainer.failures adds these keys for the phase the
 trainer was in, and the plan's command that lists each phase's terms.
 """
@@ -16,7 +16,9 @@ _GENERATE = (f"lower {_ROLL}.gpu_memory_utilization or {_ROLL}.max_num_seqs / ma
 # the trainer's phase names (megarl.trainer.ppo_trainer / rollout_stage) -> the keys
 KEYS = {
     "gen": _GENERATE, "gen_max": _GENERATE, "validate": _GENERATE,
-    "weight_sync": f"lower {_ROLL}.weight_sync.bucket_size_mb; offload the trainer's state: {_OFFLOAD}",
+    # vLLM's weights and then its KV cache wake up in this phase, beside the trainer's resident state
+    "weight_sync": f"lower {_ROLL}.gpu_memory_utilization (vLLM's weights and KV cache wake up in this phase) or "
+                   f"{_ROLL}.weight_sync.bucket_size_mb; offload the trainer's state: {_OFFLOAD}",
     "old_log_prob": f"lower {_ROLL}.log_prob_micro_batch_size_per_gpu (or log_prob_max_token_len_per_gpu with "
                     f"log_prob_use_dynamic_bsz); {_R}.megatron.param_offload",
     "ref": f"lower {_R}.log_prob_micro_batch_size_per_gpu (or log_prob_max_token_len_per_gpu with "

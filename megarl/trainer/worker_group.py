@@ -30,14 +30,16 @@ DEFAULT_CALL_TIMEOUT_S = 3 * 3600.0  # one phase of one step; a hang beyond this
 class WorkerError(RuntimeError):
     """A worker method raised, its process died, or it hung; the message has the group, rank and
     the worker's traceback. Attributes (None when unknown): group, rank, pid, method,
-    error_type / error_text (the worker's exception), remote_traceback, died (process died)."""
+    error_type / error_text (the worker's exception), remote_traceback, died (process died), out_of_memory
+    (the worker ran out of GPU memory: torch's allocator or vLLM's)."""
 
     def __init__(self, message: str, *, group: str | None = None, rank: int | None = None, pid: int | None = None,
                  method: str | None = None, error_type: str | None = None, error_text: str | None = None,
-                 remote_traceback: str | None = None, died: bool = False) -> None:
+                 remote_traceback: str | None = None, died: bool = False, out_of_memory: bool = False) -> None:
         super().__init__(message)
         self.group, self.rank, self.pid, self.method = group, rank, pid, method
         self.error_type, self.error_text, self.remote_traceback, self.died = error_type, error_text, remote_traceback, died
+        self.out_of_memory = out_of_memory
 
 
 def device_index(ray_gpu_id: int | str, visible_devices: str | None) -> int:
@@ -102,14 +104,15 @@ class WorkerHost:
         except Exception as error:
             trace = traceback.format_exc()
             text = str(error)
-            if type(error).__name__ == "OutOfMemoryError":  # torch's; the memory by pool while it is still held
-                from megarl.utils.gpu_memory import oom_report
+            from megarl.utils.gpu_memory import is_out_of_memory, oom_report
 
+            out_of_memory = is_out_of_memory(error)
+            if out_of_memory:  # the memory by pool while it is still held
                 text = f"{text.splitlines()[0] if text else ''}\n{oom_report()}"
             raise WorkerError(
                 f"rank {os.environ.get('RANK')}: {type(self.worker).__name__}.{method} failed:\n{trace}",
                 rank=int(os.environ.get("RANK", "-1")), pid=os.getpid(), method=method, error_type=type(error).__name__,
-                error_text=text, remote_traceback=trace,
+                error_text=text, remote_traceback=trace, out_of_memory=out_of_memory,
             ) from error
 
 
@@ -219,6 +222,7 @@ class WorkerGroup:
                         error_type=getattr(cause, "error_type", None) or type(cause).__name__,
                         error_text=getattr(cause, "error_text", None) or str(cause),
                         remote_traceback=getattr(cause, "remote_traceback", None) or str(error),
+                        out_of_memory=getattr(cause, "out_of_memory", False),
                     ) from None
                 except ray.exceptions.RayActorError as error:
                     rank = refs.index(ref)

@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-__all__ = ["device_used_gib", "oom_report", "phase_memory"]
+__all__ = ["device_used_gib", "is_out_of_memory", "oom_report", "phase_memory"]
 
 GIB = 2**30
 
@@ -25,6 +25,14 @@ def device_used_gib() -> float | None:
         return None
     free, total = torch.cuda.mem_get_info()
     return (total - free) / GIB
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """torch's ``OutOfMemoryError``, or vLLM's sleep-mode allocator failing to map memory at a wake-up:
+    vLLM 0.20-0.32 (csrc/cumem_allocator.cpp) raises that as a plain ``RuntimeError("CUDA Error: out of
+    memory at .../cumem_allocator.cpp:163")`` (the 8B TP=2 x PP=2 run of 2026-11-28 at its third weight sync)."""
+    return type(error).__name__ == "OutOfMemoryError" or (
+        isinstance(error, RuntimeError) and "CUDA Error: out of memory" in str(error))
 
 
 def _vllm_pool_bytes() -> int:

@@ -149,16 +149,22 @@ class _OutOfMemoryWorker:
 
     generate_sequences = update_actor
 
+    def sync_weights(self):  # vLLM's sleep-mode allocator at a wake-up (the 8B run of 2026-11-28, step 3)
+        raise RuntimeError("CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:163")
+
 
 @pytest.mark.parametrize("phase,method,keys", [
     ("update_actor", "update_actor", ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
                                       "recompute_granularity=full", "pipeline_model_parallel_size")),
     ("gen", "generate_sequences", ("actor_rollout_ref.rollout.gpu_memory_utilization",
                                    "actor_rollout_ref.actor.megatron.param_offload")),
+    ("weight_sync", "sync_weights", ("actor_rollout_ref.rollout.gpu_memory_utilization",
+                                     "actor_rollout_ref.actor.megatron.param_offload")),
 ])
 def test_out_of_memory_gives_the_memory_by_pool_and_the_phases_keys(tmp_path, capsys, monkeypatch, phase, method, keys):
-    """A worker's torch OutOfMemoryError goes through the worker host (which adds the GPU's memory by
-    pool while it is still held) and the controller (the keys the plan names for that phase)."""
+    """A worker's out-of-memory error (torch's OutOfMemoryError, or vLLM's allocator's RuntimeError at a
+    wake-up) goes through the worker host (which adds the GPU's memory by pool while it is still held) and
+    the controller (the keys the plan names for that phase)."""
     from megarl.trainer.worker_group import WorkerError, WorkerHost
 
     host = WorkerHost.__new__(WorkerHost)  # the Ray actor's body, without Ray
@@ -168,13 +174,14 @@ def test_out_of_memory_gives_the_memory_by_pool_and_the_phases_keys(tmp_path, ca
         host.call(method)
     error = info.value
     error.group = "actor_rollout_ref"
-    assert error.error_type == "OutOfMemoryError"
+    assert error.out_of_memory
     first, report = error.error_text.splitlines()
-    assert first.startswith("CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert first.startswith("CUDA out of memory. Tried to allocate 2.00 GiB" if method != "sync_weights" else
+                            "CUDA Error: out of memory at"), first
     assert report.startswith("memory (GiB): GPU" if torch.cuda.is_available() else "memory: no CUDA device"), report
     code, err = _report(_explain(error, phase=phase, tmp_path=tmp_path), capsys)
     assert code == 7
-    for word in (f"phase {phase}", "actor_rollout_ref rank 1", "out of GPU memory: CUDA out of memory. Tried to allocate",
+    for word in (f"phase {phase}", "actor_rollout_ref rank 1", f"out of GPU memory: {first}",
                  report, "python -m megarl.plan", *keys):
         assert word in err, (word, err)
     assert "expandable_segments" not in err  # torch's advice stays in the log

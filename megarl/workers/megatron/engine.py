@@ -143,6 +143,7 @@ class MegatronEngine:
         self.device = device or default_device()
         self.chunks: list[torch.nn.Module] = []
         self.optimizer = None
+        self.optimizer_stepped = False  # Adam allocates its state at its first step
         self.use_distributed_optimizer = False  # trainable engines: megatron.use_distributed_optimizer (checkpoint format)
         self.scheduler = None
         self.hf_config = None
@@ -344,7 +345,13 @@ class MegatronEngine:
         if routing is not None:
             self.router_replay.end_schedule(self.chunks)
         lr = self.optimizer.param_groups[0]["lr"]
+        if not self.optimizer_stepped and torch.cuda.is_available():
+            # The state Adam allocates now lives as long as the run: in segments of its own, not in the holes of
+            # the micro-batches' freed activations, where it would keep their segments from ever going back
+            # to the driver (vLLM's KV cache wakes up into what torch gave back)
+            torch.cuda.empty_cache()
         success, grad_norm, _ = self.optimizer.step()
+        self.optimizer_stepped = True
         if not success:
             logger.warning("%s: optimizer step skipped (non-finite gradients: fp16 loss-scale overflow or NaN/Inf)", self.prefix)
         return stats, float(grad_norm) if grad_norm is not None else float("nan"), float(lr)

@@ -145,7 +145,10 @@ class Offloader:
         return host
 
     def onload(self, groups: tuple[str, ...] = ALL) -> None:
-        """Bring the offloaded groups among ``groups`` back to the device."""
+        """Bring the offloaded groups among ``groups`` back to the device, into segments of their own:
+        torch's cached blocks (the last pass's activations) go back to the driver first."""
+        if any(group in self._stash for group in groups) and torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
         for group in groups:
             for storage, host in self._stash.pop(group, []):
                 storage.resize_(host.nbytes())
