@@ -225,17 +225,22 @@ def hf_torch_path(hf_dir: str) -> Iterator[None]:
             setattr(module, name, function)
 
 
-def hf_token_log_probs(hf_dir: str, input_ids, attention_mask, position_ids) -> torch.Tensor:
-    """HF transformers reference: log p(token t+1 | <= t), ``[b, s-1]``, fp32 eager, on HF's PyTorch functions."""
-    with hf_torch_path(hf_dir):
+def hf_token_log_probs(hf_dir: str, input_ids, attention_mask, position_ids, *, device: str = "cpu",
+                       hf_kernels: bool = False) -> torch.Tensor:
+    """HF transformers reference: log p(token t+1 | <= t), ``[b, s-1]`` on the CPU, fp32 eager, run on ``device``
+    with HF's PyTorch functions, or with the kernels transformers binds in their place (``hf_kernels``: fla,
+    causal-conv1d, mamba-ssm where installed; CUDA only)."""
+    with contextlib.nullcontext() if hf_kernels else hf_torch_path(hf_dir):
         model = transformers.AutoModelForCausalLM.from_pretrained(
             hf_dir, dtype=torch.float32, attn_implementation="eager"
-        ).eval()
+        ).eval().to(device)
         with torch.no_grad():
             logits = model(
-                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
+                input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                position_ids=position_ids.to(device)
             ).logits
-    return torch.log_softmax(logits[:, :-1].float(), dim=-1).gather(-1, input_ids[:, 1:, None])[..., 0]
+    log_probs = torch.log_softmax(logits[:, :-1].float(), dim=-1).gather(-1, input_ids[:, 1:, None].to(device))[..., 0]
+    return log_probs.cpu()
 
 
 def assert_matches_hf(hf_dir: str, batch, per_rank: list[dict], packed: bool) -> None:

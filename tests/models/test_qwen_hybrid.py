@@ -53,8 +53,11 @@ def test_logprobs_and_roundtrip(family, layout, hf_dirs):
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next"])
 def test_flash_linear_attention_kernels_match_hf(family, hf_dirs):
     """One GPU with flash-linear-attention: fla's DeltaNet kernels in the same local-spec model, against HF's fp32
-    forward within tests/models/test_gpu_moe.py's tolerance (fla computes in lower precision inside). The reference
-    runs HF's own PyTorch DeltaNet, not fla's kernels that transformers binds in its place (hf_tiny.hf_torch_path)."""
+    forward on HF's own PyTorch DeltaNet (hf_tiny.hf_torch_path), within what the same kernels cost HF itself: fla
+    computes in TF32 inside, so HF's model with fla bound (transformers' default where fla is installed) is the
+    yardstick. megarl's difference may be at most twice HF's (plus 1e-5); a wrong layout, gate or norm around the
+    kernels moves log-probs by far more (2 x H200, 2026-11-28: a fixed 2e-4 + 1e-4 rel failed on 1 of 33 tokens
+    by 0.7e-4)."""
     import torch
 
     pytest.importorskip("fla")
@@ -64,7 +67,10 @@ def test_flash_linear_attention_kernels_match_hf(family, hf_dirs):
     res = run_distributed(convert_and_forward, 1, {}, [{"hf_dir": hf_dirs[family], "batch": batch, "packed": True}],
                           "cuda", timeout=300)[0][0]
     expected = hf_token_log_probs(hf_dirs[family], *batch)
+    hf_with_fla = hf_token_log_probs(hf_dirs[family], *batch, device="cuda", hf_kernels=True)
     valid = (batch[1][:, :-1] * batch[1][:, 1:]).bool()
+    yardstick = (hf_with_fla[valid] - expected[valid]).abs().max().item()
+    assert yardstick > 0, "HF ran its PyTorch DeltaNet, not fla's kernels: the yardstick measures nothing"
     for got in (res["result"], res["packed"]):
-        torch.testing.assert_close(got[valid], expected[valid], atol=2e-4, rtol=1e-4)
-
+        difference = (got[valid] - expected[valid]).abs().max().item()
+        assert difference <= 2 * yardstick + 1e-5, (difference, yardstick)
