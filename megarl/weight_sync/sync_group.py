@@ -50,6 +50,10 @@ class SyncGroup:
         self.group.broadcast([tensor], options).wait()
 
     def close(self) -> None:
-        shutdown = getattr(self.group, "shutdown", None)
-        if shutdown is not None:
-            shutdown()
+        """Leave the group at the run's end, no broadcast in flight. NCCL: abort, which tears down this member's
+        communicator alone. ``shutdown`` flushes through ncclCommFinalize and blocks by design (pytorch#141510)
+        where the other members have not left, and the engines leave only after the trainer (separate_async,
+        2 x H200, 2026-11-28: the trainer's shutdown ran out its 120 s bound)."""
+        stop = getattr(self.group, "abort", None) if self.backend == "nccl" else getattr(self.group, "shutdown", None)
+        if stop is not None:
+            stop()
