@@ -33,7 +33,6 @@ from megarl.config import (
     check_override_keys,
     check_schema,
     resolve_config,
-    typed_config,
     validate_config,
 )
 from megarl.config.compose import finish_compose
@@ -41,11 +40,12 @@ from megarl.config.config_options import take_config_options
 from megarl.config.demo_profile import demo_banner
 from megarl.config.errors import no_value
 from megarl.config.rules.engines import attention_notice
-from megarl.config.read import to_dict
+from megarl.config.read import to_dict, to_typed
 from megarl.config.verl_compat.check import compat_notices
 from megarl.plan.gate import memory_gate
 from megarl.preflight import RUNTIME_RULES, preflight
 from megarl.compat.megatron_core.fallback_warnings import fallback_note
+from megarl.compat.omegaconf_yaml import apply_c_yaml_loader
 from megarl.utils.signals import EXIT_SIGTERM, exit_code_of, exit_on_sigterm
 
 EXIT_BAD_CONFIG = 2
@@ -82,8 +82,9 @@ def prepare(cfg: DictConfig) -> MegaRLConfig:
     for notice in [*compat_notices(cfg), attention_notice(cfg)]:
         if notice:
             print(f"megarl: {notice}", flush=True)
-    refused = memory_gate(resolve_config(cfg))
-    typed = typed_config(cfg)
+    resolved = resolve_config(cfg)
+    typed = to_typed(MegaRLConfig, OmegaConf.to_container(resolved))  # typed_config(cfg), resolved once
+    refused = memory_gate(resolved, typed)
     try:
         preflight(typed)
     except ConfigError as error:  # every problem at once
@@ -133,6 +134,7 @@ def cli() -> None:
         from megarl.plan.__main__ import main as plan_main
 
         sys.exit(plan_main([a for a in sys.argv[1:] if a != "--dry-run"]))
+    apply_c_yaml_loader()  # Hydra's compose below reads the yaml files through OmegaConf's loader
     sys.argv[1:], issues = take_config_options(sys.argv[1:])  # Hydra then composes megarl's own config
     issues += check_override_keys(sys.argv[1:])
     if issues:

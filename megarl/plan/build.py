@@ -61,6 +61,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from megarl.config.errors import Issue
 from megarl.config.read import typed_config
+from megarl.config.schema import MegaRLConfig
 from megarl.config.rules.roles import ACTOR, CRITIC, REF, RM_ROLE, TEACHER_ROLE, Role, need_critic, need_reference
 from megarl.config.rules.view import value_at
 from megarl.config.schema.megatron import cpu_offload_fraction
@@ -234,7 +235,7 @@ def _megatron_dtype(cfg: DictConfig, role: Role) -> str:
     return dtype
 
 
-def _setup(cfg: DictConfig, role: Role) -> TrainSetup:
+def _setup(cfg: DictConfig, typed: MegaRLConfig, role: Role) -> TrainSetup:
     from megarl.workers.megatron.optim import grad_reduce_in_fp32
 
     seq = value_at(cfg, "data.max_prompt_length") + value_at(cfg, "data.max_response_length")
@@ -272,25 +273,24 @@ def _setup(cfg: DictConfig, role: Role) -> TrainSetup:
         exp_avg_dtype=optim.exp_avg_dtype if precision_aware else "fp32",
         exp_avg_sq_dtype=optim.exp_avg_sq_dtype if precision_aware else "fp32",
         value_head=role is CRITIC,
-        megatron_fsdp=_megatron_fsdp(cfg, role),
+        megatron_fsdp=_megatron_fsdp(typed, role),
         forward_entropy=role is ACTOR,
-        loss_topk=_teacher_topk(cfg) if role is ACTOR else 0,
+        loss_topk=_teacher_topk(typed) if role is ACTOR else 0,
         response_share=value_at(cfg, "data.max_response_length") / seq,
         cpu_offload_fraction=cpu_fraction,
     )
 
 
-def _megatron_fsdp(cfg: DictConfig, role: Role) -> bool:
+def _megatron_fsdp(typed: MegaRLConfig, role: Role) -> bool:
     """``megatron.use_megatron_fsdp`` of a trained role; the reference's has no effect (verl wraps only
     trained models)."""
-    typed = typed_config(cfg)
     sections = {ACTOR: typed.actor_rollout_ref.actor.megatron, CRITIC: typed.critic.megatron}
     return role in sections and sections[role].use_megatron_fsdp
 
 
-def _teacher_topk(cfg: DictConfig) -> int:
+def _teacher_topk(typed: MegaRLConfig) -> int:
     """Teacher log-probs per token the distillation loss reads: its top-k with forward_kl_topk, else 0."""
-    distillation = typed_config(cfg).distillation
+    distillation = typed.distillation
     return distillation.distillation_loss.topk if distillation.enabled and distillation.uses_topk() else 0
 
 
@@ -300,11 +300,10 @@ def _rows_per_rank(cfg: DictConfig, dp: int) -> int:
     return -(-rows // dp)
 
 
-def _served_roles(cfg: DictConfig, world: int) -> list[RolePlan]:
+def _served_roles(cfg: DictConfig, typed: MegaRLConfig, world: int) -> list[RolePlan]:
     """The forward-only reward model and distillation teacher (megarl.workers.reward_model /
     teacher): layout from their own keys, parameters offloaded between calls per
     ``free_cache_engine``, micro-batches of ``max_num_seqs`` rows (at most a DP rank's share)."""
-    typed = typed_config(cfg)
     out = []
     rm = typed.reward.reward_model
     if rm.enable:
@@ -322,7 +321,7 @@ def _served_roles(cfg: DictConfig, world: int) -> list[RolePlan]:
         seq = value_at(cfg, "data.max_prompt_length") + value_at(cfg, "data.max_response_length")
         rows = min(inference.max_num_seqs, _rows_per_rank(cfg, layout.dp))
         setup = TrainSetup(dtype=_megatron_dtype(cfg, TEACHER_ROLE), trainable=False, tokens=0,
-                           forward_tokens=rows * seq, forward_topk=_teacher_topk(cfg))
+                           forward_tokens=rows * seq, forward_topk=_teacher_topk(typed))
         out.append(_served(cfg, TEACHER_ROLE, layout, setup, inference.free_cache_engine,
                            TEACHER_POOL if own else TRAINER_POOL))
     return out
@@ -338,6 +337,7 @@ def _served(cfg: DictConfig, role: Role, layout: ParallelLayout, setup: TrainSet
 def build_plan(cfg: DictConfig, gpu_memory_gib: float, host_memory_gib: float | None) -> Plan:
     """The plan of a validated, resolved config on GPUs of ``gpu_memory_gib`` GiB each and nodes
     of ``host_memory_gib`` GiB of RAM (None: the host memory is reported, not judged)."""
+    typed = typed_config(cfg)  # once: each conversion costs ~0.25 s, and every run and dry run plans
     nnodes, per_node = value_at(cfg, "trainer.nnodes"), value_at(cfg, "trainer.n_gpus_per_node")
     world = nnodes * per_node
     active = [ACTOR] + ([REF] if need_reference(cfg) else []) + ([CRITIC] if need_critic(cfg) else [])
@@ -347,12 +347,12 @@ def build_plan(cfg: DictConfig, gpu_memory_gib: float, host_memory_gib: float | 
         params = count_params(load_shape(value_at(cfg, role.model_path)))
         trainable = role is not REF
         roles[role.name] = RolePlan(
-            role, layout, params, rank_memory(params, layout, _setup(cfg, role)),
+            role, layout, params, rank_memory(params, layout, _setup(cfg, typed, role)),
             param_offload=bool(value_at(cfg, f"{role.megatron}.param_offload")),
             grad_offload=trainable and bool(value_at(cfg, f"{role.megatron}.grad_offload")),
             optimizer_offload=trainable and bool(value_at(cfg, f"{role.megatron}.optimizer_offload")),
         )
-    roles.update((r.role.name, r) for r in _served_roles(cfg, world))
+    roles.update((r.role.name, r) for r in _served_roles(cfg, typed, world))
     rollout = "actor_rollout_ref.rollout"
     gpu_bytes = int(gpu_memory_gib * GIB)
     rollout_dtype = value_at(cfg, f"{rollout}.dtype")
@@ -366,7 +366,7 @@ def build_plan(cfg: DictConfig, gpu_memory_gib: float, host_memory_gib: float | 
                 host_bytes=None if host_memory_gib is None else int(host_memory_gib * GIB))
     if roles.get("teacher") is not None and roles["teacher"].pool == TEACHER_POOL:
         plan.teacher_pool = (value_at(cfg, "distillation.nnodes"), value_at(cfg, "distillation.n_gpus_per_node"))
-    if typed_config(cfg).trainer.trainer_mode() == "separate_async":
+    if typed.trainer.trainer_mode() == "separate_async":
         plan.rollout_pool = (value_at(cfg, f"{rollout}.nnodes"), value_at(cfg, f"{rollout}.n_gpus_per_node"))
     plan.phases = phases(plan)
     plan.issues = _fit_issues(plan, cfg, gpu_memory_gib)

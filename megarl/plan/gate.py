@@ -13,7 +13,7 @@ import dataclasses
 from omegaconf import DictConfig
 
 from megarl.config.errors import Issue
-from megarl.config.read import typed_config
+from megarl.config.schema import MegaRLConfig
 from megarl.plan.build import GIB, build_plan, gpu_memory_gib, host_memory_gib
 
 __all__ = ["memory_gate"]
@@ -21,10 +21,10 @@ __all__ = ["memory_gate"]
 SKIP_HINT = "; or trainer.memory_plan.enforce=false to start anyway"
 
 
-def memory_gate(cfg: DictConfig) -> list[Issue]:
-    """The plan of the resolved, validated ``cfg`` in one line (and its problems) on stdout; the
-    problems that refuse the run (empty when it fits or is not enforced)."""
-    trainer = typed_config(cfg).trainer
+def memory_gate(cfg: DictConfig, typed: MegaRLConfig) -> list[Issue]:
+    """The plan of the resolved, validated ``cfg`` (``typed``: its typed form) in one line (and its problems)
+    on stdout; the problems that refuse the run (empty when it fits or is not enforced)."""
+    trainer = typed.trainer
     enforce, device = trainer.memory_plan.enforce, trainer.device
     plan = build_plan(cfg, gpu_memory_gib(trainer.memory_plan, device), host_memory_gib(trainer.memory_plan, trainer.device))
     name, peak = max(((n, p.total) for n, p in plan.phases.items()), key=lambda item: item[1])

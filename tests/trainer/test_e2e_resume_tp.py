@@ -1,8 +1,8 @@
 """Resume and tensor parallelism end to end (CPU, Ray), with greedy rollouts so runs are
 deterministic: REINFORCE++ with n=1 and rollout.do_sample=false.
 
-* resume: 4 steps straight vs its step-2 checkpoint resumed (trainer.resume_mode=auto) to 4: the same
-  step-3/4 metrics and the same final weights (HF export of the actor at step 4). (A killed run resumed
+* resume (``-m extended``): 4 steps straight vs its step-2 checkpoint resumed (trainer.resume_mode=auto) to 4:
+  the same step-3/4 metrics and the same final weights (HF export of the actor at step 4). (A killed run resumed
   through the driver: tests/fault/test_kill_resume.py; total_training_steps raised on resume:
   tests/fault/test_reliability_e2e.py.)
 * TP=2 / PP=2 / CP=2: the actor on 2 ranks (2 vLLM replicas) gives the TP=1 run's step-1/2 metrics.
@@ -82,6 +82,8 @@ def _assert_same(a, b, steps):
             assert b[step][key] == pytest.approx(a[step][key], rel=1e-4, abs=1e-6), f"step {step} {key}"
 
 
+@pytest.mark.extended  # the default tier resumes through the driver and compares with a straight run's metrics:
+# tests/fault/test_kill_resume.py (kill -9, then resume_mode=auto) and test_reliability_e2e.py (resume_path, new lr)
 def test_resume_matches_straight_run(demo_dir, straight, tmp_path):
     """The straight run's step-2 checkpoint, alone in a new run directory, resumed to step 4."""
     run_dir, full = straight
