@@ -1,8 +1,8 @@
 """What to change when a phase runs out of GPU memory: the keys the memory plan would name for it.
 
-A worker that runs out of GPU memory (torch's ``OutOfMemoryError``, or vLLM's allocator at a wake-up) reports the GPU's memory by pool with it
-(megarl.utils.gpu_memory.oom_report); megarl.trainer.failures adds these keys for the phase the
-trainer was in, and the plan's command that lists each phase's terms.
+A worker that runs out of GPU memory (torch's ``OutOfMemoryError``, or vLLM's allocator at a wake-up)
+reports the GPU's memory by pool with it (megarl.utils.gpu_memory.oom_report); megarl.trainer.failures adds
+these keys for the phase the trainer was in, and the plan's command that lists each phase's terms.
 """
 
 from __future__ import annotations
