@@ -8,6 +8,8 @@
 #   async1   one GPU: sync vs colocate_async (separate_async needs a GPU of its own for the engine)
 #   async2   two GPUs: sync and colocate_async on both (actor DP=2, two vLLM replicas) vs separate_async
 #            (trainer on one GPU, one standalone engine on the other)
+#   async4   four GPUs: sync and colocate_async (actor DP=4, four vLLM replicas) vs separate_async on 2 + 2
+#            (trainer DP=2, two standalone engines), threshold 3 for the async modes (issue 36's 4-GPU figures)
 #   async2_sync  two GPUs: sync alone (the same-run baseline of async2_deep, on the other two GPUs of a 4-GPU machine)
 #   async2_deep  two GPUs: colocate_async and separate_async with samples spanning up to 3 versions (2 warm-up
 #            batches): a long response then has three generation phases to finish in, not two
@@ -55,6 +57,7 @@ for step in "$@"; do
     async1) modes async1 1 sync,colocate_async ;;
     async2) modes async2 2 sync,colocate_async,separate_async ;;
     async2_sync) modes async2_sync 2 sync ;;
+    async4) modes async4 4 sync,colocate_async,separate_async --engines 2 --off-policy 3 ;;
     async2_deep) modes async2_deep 2 colocate_async,separate_async --off-policy 3 ;;
   esac
 done
