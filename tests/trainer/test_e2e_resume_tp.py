@@ -61,8 +61,9 @@ def _run(demo_dir, run_dir, overrides):
 
 @pytest.fixture(scope="module")
 def straight(demo_dir, tmp_path_factory):
+    """2 steps on one rank: the 2-rank layouts' reference."""
     run_dir = tmp_path_factory.mktemp("straight")
-    return run_dir, _run(demo_dir, run_dir, ["trainer.total_training_steps=4"])
+    return run_dir, _run(demo_dir, run_dir, ["trainer.total_training_steps=2"])
 
 
 def _hf_weights(run_dir, step):
@@ -84,10 +85,13 @@ def _assert_same(a, b, steps):
 
 @pytest.mark.extended  # the default tier resumes through the driver and compares with a straight run's metrics:
 # tests/fault/test_kill_resume.py (kill -9, then resume_mode=auto) and test_reliability_e2e.py (resume_path, new lr)
-def test_resume_matches_straight_run(demo_dir, straight, tmp_path):
-    """The straight run's step-2 checkpoint, alone in a new run directory, resumed to step 4."""
-    run_dir, full = straight
-    (tmp_path / "ckpt").mkdir()
+def test_resume_matches_straight_run(demo_dir, tmp_path):
+    """A 4-step straight run's step-2 checkpoint, alone in a new run directory, resumed to step 4."""
+    run_dir = tmp_path / "straight"
+    run_dir.mkdir()
+    full = _run(demo_dir, run_dir, ["trainer.total_training_steps=4"])
+    tmp_path = tmp_path / "resumed"
+    (tmp_path / "ckpt").mkdir(parents=True)
     shutil.copytree(run_dir / "ckpt" / "global_step_2", tmp_path / "ckpt" / "global_step_2")
     (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").write_text("2")
     resumed = _run(demo_dir, tmp_path, ["trainer.total_training_steps=4"])
