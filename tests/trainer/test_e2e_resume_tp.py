@@ -90,16 +90,16 @@ def test_resume_matches_straight_run(demo_dir, tmp_path):
     run_dir = tmp_path / "straight"
     run_dir.mkdir()
     full = _run(demo_dir, run_dir, ["trainer.total_training_steps=4"])
-    tmp_path = tmp_path / "resumed"
-    (tmp_path / "ckpt").mkdir(parents=True)
-    shutil.copytree(run_dir / "ckpt" / "global_step_2", tmp_path / "ckpt" / "global_step_2")
-    (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").write_text("2")
-    resumed = _run(demo_dir, tmp_path, ["trainer.total_training_steps=4"])
+    resumed_dir = tmp_path / "resumed"
+    (resumed_dir / "ckpt").mkdir(parents=True)
+    shutil.copytree(run_dir / "ckpt" / "global_step_2", resumed_dir / "ckpt" / "global_step_2")
+    (resumed_dir / "ckpt" / "latest_checkpointed_iteration.txt").write_text("2")
+    resumed = _run(demo_dir, resumed_dir, ["trainer.total_training_steps=4"])
     # It resumed (a restart from scratch would give the same numbers): it logged only steps 3 and 4.
     assert sorted(resumed) == [3, 4]
     assert full[3]["actor/grad_norm"] != pytest.approx(full[4]["actor/grad_norm"])  # steps differ at all
     _assert_same(full, resumed, (3, 4))
-    want, got = _hf_weights(run_dir, 4), _hf_weights(tmp_path, 4)
+    want, got = _hf_weights(run_dir, 4), _hf_weights(resumed_dir, 4)
     assert want.keys() == got.keys()
     for name in want:
         torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-6, msg=name)
