@@ -52,8 +52,10 @@ def plan_text(overrides: list[str]) -> tuple[str, list[Issue]]:
     validate_config(cfg, RUNTIME_RULES, installed=installed, files=False)
     notes += [n for n in [attention_notice(cfg, installed)] if n]
     resolved = resolve_config(cfg)
-    trainer = to_typed(MegaRLConfig, OmegaConf.to_container(resolved)).trainer  # resolved already
-    plan = build_plan(resolved, gpu_memory_gib(trainer.memory_plan, trainer.device), host_memory_gib(trainer.memory_plan, trainer.device))
+    typed = to_typed(MegaRLConfig, OmegaConf.to_container(resolved))  # resolved already
+    trainer = typed.trainer
+    plan = build_plan(resolved, gpu_memory_gib(trainer.memory_plan, trainer.device),
+                      host_memory_gib(trainer.memory_plan, trainer.device), typed)
     return format_plan(plan, notes=notes), plan.issues
 
 

@@ -334,10 +334,12 @@ def _served(cfg: DictConfig, role: Role, layout: ParallelLayout, setup: TrainSet
                     grad_offload=False, optimizer_offload=False, pool=pool)
 
 
-def build_plan(cfg: DictConfig, gpu_memory_gib: float, host_memory_gib: float | None) -> Plan:
+def build_plan(cfg: DictConfig, gpu_memory_gib: float, host_memory_gib: float | None,
+               typed: MegaRLConfig | None = None) -> Plan:
     """The plan of a validated, resolved config on GPUs of ``gpu_memory_gib`` GiB each and nodes
-    of ``host_memory_gib`` GiB of RAM (None: the host memory is reported, not judged)."""
-    typed = typed_config(cfg)  # once: each conversion costs ~0.25 s, and every run and dry run plans
+    of ``host_memory_gib`` GiB of RAM (None: the host memory is reported, not judged). ``typed``: the
+    config's typed form where the caller has it (a conversion costs ~0.25 s, and every run plans)."""
+    typed = typed_config(cfg) if typed is None else typed
     nnodes, per_node = value_at(cfg, "trainer.nnodes"), value_at(cfg, "trainer.n_gpus_per_node")
     world = nnodes * per_node
     active = [ACTOR] + ([REF] if need_reference(cfg) else []) + ([CRITIC] if need_critic(cfg) else [])

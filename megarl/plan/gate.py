@@ -26,7 +26,7 @@ def memory_gate(cfg: DictConfig, typed: MegaRLConfig) -> list[Issue]:
     on stdout; the problems that refuse the run (empty when it fits or is not enforced)."""
     trainer = typed.trainer
     enforce, device = trainer.memory_plan.enforce, trainer.device
-    plan = build_plan(cfg, gpu_memory_gib(trainer.memory_plan, device), host_memory_gib(trainer.memory_plan, trainer.device))
+    plan = build_plan(cfg, gpu_memory_gib(trainer.memory_plan, device), host_memory_gib(trainer.memory_plan, device), typed)
     name, peak = max(((n, p.total) for n, p in plan.phases.items()), key=lambda item: item[1])
     verdict = "fits" if not plan.issues else "does NOT fit"
     print(f"megarl: memory plan {verdict}: peak {peak / GIB:.1f} of {plan.gpu_bytes / GIB:g} GiB per GPU in phase "
