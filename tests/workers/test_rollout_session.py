@@ -119,3 +119,43 @@ def test_evicted_group_leaves_nothing_in_the_engine(rollout, hf_dir):
         assert not rollout.llm.llm_engine.has_unfinished_requests()
     finally:
         session.close()
+
+
+def test_resumed_requests_enter_the_engine_before_newer_groups(rollout, hf_dir):
+    """At a phase's start the interrupted older group's requests are added before those of a group
+    submitted since: with rollout.max_num_seqs slots full, the group the step waits for runs first.
+    (The pause wakes the interrupted samples, which then wait for resume() ahead of the new ones.)"""
+    from megarl.workers.rollout_session import RolloutSession
+
+    rollout.update_weights(_weights(hf_dir, 0).items())
+    session = RolloutSession(rollout)
+    engine = session.engine
+    added: list[int] = []  # the first prompt token of each request added (ROWS[0][0] or ROWS[1][0])
+    add = engine.engine.add_request
+
+    def spied(request_id, prompt, params, *args, **kwargs):
+        added.append(prompt["prompt_token_ids"][0])
+        return add(request_id, prompt, params, *args, **kwargs)
+
+    engine.engine.add_request = spied
+    steps = {"n": 0}
+    step = engine.engine.step
+
+    def counted():
+        steps["n"] += 1
+        return step()
+
+    engine.engine.step = counted
+    try:
+        engine.version = 0
+        session.submit(left_padded_prompts(ROWS[:1], P), [30])
+        session.run_until([30], 1, extra=lambda: steps["n"] >= 3)
+        assert session.pause() == N
+        session.submit(left_padded_prompts(ROWS[1:], P), [31])  # newer: its tasks are created before 30 resumes
+        added.clear()
+        session.run_until([30, 31], 2)
+        assert added == [ROWS[0][0]] * N + [ROWS[1][0]] * N, added
+        assert sorted(session.take_finished()) == [30, 31]
+    finally:
+        engine.engine.add_request, engine.engine.step = add, step
+        session.close()
