@@ -74,6 +74,10 @@
 #               tokens over all turns. Prints phases, turns per sample (agent/*) and tokens/s/GPU per step. Its
 #               rollout/log_prob_gap is bf16's (verl's dtypes with a model path): compare it with e2e05_tp2's, not the
 #               fp32 demo's (on CPU this command at float32 measured max 2.8e-5, at bfloat16 max 0.61 mean 0.006)
+#   gap8b       issue 34's 0.063 gap, 2 GPUs: vLLM samples 8 x 2 responses of 2,048 tokens from /tmp/q8b (model8b first)
+#               with their log-probs, then megarl's reference pass at TP=2, PP=2 with dynamic batches (the 8B run's
+#               layout and packing) and TP=1 scores the same tokens beside HF transformers in fp32 and bf16
+#               (benchmarks/gap_probe.py): which side is off, and whether the gap grows along the response
 #   diag33      one GPU: benchmarks/check_gpt_oss_te.py beside the fla test at run_distributed's limit (issue 33)
 #   tests_rest  test_gpu_paths and test_offload_pinned, each alone (the combined pytest's limit cut them before)
 #   session_STEP  benchmarks/gpu_session.sh's STEP (one GPU: e2e, hybrid; issue 33's before/after figures, issue 31's
@@ -222,6 +226,11 @@ for step in "$@"; do
                tests/gpu/test_te_spec.py tests/models/test_gpu.py tests/gpu/test_vllm_direct_sync.py \
                tests/gpu/test_offload_pinned.py -rA -p no:cacheprovider > "$OUT/pytest_gpu.log" 2>&1; echo rc $?
              grep -E "passed|failed|PASSED|FAILED|SKIPPED|Error" "$OUT/pytest_gpu.log" | tail -24 ;;
+    gap8b)   timeout 300 python3 benchmarks/gap_probe.py generate --model /tmp/q8b --out /tmp/gap8b/batch.pt \
+               > "$OUT/gap8b.log" 2>&1; echo generate rc $?
+             timeout 420 torchrun --nproc_per_node=2 benchmarks/gap_probe.py score --model /tmp/q8b --batch /tmp/gap8b/batch.pt \
+               --layouts tp2,pp2_dyn,tp1 --out "$OUT/gap8b.json" >> "$OUT/gap8b.log" 2>&1; echo score rc $?
+             grep -A12 "log-prob agreement" "$OUT/gap8b.log" ;;
     model8b) [ -f /tmp/q8b/config.json ] || timeout 300 python3 benchmarks/grpo_model_dir.py /tmp/q8b --8b > "$OUT/model8b.log" 2>&1
              echo rc $?; du -sh /tmp/q8b ;;
     e2e8b_verl) plan_e2e e2e8b_verl /tmp/q8b 4 "${VERL8B[@]}"
