@@ -214,7 +214,7 @@ def main() -> None:
     parser.add_argument("--from-metrics", nargs="+", metavar="MODE=METRICS_JSONL", default=None,
                         help="summarize earlier runs' metrics.jsonl files (same --gpus/--batch/--n/--skip) instead of running")
     parser.add_argument("extra", nargs="*", help="more key=value overrides for every run")
-    args = parser.parse_args()
+    args = parser.parse_intermixed_args()  # options and key=value overrides in any order
     if args.from_metrics:
         report(args, [summarize(mode, read_steps(Path(path)), args)
                       for mode, path in (item.split("=", 1) for item in args.from_metrics)])

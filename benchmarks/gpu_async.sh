@@ -13,6 +13,9 @@
 #   async2_sync  two GPUs: sync alone (the same-run baseline of async2_deep, on the other two GPUs of a 4-GPU machine)
 #   async2_deep  two GPUs: colocate_async and separate_async with samples spanning up to 3 versions (2 warm-up
 #            batches): a long response then has three generation phases to finish in, not two
+#   async2_sync_bypass, async2_sep_bypass  async2_sync and separate_async (threshold 3) with
+#            algorithm.rollout_correction.bypass_mode=true (the rollout's log-probs as the old policy: no old-log-prob
+#            pass on the trainer, whose own work is separate_async's step), side by side on a 4-GPU machine
 # The policy: a random Qwen2.5-0.5B shape (benchmarks/grpo_model_dir.py /tmp/q05), the demo task's prompts,
 # 64 prompts x 8 samples a step, responses of 992 (1 prompt in 8) or 124 tokens (prompt + response
 # within the shape's 1,024 positions), 8 steps (medians of the last 6).
@@ -59,5 +62,7 @@ for step in "$@"; do
     async2_sync) modes async2_sync 2 sync ;;
     async4) modes async4 4 sync,colocate_async,separate_async --engines 2 --off-policy 3 ;;
     async2_deep) modes async2_deep 2 colocate_async,separate_async --off-policy 3 ;;
+    async2_sync_bypass) modes async2_sync_bypass 2 sync algorithm.rollout_correction.bypass_mode=true ;;
+    async2_sep_bypass) modes async2_sep_bypass 2 separate_async --off-policy 3 algorithm.rollout_correction.bypass_mode=true ;;
   esac
 done
