@@ -27,7 +27,7 @@ measured peak can be set beside each one:
   between-phase state (the actor's parameters offloaded again when ``param_offload``). On
   separate_async's pool: the budget + one weight-push bucket being received, nothing else; the
   trainer's ``sync`` there is the export alone (the actor's parameters and one bucket).
-* forward passes (``old_log_prob``, ``ref_log_prob``, ``values``, ``teacher_log_prob``,
+* forward passes (``old_log_prob``: none with ``algorithm.rollout_correction.bypass_mode``, ``ref_log_prob``, ``values``, ``teacher_log_prob``,
   ``reward_model``): vLLM asleep at level 2
   (weights and KV cache released; awake all along when ``rollout.free_cache_engine=false``),
   the role's parameters on the device (not its gradients or optimizer state) + its forward
@@ -180,6 +180,7 @@ class Plan:
     host_bytes: int | None  # one node's RAM (None: not known, not judged)
     teacher_pool: tuple[int, int] | None = None  # the teacher's own (nodes, GPUs per node); None: colocated or none
     rollout_pool: tuple[int, int] | None = None  # separate_async's engines' (nodes, GPUs per node); None: colocated
+    actor_forward: bool = True  # an old_log_prob pass; not in bypass mode (the rollout's log-probs are the old policy)
     phases: dict[str, Phase] = field(default_factory=dict)
     issues: list[Issue] = field(default_factory=list)
 
@@ -368,6 +369,7 @@ def build_plan(cfg: DictConfig, gpu_memory_gib: float, host_memory_gib: float | 
                 host_bytes=None if host_memory_gib is None else int(host_memory_gib * GIB))
     if roles.get("teacher") is not None and roles["teacher"].pool == TEACHER_POOL:
         plan.teacher_pool = (value_at(cfg, "distillation.nnodes"), value_at(cfg, "distillation.n_gpus_per_node"))
+    plan.actor_forward = not typed.algorithm.rollout_correction.bypass_mode
     if typed.trainer.trainer_mode() == "separate_async":
         plan.rollout_pool = (value_at(cfg, f"{rollout}.nnodes"), value_at(cfg, f"{rollout}.n_gpus_per_node"))
     plan.phases = phases(plan)
@@ -422,6 +424,8 @@ def phases(plan: Plan) -> dict[str, Phase]:
     asleep = ({"vLLM (awake: free_cache_engine=false)": plan.vllm.budget}
               if plan.vllm_awake_in_training and vllm_here else {})
     for name, r in roles.items():
+        if name == "actor" and not plan.actor_forward:
+            continue
         out[FORWARD_PHASE[name]] = _phase({**r.kept(params_onloaded=True), **r.fsdp_gathered("forward"),
                                            f"{name} activations (forward)": r.memory.activations_forward,
                                            **others(name), **asleep}, name,

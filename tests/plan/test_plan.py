@@ -281,3 +281,14 @@ def test_the_actor_forward_counts_the_entropy(tmp_path):
     actor, ref = plan.roles["actor"].memory, plan.roles["ref"].memory
     logits = 4 * 4096 * 152064 / 2  # log_prob micro-batch 4 x 4096 tokens, vocabulary / TP
     assert actor.activations_forward - ref.activations_forward == pytest.approx(6 * logits, rel=1e-6)
+
+
+def test_bypass_mode_has_no_old_log_prob_phase(tmp_path):
+    """algorithm.rollout_correction.bypass_mode: the rollout's log-probs are the old policy, the trainer runs no
+    actor forward pass (megarl.trainer.ppo_trainer), so the plan has no old_log_prob phase; the reference's stays."""
+    default = build_plan(_cfg(tmp_path, *GRPO_KL_TP2, nodes=1, gpus=2), gpu_memory_gib=80, host_memory_gib=None)
+    bypass = build_plan(_cfg(tmp_path, *GRPO_KL_TP2, "algorithm.rollout_correction.bypass_mode=true",
+                             "actor_rollout_ref.rollout.calculate_log_probs=true", nodes=1, gpus=2),
+                        gpu_memory_gib=80, host_memory_gib=None)
+    assert "old_log_prob" in default.phases and "old_log_prob" not in bypass.phases
+    assert set(default.phases) - set(bypass.phases) == {"old_log_prob"}
