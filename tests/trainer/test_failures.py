@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import tempfile
 
 import numpy as np
 import pytest
@@ -136,9 +137,10 @@ def test_checkpoint_lock_config_and_unknown_errors_have_their_codes(tmp_path, ca
         assert str(error).splitlines()[0][:40] in err, err
 
 
-def test_log_file_falls_back_to_the_temp_dir_when_the_run_dir_cannot_be_written(tmp_path, capsys):
+def test_log_file_falls_back_to_the_temp_dir_when_the_run_dir_cannot_be_written(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the fallback lands in this test's directory
     failure = _explain(RuntimeError("x"), run_dir="/proc/megarl-cannot-write-here")
-    assert failure.log_file and os.path.isfile(failure.log_file) and not failure.log_file.startswith("/proc")
+    assert failure.log_file and os.path.dirname(failure.log_file) == str(tmp_path) and os.path.isfile(failure.log_file)
 
 
 class _OutOfMemoryWorker:
