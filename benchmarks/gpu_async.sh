@@ -16,6 +16,11 @@
 #   async2_sync_bypass, async2_sep_bypass  async2_sync and separate_async (threshold 3) with
 #            algorithm.rollout_correction.bypass_mode=true (the rollout's log-probs as the old policy: no old-log-prob
 #            pass on the trainer, whose own work is separate_async's step), side by side on a 4-GPU machine
+#   async7b  two GPUs: sync vs colocate_async at 7B (/tmp/q7b: gpu_scale.sh model7b first), actor and one vLLM
+#            replica at TP=2, optimizer state offloaded (e2e7b_tp2_optim's memory), 16 prompts x 8, long responses
+#            1,024 tokens, 6 steps. At 0.5B generation is bound by vLLM's cost per sampled token, which overlap
+#            cannot remove; at 7B each decode step's fixed cost (reading the weights) is the larger part, and that is
+#            what colocate_async's shorter generation phases save (RESULTS.md, eighth session's analysis)
 # The policy: a random Qwen2.5-0.5B shape (benchmarks/grpo_model_dir.py /tmp/q05), the demo task's prompts,
 # 64 prompts x 8 samples a step, responses of 992 (1 prompt in 8) or 124 tokens (prompt + response
 # within the shape's 1,024 positions), 8 steps (medians of the last 6).
@@ -45,7 +50,7 @@ modes() {  # modes NAME GPUS MODES [args...]: one bench_async_modes.py call per 
   rm -f "$OUT/$name.json" "$OUT/$name.log"
   for mode in ${list//,/ }; do
     echo "--- $mode $(date -u +%T)" >> "$OUT/$name.log"
-    timeout 590 python3 benchmarks/bench_async_modes.py --gpus "$gpus" --modes "$mode" "$@" "${COMMON[@]}" \
+    timeout 590 python3 benchmarks/bench_async_modes.py --gpus "$gpus" --modes "$mode" "${COMMON[@]}" "$@" \
       --work "/tmp/$name" --out "$OUT/$name.json" >> "$OUT/$name.log" 2>&1; echo "$mode rc $?"
     cp "/tmp/$name/$mode/ckpt/metrics.jsonl" "$OUT/$name.$mode.metrics.jsonl" 2>/dev/null
     grep -E "Started a local Ray|torch.compile|init engine|CUDA graph|step 1/|step 8/" "/tmp/$name/$mode/run.log" 2>/dev/null \
@@ -62,6 +67,10 @@ for step in "$@"; do
     async2_sync) modes async2_sync 2 sync ;;
     async4) modes async4 4 sync,colocate_async,separate_async --engines 2 --off-policy 3 ;;
     async2_deep) modes async2_deep 2 colocate_async,separate_async --off-policy 3 ;;
+    async7b) modes async7b 2 sync,colocate_async --off-policy 3 --model /tmp/q7b --batch 16 --mini-batch 16 --micro-batch 2 \
+               --response-length 1024 --steps 6 --skip 2 actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 \
+               actor_rollout_ref.rollout.tensor_model_parallel_size=2 actor_rollout_ref.actor.megatron.optimizer_offload=true \
+               actor_rollout_ref.rollout.gpu_memory_utilization=0.45 actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 ;;
     async2_sync_bypass) modes async2_sync_bypass 2 sync algorithm.rollout_correction.bypass_mode=true ;;
     async2_sep_bypass) modes async2_sep_bypass 2 separate_async --off-policy 3 algorithm.rollout_correction.bypass_mode=true ;;
   esac

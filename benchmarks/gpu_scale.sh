@@ -7,7 +7,7 @@
 # Steps:
 #   model05     the demo assets and the random Qwen2.5-0.5B shape in /tmp/q05 (a queue's first step: side-by-side steps then
 #               find them built)
-#   async1, async2, async2_sync, async2_deep, async4, async2_sync_bypass, async2_sep_bypass  benchmarks/gpu_async.sh's steps (issue 36)
+#   async1, async2, async2_sync, async2_deep, async4, async7b, async2_sync_bypass, async2_sep_bypass  benchmarks/gpu_async.sh's steps (issue 36)
 #   model7b     a random Qwen2.5-7B-shaped policy (real vocabulary, padded demo tokenizer) in /tmp/q7b, built on the GPU
 #   e2e05_tp2   2 GRPO steps of the 0.5B shape with actor TP=2 and one vLLM TP=2 replica (shard-to-shard sync)
 #   e2e7b_tp2   5 GRPO steps of the 7B shape, actor TP=2 (+ reference), one vLLM TP=2 replica, 16 prompts x 8 x <= 1024
@@ -181,7 +181,7 @@ for step in "$@"; do
   case $step in
     model05) [ -f /tmp/q05/model.safetensors ] || python3 benchmarks/grpo_model_dir.py /tmp/q05 > "$OUT/model05.log" 2>&1
              echo rc $? ;;
-    async1|async2|async2_sync|async2_deep|async4|async2_sync_bypass|async2_sep_bypass) bash benchmarks/gpu_async.sh "$step" ;;
+    async1|async2|async2_sync|async2_deep|async4|async7b|async2_sync_bypass|async2_sep_bypass) bash benchmarks/gpu_async.sh "$step" ;;
     model7b) [ -f /tmp/q7b/config.json ] || timeout 300 python3 benchmarks/grpo_model_dir.py /tmp/q7b --7b > "$OUT/model7b.log" 2>&1
              echo rc $?; ls /tmp/q7b | head; du -sh /tmp/q7b ;;
     e2e05_tp2) [ -f /tmp/q05/model.safetensors ] || python3 benchmarks/grpo_model_dir.py /tmp/q05 > "$OUT/e2e_model_q05.log" 2>&1
