@@ -63,3 +63,14 @@ def mean_metrics(dicts: list[dict[str, float]]) -> dict[str, float]:
             if isinstance(v, (int, float)):
                 sums[k].append(float(v))
     return {k: float(np.mean(v)) for k, v in sums.items()}
+
+
+def generation_metrics(per_replica: list[dict[str, float]]) -> dict[str, float]:
+    """The replicas' generation metrics averaged, the engine time (``timing/generate_s``) as ``timing_s/gen_engine``
+    (the mean) and ``timing_s/gen_engine_max`` (the slowest replica's, which the step waits for)."""
+    metrics = mean_metrics(per_replica)
+    times = [d["timing/generate_s"] for d in per_replica if d and "timing/generate_s" in d]
+    if times:
+        metrics["timing_s/gen_engine"] = metrics.pop("timing/generate_s")
+        metrics["timing_s/gen_engine_max"] = max(times)
+    return metrics

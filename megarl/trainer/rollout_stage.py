@@ -39,7 +39,7 @@ from megarl.reward.extra_metrics import extra_metrics
 from megarl.reward.managers import make_reward_manager, place_scores, reward_spec
 from megarl.reward.rm_inputs import rm_inputs
 from megarl.trainer.balance import balance_order
-from megarl.trainer.metrics import mean_metrics
+from megarl.trainer.metrics import generation_metrics, mean_metrics
 from megarl.trainer.worker_group import WorkerGroup
 
 if TYPE_CHECKING:
@@ -288,12 +288,9 @@ class RolloutStage:
 
 
 def _gen_metrics(batch: DataProto) -> dict[str, float]:
-    """The generation's metrics, popped from the batch (the engine's time as ``timing_s/gen_engine``)."""
+    """The generation's metrics, popped from the batch (megarl.trainer.metrics.generation_metrics)."""
     metrics = batch.meta_info.pop("metrics", [])
-    metrics = mean_metrics(metrics if isinstance(metrics, list) else [metrics])
-    if "timing/generate_s" in metrics:
-        metrics["timing_s/gen_engine"] = metrics.pop("timing/generate_s")
-    return metrics
+    return generation_metrics(metrics if isinstance(metrics, list) else [metrics])
 
 
 def _tag(prompts: DataProto, step: int) -> None:

@@ -10,7 +10,7 @@ continue, under the new weights, in the next step's generation phase (megarl.wor
 from __future__ import annotations
 
 from megarl.protocol import DataProto
-from megarl.trainer.metrics import mean_metrics
+from megarl.trainer.metrics import generation_metrics
 from megarl.trainer.worker_group import WorkerGroup
 
 
@@ -33,7 +33,6 @@ class ColocatedEngines:
         finished: dict[int, list] = {}
         for result in results:
             finished.update(result["groups"])
-        metrics = mean_metrics([r["metrics"] for r in results])
-        metrics["timing_s/gen_engine"] = metrics.pop("timing/generate_s")
+        metrics = generation_metrics([r["metrics"] for r in results])
         metrics["rollout/interrupted_requests"] = float(sum(r["interrupted"] for r in results))
         return finished, metrics
