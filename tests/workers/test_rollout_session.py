@@ -54,19 +54,25 @@ def _hf_log_probs(hf_dir, version: int, prompt: list[int], response: list[int]) 
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(response)[:, None])[:, 0]
 
 
-def test_interrupted_responses_resume_under_each_new_version(rollout, hf_dir):
-    from megarl.workers.rollout_session import RolloutSession
-
-    session = RolloutSession(rollout)
-    engine = session.engine
+def _count_steps(llm_engine, monkeypatch) -> dict[str, int]:
+    """``{"n": engine steps so far}``, kept up to date for the rest of the test."""
     steps = {"n": 0}
-    step = engine.engine.step
+    step = llm_engine.step
 
     def counted():
         steps["n"] += 1
         return step()
 
-    engine.engine.step = counted
+    monkeypatch.setattr(llm_engine, "step", counted)
+    return steps
+
+
+def test_interrupted_responses_resume_under_each_new_version(rollout, hf_dir, monkeypatch):
+    from megarl.workers.rollout_session import RolloutSession
+
+    session = RolloutSession(rollout)
+    engine = session.engine
+    steps = _count_steps(engine.engine, monkeypatch)
     try:
         for version in range(3):
             rollout.update_weights(_weights(hf_dir, version).items())
@@ -82,7 +88,6 @@ def test_interrupted_responses_resume_under_each_new_version(rollout, hf_dir):
                 session.run_until([10, 11], 2)
         groups = session.take_finished()
     finally:
-        engine.engine.step = step
         session.close()
     assert sorted(groups) == [10, 11]
     for gid, prompt in zip((10, 11), ROWS):
@@ -121,7 +126,7 @@ def test_evicted_group_leaves_nothing_in_the_engine(rollout, hf_dir):
         session.close()
 
 
-def test_resumed_requests_enter_the_engine_before_newer_groups(rollout, hf_dir):
+def test_resumed_requests_enter_the_engine_before_newer_groups(rollout, hf_dir, monkeypatch):
     """At a phase's start the interrupted older group's requests are added before those of a group
     submitted since: with rollout.max_num_seqs slots full, the group the step waits for runs first.
     (The pause wakes the interrupted samples, which then wait for resume() ahead of the new ones.)"""
@@ -137,15 +142,8 @@ def test_resumed_requests_enter_the_engine_before_newer_groups(rollout, hf_dir):
         added.append(prompt["prompt_token_ids"][0])
         return add(request_id, prompt, params, *args, **kwargs)
 
-    engine.engine.add_request = spied
-    steps = {"n": 0}
-    step = engine.engine.step
-
-    def counted():
-        steps["n"] += 1
-        return step()
-
-    engine.engine.step = counted
+    monkeypatch.setattr(engine.engine, "add_request", spied)
+    steps = _count_steps(engine.engine, monkeypatch)
     try:
         engine.version = 0
         session.submit(left_padded_prompts(ROWS[:1], P), [30])
@@ -157,5 +155,4 @@ def test_resumed_requests_enter_the_engine_before_newer_groups(rollout, hf_dir):
         assert added == [ROWS[0][0]] * N + [ROWS[1][0]] * N, added
         assert sorted(session.take_finished()) == [30, 31]
     finally:
-        engine.engine.add_request, engine.engine.step = add, step
         session.close()
