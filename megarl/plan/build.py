@@ -27,8 +27,8 @@ measured peak can be set beside each one:
   between-phase state (the actor's parameters offloaded again when ``param_offload``). On
   separate_async's pool: the budget + one weight-push bucket being received, nothing else; the
   trainer's ``sync`` there is the export alone (the actor's parameters and one bucket).
-* forward passes (``old_log_prob``: none with ``algorithm.rollout_correction.bypass_mode``, ``ref_log_prob``, ``values``, ``teacher_log_prob``,
-  ``reward_model``): vLLM asleep at level 2
+* forward passes (``old_log_prob``, none with ``algorithm.rollout_correction.bypass_mode``;
+  ``ref_log_prob``, ``values``, ``teacher_log_prob``, ``reward_model``): vLLM asleep at level 2
   (weights and KV cache released; awake all along when ``rollout.free_cache_engine=false``),
   the role's parameters on the device (not its gradients or optimizer state) + its forward
   activations + the others' between-phase state. The teacher on its own pool: its parameters
