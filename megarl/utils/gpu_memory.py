@@ -1,7 +1,10 @@
 """GPU memory per phase, as the colocated worker and the weight sync report it (CUDA only; ``{}`` elsewhere).
 
 Two figures per phase: torch's allocator peak since the previous report, and the whole device's
-memory in use (every allocator and process). vLLM's weights and KV cache are allocated through a
+memory in use (every allocator and process), each the largest over the ranks of the process's world
+(:func:`max_over_world`): a phase's metrics come back from its output ranks, the last pipeline stage, and
+under 1F1B the first stage holds the most activations (pp micro-batches in flight, not one), so one
+rank's figure can miss the GPU nearest to running out. vLLM's weights and KV cache are allocated through a
 torch memory pool, so torch counts them as allocated even while vLLM sleeps and their memory is
 unmapped (a 7B TP=2 update showed a "peak" of 103.8 GiB on an 80 GB H100, 34.1 of it vLLM's
 sleeping pool): the peak reported here leaves that pool out, so it is what the trainer's own
@@ -14,7 +17,7 @@ import sys
 
 import torch
 
-__all__ = ["device_used_gib", "is_out_of_memory", "oom_report", "phase_memory"]
+__all__ = ["device_used_gib", "is_out_of_memory", "max_over_world", "oom_report", "phase_memory"]
 
 GIB = 2**30
 
@@ -71,12 +74,25 @@ def oom_report() -> str:
             f"reserved {(reserved - pool_bytes) / GIB:.1f}, beside vLLM's pool (mapped or asleep: {vllm})")
 
 
+def max_over_world(values: list[float], device: str) -> list[float]:
+    """Each of ``values`` maximised over the ranks of torch.distributed's default group (every rank must
+    call it; the values as they are without a group). ``device``: where the default group's backend
+    reduces (``cuda`` for NCCL, ``cpu`` for gloo)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return values
+    both = torch.tensor(values, dtype=torch.float64, device=device)
+    torch.distributed.all_reduce(both, op=torch.distributed.ReduceOp.MAX)
+    return both.tolist()
+
+
 def phase_memory(phase: str) -> dict[str, float]:
     """``memory/{phase}_peak_gib`` (torch's allocator peak since the last call, vLLM's pool left
-    out) and ``memory/{phase}_device_used_gib`` (the whole device now); resets the peak."""
+    out) and ``memory/{phase}_device_used_gib`` (the whole device now), each the largest over the
+    world's ranks (a collective: every rank of the phase calls it); resets the peak."""
     used = device_used_gib()
     if used is None:
         return {}
-    peak = torch.cuda.max_memory_allocated() - _vllm_pool_bytes()
+    peak = (torch.cuda.max_memory_allocated() - _vllm_pool_bytes()) / GIB
     torch.cuda.reset_peak_memory_stats()
-    return {f"memory/{phase}_peak_gib": peak / GIB, f"memory/{phase}_device_used_gib": used}
+    peak, used = max_over_world([peak, used], "cuda")
+    return {f"memory/{phase}_peak_gib": peak, f"memory/{phase}_device_used_gib": used}
