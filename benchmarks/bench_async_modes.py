@@ -149,6 +149,9 @@ def summarize(mode: str, steps: list[dict], args: argparse.Namespace) -> dict:
         "tokens_per_s_per_gpu": round(tokens / step_s / args.gpus, 1),
         "samples_per_s": round(args.batch * args.n / step_s, 2),
         "gen_s": round(statistics.median(m.get("timing_s/gen", 0.0) for m in timed), 3),
+        # the engines' own time in it: the replicas' mean and the slowest (colocated modes; 0 where not reported)
+        "engine_s": round(statistics.median(m.get("timing_s/gen_engine", 0.0) for m in timed), 3),
+        "engine_max_s": round(statistics.median(m.get("timing_s/gen_engine_max", 0.0) for m in timed), 3),
         "update_actor_s": round(statistics.median(m.get("timing_s/update_actor", 0.0) for m in timed), 3),
         "policy_lag_mean": round(statistics.mean(m["training/off_policy/policy_lag_mean"] for m in timed), 3),
         "response_length_mean": round(statistics.mean(m["response_length/mean"] for m in timed), 1),
@@ -156,7 +159,8 @@ def summarize(mode: str, steps: list[dict], args: argparse.Namespace) -> dict:
     }
 
 
-HEADER = (f"{'mode':16} {'step s':>8} {'tok/s/GPU':>10} {'samples/s':>10} {'gen s':>7} {'upd s':>7} {'lag':>5} "
+HEADER = (f"{'mode':16} {'step s':>8} {'tok/s/GPU':>10} {'samples/s':>10} {'gen s':>7} {'engine s':>8} {'max':>6} "
+          f"{'upd s':>7} {'lag':>5} "
           f"{'vs sync':>8} {'wall s':>7} {'outside steps s':>15}")
 
 
@@ -166,7 +170,8 @@ def row(r: dict, base: dict | None) -> str:
     ratio = r["tokens_per_s_per_gpu"] / base["tokens_per_s_per_gpu"] if base else float("nan")
     r["tokens_per_s_per_gpu_vs_sync"] = round(ratio, 3)
     return (f"{r['mode']:16} {r['step_s']:8.3f} {r['tokens_per_s_per_gpu']:10.1f} {r['samples_per_s']:10.2f} "
-            f"{r['gen_s']:7.3f} {r['update_actor_s']:7.3f} {r['policy_lag_mean']:5.2f} {ratio:8.2f} "
+            f"{r['gen_s']:7.3f} {r.get('engine_s', 0.0):8.3f} {r.get('engine_max_s', 0.0):6.3f} "
+            f"{r['update_actor_s']:7.3f} {r['policy_lag_mean']:5.2f} {ratio:8.2f} "
             f"{r.get('wall_s', float('nan')):7.1f} {r.get('outside_steps_s', float('nan')):15.1f}"
             + (f"  ({r['error']}, {r['steps_done']} steps)" if "error" in r else ""))
 
