@@ -436,7 +436,8 @@ def phases(plan: Plan) -> dict[str, Phase]:
                                                r.memory.activations_forward}, name, own_pool, r.pool)
     for name, r in roles.items():
         if r.memory.grads:
-            out[f"update_{name}"] = _phase({**r.whole(), **r.fsdp_gathered("train"), f"{name} activations (train)": r.memory.activations_train,
+            where = f", {r.memory.train_peak_stage} pipeline stage" if r.memory.train_peak_stage else ""
+            out[f"update_{name}"] = _phase({**r.whole(), **r.fsdp_gathered("train"), f"{name} activations (train{where})": r.memory.activations_train,
                                             **others(name), **asleep}, name, overhead(vllm_asleep=asleep_in_training))
     return out
 

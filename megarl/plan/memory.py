@@ -115,6 +115,7 @@ class RankMemory:
     activations_forward: int
     optimizer_host: int = 0
     fsdp: FsdpGathered | None = None  # Megatron-FSDP's whole-held parameters; None under DDP
+    train_peak_stage: str = ""  # pp > 1: the pipeline stage whose activations are activations_train ("first" | "last")
 
     @property
     def resident(self) -> int:
@@ -173,8 +174,10 @@ def _stage_params(p: ParamCount, layout: ParallelLayout, value_head: bool) -> tu
     return dense, expert
 
 
-def activation_bytes(p: ParamCount, layout: ParallelLayout, setup: TrainSetup, tokens: int, *, train: bool) -> int:
-    """Activation bytes on one rank for a micro-batch of ``tokens`` (see the module docstring)."""
+def activation_bytes(p: ParamCount, layout: ParallelLayout, setup: TrainSetup, tokens: int, *, train: bool,
+                     stage: str | None = None) -> int:
+    """Activation bytes on one rank for a micro-batch of ``tokens`` (see the module docstring). ``stage``
+    (training with pp > 1): ``"first"`` or ``"last"`` pipeline stage's; None: the larger."""
     s = p.shape
     t = tokens / layout.cp
     tp, etp = layout.tp, layout.etp
@@ -209,14 +212,16 @@ def activation_bytes(p: ParamCount, layout: ParallelLayout, setup: TrainSetup, t
         logits += t * setup.response_share * (s.vocab / tp * LOGIT_BYTES_TOPK + setup.loss_topk * TOPK_ENTRY_BYTES)
     stage_layers = -(-s.layers // layout.pp)
 
-    def stage(micro_batches: int) -> float:
+    def stage_bytes(micro_batches: int) -> float:
         """Saved activations of a stage holding `micro_batches` in flight, bytes."""
         layers = micro_batches * stage_layers
         elems = layers * s.hidden / norm_div + per_layer_max if setup.recompute_full else layers * per_layer_avg
         return t * (elems + dispatcher) * ACT_BYTES
 
-    first, last = stage(layout.pp), stage(1) + logits  # one stage when pp = 1: both terms at once
-    return int(max(first, last) if layout.pp > 1 else last)
+    first, last = stage_bytes(layout.pp), stage_bytes(1) + logits  # one stage when pp = 1: both terms at once
+    if layout.pp == 1:
+        return int(last)
+    return int({"first": first, "last": last}[stage] if stage else max(first, last))
 
 
 def rank_memory(p: ParamCount, layout: ParallelLayout, setup: TrainSetup) -> RankMemory:
@@ -247,7 +252,15 @@ def rank_memory(p: ParamCount, layout: ParallelLayout, setup: TrainSetup) -> Ran
         fsdp=fsdp_gathered(p, layout, setup) if setup.megatron_fsdp else None,
         activations_train=activation_bytes(p, layout, setup, setup.tokens, train=True) if setup.trainable else 0,
         activations_forward=activation_bytes(p, layout, setup, setup.forward_tokens, train=False),
+        train_peak_stage=_train_peak_stage(p, layout, setup) if setup.trainable and layout.pp > 1 else "",
     )
+
+
+def _train_peak_stage(p: ParamCount, layout: ParallelLayout, setup: TrainSetup) -> str:
+    """Which pipeline stage holds the most training activations: the first (pp micro-batches in flight under
+    1F1B) or the last (one, and the logits)."""
+    first, last = (activation_bytes(p, layout, setup, setup.tokens, train=True, stage=s) for s in ("first", "last"))
+    return "first" if first >= last else "last"
 
 
 @dataclass(frozen=True)

@@ -91,3 +91,18 @@ def test_nemotron_h_kv_cache_counts_attention_layers_and_one_sequence_of_mamba_s
     ssm = 64 // 2 * 16 * 4
     assert v.state_bytes_per_sequence == 2 * (conv + ssm)
     assert v.kv_tokens == (v.kv_cache - v.state_bytes_per_sequence) // v.kv_bytes_per_token
+
+
+
+def test_the_update_names_the_pipeline_stage_that_peaks():
+    """The stage each figure above is for (a phase's metrics come from the last stage, so the plan says
+    which stage its training activations are): the actor's logits make the last stage the larger here, a
+    critic's value head (no logits) leaves the first stage's two micro-batches the larger."""
+    actor = rank_memory(TINY, ParallelLayout(world_size=2, pp=2),
+                        TrainSetup(dtype="bfloat16", trainable=True, tokens=100, forward_tokens=50))
+    assert (actor.activations_train, actor.train_peak_stage) == (766400, "last")
+    critic = rank_memory(TINY, ParallelLayout(world_size=2, pp=2),
+                         TrainSetup(dtype="bfloat16", trainable=True, tokens=100, forward_tokens=50, value_head=True))
+    assert (critic.activations_train, critic.train_peak_stage) == (332800, "first")
+    assert rank_memory(TINY, ParallelLayout(world_size=2), TrainSetup(dtype="bfloat16", trainable=True, tokens=100,
+                                                                      forward_tokens=50)).train_peak_stage == ""
