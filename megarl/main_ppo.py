@@ -40,7 +40,7 @@ from megarl.config.config_options import take_config_options
 from megarl.config.demo_profile import demo_banner
 from megarl.config.errors import no_value
 from megarl.config.rules.engines import attention_notice
-from megarl.config.read import to_dict, to_typed
+from megarl.config.read import to_dict, typed_of_resolved
 from megarl.config.verl_compat.check import compat_notices
 from megarl.plan.gate import memory_gate
 from megarl.preflight import RUNTIME_RULES, preflight
@@ -83,7 +83,7 @@ def prepare(cfg: DictConfig) -> MegaRLConfig:
         if notice:
             print(f"megarl: {notice}", flush=True)
     resolved = resolve_config(cfg)
-    typed = to_typed(MegaRLConfig, OmegaConf.to_container(resolved))  # typed_config(cfg), resolved once
+    typed = typed_of_resolved(resolved)
     refused = memory_gate(resolved, typed)
     try:
         preflight(typed)

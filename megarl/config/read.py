@@ -53,7 +53,12 @@ def to_typed(cls: type[T], values: dict[str, Any], prefix: str = "") -> T:
 
 def typed_config(cfg: DictConfig) -> MegaRLConfig:
     """`MegaRLConfig` of a validated DictConfig (resolved here)."""
-    return to_typed(MegaRLConfig, OmegaConf.to_container(resolve_config(cfg)))
+    return typed_of_resolved(resolve_config(cfg))
+
+
+def typed_of_resolved(resolved: DictConfig) -> MegaRLConfig:
+    """`MegaRLConfig` of a validated config that `resolve_config` already resolved (for callers that keep both)."""
+    return to_typed(MegaRLConfig, OmegaConf.to_container(resolved))
 
 
 def to_dict(obj: Any) -> Any:

@@ -16,7 +16,6 @@ import argparse
 import sys
 
 from hydra.errors import HydraException
-from omegaconf import OmegaConf
 
 from megarl.config import ConfigError, Issue, check_override_keys, check_schema, load_config, resolve_config, validate_config
 from megarl.config.config_options import take_config_options
@@ -30,8 +29,7 @@ EXIT_REFUSED = 2
 
 def plan_text(overrides: list[str]) -> tuple[str, list[Issue]]:
     """(the plan as text, its issues: empty when it fits). Raises ConfigError for a bad config."""
-    from megarl.config.read import to_typed
-    from megarl.config.schema.root import MegaRLConfig
+    from megarl.config.read import typed_of_resolved
     from megarl.data.demo import ensure_demo_assets
     from megarl.plan.build import build_plan, gpu_memory_gib, host_memory_gib
     from megarl.plan.report import format_plan
@@ -52,7 +50,7 @@ def plan_text(overrides: list[str]) -> tuple[str, list[Issue]]:
     validate_config(cfg, RUNTIME_RULES, installed=installed, files=False)
     notes += [n for n in [attention_notice(cfg, installed)] if n]
     resolved = resolve_config(cfg)
-    typed = to_typed(MegaRLConfig, OmegaConf.to_container(resolved))  # resolved already
+    typed = typed_of_resolved(resolved)
     trainer = typed.trainer
     plan = build_plan(resolved, gpu_memory_gib(trainer.memory_plan, trainer.device),
                       host_memory_gib(trainer.memory_plan, trainer.device), typed)
