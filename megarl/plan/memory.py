@@ -175,9 +175,9 @@ def _stage_params(p: ParamCount, layout: ParallelLayout, value_head: bool) -> tu
 
 
 def activation_bytes(p: ParamCount, layout: ParallelLayout, setup: TrainSetup, tokens: int, *, train: bool,
-                     stage: str | None = None) -> int:
+                     stage: str = "last") -> int:
     """Activation bytes on one rank for a micro-batch of ``tokens`` (see the module docstring). ``stage``
-    (training with pp > 1): ``"first"`` or ``"last"`` pipeline stage's; None: the larger."""
+    (training with pp > 1): the ``"first"`` or the ``"last"`` pipeline stage's."""
     s = p.shape
     t = tokens / layout.cp
     tp, etp = layout.tp, layout.etp
@@ -219,9 +219,7 @@ def activation_bytes(p: ParamCount, layout: ParallelLayout, setup: TrainSetup, t
         return t * (elems + dispatcher) * ACT_BYTES
 
     first, last = stage_bytes(layout.pp), stage_bytes(1) + logits  # one stage when pp = 1: both terms at once
-    if layout.pp == 1:
-        return int(last)
-    return int({"first": first, "last": last}[stage] if stage else max(first, last))
+    return int(first if layout.pp > 1 and stage == "first" else last)
 
 
 def rank_memory(p: ParamCount, layout: ParallelLayout, setup: TrainSetup) -> RankMemory:
@@ -246,21 +244,24 @@ def rank_memory(p: ParamCount, layout: ParallelLayout, setup: TrainSetup) -> Ran
         optimizer_sharded = int(share_sharded * per_param)
         optimizer = optimizer_sharded if setup.distributed_optimizer else optimizer_full
         optimizer_host = int((share_sharded if setup.distributed_optimizer else share_full) * host_per_param)
+    activations_train, peak_stage = _train_activations(p, layout, setup) if setup.trainable else (0, "")
     return RankMemory(
         params=params, grads=grads, optimizer=optimizer, optimizer_full=optimizer_full,
         optimizer_sharded=optimizer_sharded, optimizer_host=optimizer_host,
         fsdp=fsdp_gathered(p, layout, setup) if setup.megatron_fsdp else None,
-        activations_train=activation_bytes(p, layout, setup, setup.tokens, train=True) if setup.trainable else 0,
+        activations_train=activations_train,
         activations_forward=activation_bytes(p, layout, setup, setup.forward_tokens, train=False),
-        train_peak_stage=_train_peak_stage(p, layout, setup) if setup.trainable and layout.pp > 1 else "",
+        train_peak_stage=peak_stage,
     )
 
 
-def _train_peak_stage(p: ParamCount, layout: ParallelLayout, setup: TrainSetup) -> str:
-    """Which pipeline stage holds the most training activations: the first (pp micro-batches in flight under
-    1F1B) or the last (one, and the logits)."""
+def _train_activations(p: ParamCount, layout: ParallelLayout, setup: TrainSetup) -> tuple[int, str]:
+    """(training activation bytes, the pipeline stage they are: "first", pp micro-batches in flight under
+    1F1B, or "last", one and the logits; "" without pipeline parallelism)."""
+    if layout.pp == 1:
+        return activation_bytes(p, layout, setup, setup.tokens, train=True), ""
     first, last = (activation_bytes(p, layout, setup, setup.tokens, train=True, stage=s) for s in ("first", "last"))
-    return "first" if first >= last else "last"
+    return (first, "first") if first >= last else (last, "last")
 
 
 @dataclass(frozen=True)
