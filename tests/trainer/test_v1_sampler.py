@@ -46,13 +46,12 @@ class SimEngines:
         self.pad_token_id = 0
         self.groups: dict[int, dict] = {}  # gid -> {replica, need, prompt, versions}
         self.cancelled: list[int] = []
-        self.submitted_rows: list[int] = []
+        self.targets: list[dict] = []  # per generate call: replica -> (gids, count)
 
     def submit(self, shares):
         for replica, (prompts, gids) in enumerate(shares):
             for row, gid in enumerate(gids):
                 index = int(prompts.non_tensor_batch["extra_info"][row]["index"])
-                self.submitted_rows.append(index)
                 self.groups[gid] = {"replica": replica, "need": LONG if index % 8 == 0 else SHORT,
                                     "prompt": prompts.batch["input_ids"][row].tolist(), "versions": []}
 
@@ -68,6 +67,7 @@ class SimEngines:
                 g["versions"].append(version)
 
     def generate(self, version, targets):
+        self.targets.append(targets)
         if self.standalone:
             for _ in range(self.ticks_per_poll):
                 self._tick(version)
@@ -149,7 +149,22 @@ def test_no_trained_sample_exceeds_the_bound(standalone, strategy, threshold, wa
     if strategy == "wait":  # oldest first, waiting: every admitted prompt is trained, in order
         assert evicted == 0 and not engines.cancelled
         trained = [int(e["index"]) for b, _ in batches for e in b.non_tensor_batch["extra_info"][::N]]
-        assert trained == engines.submitted_rows[: len(trained)]
+        admitted = [int(e["index"]) for b in _loader(256, shuffle=True) for e in b.non_tensor_batch["extra_info"]]
+        assert trained == admitted[: len(trained)]
+
+
+@pytest.mark.parametrize("replicas, warmup", [(2, 2), (2, 0.5), (3, 1)])
+def test_every_step_waits_on_every_replica_for_an_equal_share(replicas, warmup):
+    """The first admission holds 1 + warmup batches: cut into contiguous shares it gave step 1's whole
+    batch to the first replica(s), the others idle in that step (4 x H200, 2026-11-28: colocate_async
+    0.88x sync, the slowest replica's engine time 2.6x the mean). Each replica must hold its share
+    (floor or ceil of B / replicas) of every step's batch."""
+    engines = SimEngines(replicas, standalone=False)
+    _run(AsyncSampler(_cfg(3, "wait", warmup), _loader(256, shuffle=True), engines), 12)
+    shares = sorted(B * (r + 1) // replicas - B * r // replicas for r in range(replicas))
+    for targets in engines.targets:
+        counts = sorted(targets.get(r, ([], 0))[1] for r in range(replicas))
+        assert counts == shares, engines.targets
 
 
 def test_drop_evicts_what_wait_waits_for():

@@ -8,9 +8,6 @@ is its place in that order. Which groups form the step's batch (``max_off_policy
 * ``drop`` (verl): the ``B`` earliest-admitted FINISHED groups; a group that would exceed the bound
   (counted from its admission, as verl counts from submission) is evicted, whether finished or still
   generating, and a new prompt is admitted in its place.
-
-Padding groups (the rows ``call_rollout``'s chunking adds so that every replica gets an equal share)
-are generated and never trained.
 """
 
 from __future__ import annotations
@@ -21,7 +18,7 @@ from typing import Any
 
 @dataclass
 class Group:
-    """``index``: admission order (-1 for padding); ``replica``: the engine generating it;
+    """``index``: admission order; ``replica``: the engine generating it;
     ``admitted_version``: the engines' policy version when it was admitted; ``trajectories``: its
     samples (``AgentLoopOutput``) once finished."""
 
@@ -35,10 +32,6 @@ class Group:
     @property
     def finished(self) -> bool:
         return self.trajectories is not None
-
-    @property
-    def padding(self) -> bool:
-        return self.index < 0
 
 
 class GroupBuffer:
@@ -64,12 +57,10 @@ class GroupBuffer:
         group = self.groups.get(gid)
         if group is not None:
             group.trajectories = trajectories
-            if group.padding:
-                del self.groups[gid]
 
     def live(self) -> list[Group]:
         """Trainable groups in admission order."""
-        return sorted((g for g in self.groups.values() if not g.padding), key=lambda g: g.index)
+        return sorted(self.groups.values(), key=lambda g: g.index)
 
     def over_age(self, trained_version: int) -> list[Group]:
         """``drop``: the groups that would lag more than the bound if trained at ``trained_version``."""

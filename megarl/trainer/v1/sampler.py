@@ -6,8 +6,11 @@ One call per step, :meth:`AsyncSampler.next_batch`, in this order (the engines h
 
 1. ``drop``: groups that would exceed the bound at this step are evicted (cancelled on their engine);
 2. admission: up to :func:`~megarl.trainer.v1.admission.admission_capacity` new prompts (evicted ones
-   replaced), cut over the replicas as ``call_rollout`` cuts a batch (equal contiguous shares, the
-   last padded), so with nothing in flight a step generates exactly what ``sync`` generates;
+   replaced), each to the replica of its place in its training batch (:func:`replica_of`), so every
+   step's batch is spread evenly over the replicas whatever the admissions' sizes (an admission of
+   several batches cut contiguously gave the first batch to the first replicas alone, which then
+   generated while the others idled); with B divisible by the replicas and nothing in flight a step
+   generates what ``sync`` generates;
 3. generation until the batch is ready (colocated engines: until each replica finished its share,
    then what is unfinished is interrupted and resumes at the next step; standalone engines keep
    generating: this only collects what they finished), more admissions if evictions left it short;
@@ -22,6 +25,7 @@ import uuid
 from typing import Any, Protocol
 
 import numpy as np
+import torch
 
 from megarl.agent.batch import trajectories_to_batch
 from megarl.config.schema.root import MegaRLConfig
@@ -48,6 +52,13 @@ class Engines(Protocol):
     def generate(self, version: int, targets: dict[int, tuple[list[int], int]]) -> tuple[dict[int, list], dict[str, float]]:
         """Generate with weights ``version``; returns the groups finished since the last call
         (gid -> samples) and metrics. ``targets``: per replica (gids, count), see GroupBuffer.targets."""
+
+
+def replica_of(index: int, batch_size: int, replicas: int) -> int:
+    """The replica that generates the prompt of admission ``index``: its place in its training batch
+    (``index mod batch_size``, as trained under ``wait``) cut into ``replicas`` contiguous shares whose
+    sizes differ by at most one (``call_rollout``'s equal chunks when ``replicas`` divides the batch)."""
+    return (index % batch_size) * replicas // batch_size
 
 
 class AsyncSampler:
@@ -119,17 +130,17 @@ class AsyncSampler:
             return 0
         first = self.feed.position - k
         prompts.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(k)], dtype=object)
-        padded, pad = prompts.pad_to_divisor(self.engines.replicas)
-        per_replica = len(padded) // self.engines.replicas
+        rows_of: list[list[int]] = [[] for _ in range(self.engines.replicas)]
+        for row in range(k):
+            rows_of[replica_of(first + row, self.batch_size, self.engines.replicas)].append(row)
         shares = []
-        for replica, chunk in enumerate(padded.chunk(self.engines.replicas)):
+        for replica, rows in enumerate(rows_of):
             gids = []
-            for j in range(per_replica):
-                row = replica * per_replica + j
-                group = Group(next(self._gids), first + row if row < k else -1, replica, version, chunk[j:j + 1])
+            for row in rows:
+                group = Group(next(self._gids), first + row, replica, version, prompts[row:row + 1])
                 self.buffer.add(group)
                 gids.append(group.gid)
-            shares.append((chunk, gids))
+            shares.append((prompts[torch.tensor(rows, dtype=torch.long)], gids))
         self.engines.submit(shares)
         return k
 
