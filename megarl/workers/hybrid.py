@@ -90,6 +90,7 @@ class ActorRolloutRefWorker:
         self.ref = ActorWorker(config, role="ref", device=device) if want_ref else None
         self.rollout = None
         self.session = None  # the async trainer modes' groups (megarl.workers.rollout_session)
+        self.phase_end = None  # their generation phases' common end (megarl.workers.phase_end)
         self.reward = reward
         self.weight_sync: ColocatedSync | None = None
         sync_cfg = config.rollout.weight_sync
@@ -148,9 +149,13 @@ class ActorRolloutRefWorker:
     def _session(self):
         """This replica's groups across calls (trainer.v1 colocate_async); at rollout TP > 1 on its leader."""
         if self.session is None:
+            import torch.distributed as dist
+
+            from megarl.workers.phase_end import PhaseEnd
             from megarl.workers.rollout_session import RolloutSession
 
             self.session = RolloutSession(self.rollout)
+            self.phase_end = PhaseEnd(dist.get_world_size() // int(self.config.rollout.tensor_model_parallel_size))
         return self.session
 
     def _follows(self) -> bool:
@@ -174,8 +179,10 @@ class ActorRolloutRefWorker:
 
     def advance(self, version: int, gids: list[int], count: int) -> dict[str, Any]:
         """After syncing the weights if they changed: generate until ``count`` of ``gids`` are finished
-        (policy ``version`` stamped on every token), then interrupt what is still generating (it resumes
-        at the next advance) and let the engine sleep. Collective over the world, like generate_sequences.
+        (policy ``version`` stamped on every token) and, with other replicas, on through this replica's
+        newer groups until every replica's share is finished (megarl.workers.phase_end); then interrupt
+        what is still generating (it resumes at the next advance) and let the engine sleep. Collective
+        over the world, like generate_sequences.
 
         Returns ``{"groups": {gid: samples}, "interrupted": requests paused, "metrics": {...}}``."""
         metrics = self.sync_weights()
@@ -191,6 +198,8 @@ class ActorRolloutRefWorker:
             session.engine.version = version
             try:
                 session.run_until(gids, count)
+                if self.phase_end.replicas > 1:
+                    session.run_until(session.gids, len(session.gids), extra=self.phase_end.arrive())
                 interrupted = session.pause()
                 result = {"groups": session.take_finished(), "interrupted": interrupted}
             except BaseException as exc:

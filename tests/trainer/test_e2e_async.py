@@ -154,6 +154,18 @@ def test_colocate_async_long_tail_partial_rollout_within_the_bound(demo_dir, tmp
         assert all(abs(w - 1) < 1e-3 for w in weights) == on_policy, m
 
 
+@pytest.mark.extended  # a further long-tail run: two replicas
+def test_colocate_async_two_replicas_within_the_bound(demo_dir, tmp_path):
+    """Two colocated replicas: each holds half of every step's batch (megarl.trainer.v1.sampler.replica_of)
+    and generates on until both halves are finished (megarl.workers.phase_end, their leaders counting in
+    the world's store); the bound holds and every step trains a whole batch."""
+    metrics = _long_tail(demo_dir, tmp_path / "run", "colocate_async", "wait", 16,
+                         ("trainer.n_gpus_per_node=2", f"{V1}.colocate_async.num_warmup_batches=1"))
+    lags = _check_bound(tmp_path / "run", metrics, bound=1)
+    assert 1 in lags
+    assert [len(read_rollouts(tmp_path / "run", step)) for step in sorted(metrics)] == [4 * 4] * 6  # B x rollout.n
+
+
 @pytest.mark.extended  # a further long-tail run: separate_async
 def test_separate_async_long_tail_within_the_bound(demo_dir, tmp_path):
     """The engine generates two requests at a time, so a step's samples take longer than a training

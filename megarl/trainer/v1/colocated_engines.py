@@ -1,8 +1,9 @@
 """colocate_async's engines: the colocated workers' vLLM replicas, time-sliced with training.
 
 Each generation phase first syncs the actor's weights into them (the colocated sync, unchanged), then
-runs every replica's groups until it finished its share of the step's batch, interrupts the rest
-(partial rollout) and lets the engines sleep while the trainer trains; the interrupted requests
+runs every replica's groups until every replica finished its share of the step's batch
+(megarl.workers.phase_end), interrupts the rest (partial rollout) and lets the engines sleep while the
+trainer trains; the interrupted requests
 continue, under the new weights, in the next step's generation phase (megarl.workers.hybrid
 ``advance``).
 """

@@ -11,9 +11,10 @@ One call per step, :meth:`AsyncSampler.next_batch`, in this order (the engines h
    several batches cut contiguously gave the first batch to the first replicas alone, which then
    generated while the others idled); with B divisible by the replicas and nothing in flight a step
    generates what ``sync`` generates;
-3. generation until the batch is ready (colocated engines: until each replica finished its share,
-   then what is unfinished is interrupted and resumes at the next step; standalone engines keep
-   generating: this only collects what they finished), more admissions if evictions left it short;
+3. generation until the batch is ready (colocated engines: until every replica finished its share,
+   each generating its newer groups meanwhile, then what is unfinished is interrupted and resumes at
+   the next step; standalone engines keep generating: this only collects what they finished), more
+   admissions if evictions left it short;
 4. the batch: the chosen groups' samples in admission order, as ``generate_sequences`` lays them out,
    with ``rollout_versions`` (the trainer logs their staleness, megarl.trainer.v1.staleness).
 """
