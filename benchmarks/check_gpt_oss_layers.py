@@ -1,0 +1,126 @@
+"""Where megarl's GPT-OSS first differs from HF's, module by module (issue 33).
+
+On CUDA every build of the tiny GPT-OSS (TE spec, local spec, sequential experts, eager activation, three
+attention backends, allgather dispatcher, TF32 off) gives log-probs 0.0255 off HF's, while on CPU it matches
+HF exactly, and HF on CUDA equals HF on CPU (benchmarks/check_gpt_oss_te.py, RESULTS.md). This runs HF and
+megarl's Megatron build side by side on one device, fp32, TF32 off, on the same padded batch, and prints for
+each module, in forward order, the largest difference over the valid tokens: the embedding, every layer's
+attention output, router probabilities and MLP output, and the logits. The first row above ~1e-5 names the
+module to look into. On CPU every row is expected at ~1e-6 or below (checked here).
+
+    PYTHONPATH=/tmp/site:/tmp/site-te:$PWD python3 benchmarks/check_gpt_oss_layers.py [cuda|cpu] [local]
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+
+import torch
+
+sys.path[:0] = ["tests", "tests/models"]
+
+
+def _first(output):
+    return output[0] if isinstance(output, tuple) else output
+
+
+def _with_bias(output):
+    """megatron's (out, bias) pairs: the bias is added later (bias-dropout-add); HF's output holds it."""
+    if isinstance(output, tuple) and len(output) > 1 and isinstance(output[1], torch.Tensor):
+        return output[0] + output[1]
+    return _first(output)
+
+
+def _capture(modules: dict[str, torch.nn.Module], store: dict[str, torch.Tensor], fold) -> list:
+    def hook(name):
+        def fn(_module, _inputs, output):
+            store[name] = fold(name, output).detach().float().cpu()
+        return fn
+    return [m.register_forward_hook(hook(name)) for name, m in modules.items()]
+
+
+def compare(hf_dir: str, batch, device: str, spec: str) -> list[tuple[str, float]]:
+    """One rank of run_distributed: (module, max |d| over valid tokens) in forward order."""
+    import transformers
+
+    from megarl.models import attention_mask_for_megatron, build_model, load_hf_weights
+    from megarl.parallel import init_distributed
+
+    cfg = {"override_transformer_config": {"transformer_impl": spec}} if spec else {}
+    init_distributed(cfg, device, seed=42)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    input_ids, attention_mask, position_ids = (t.to(device) for t in batch)
+    b, s = input_ids.shape
+    hf_config = transformers.AutoConfig.from_pretrained(hf_dir)
+    layers = hf_config.num_hidden_layers
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32,
+                                                           attn_implementation="eager").eval().to(device)
+    ref: dict[str, torch.Tensor] = {}
+    hf_modules = {"embedding": hf.model.embed_tokens}
+    for i, layer in enumerate(hf.model.layers):
+        hf_modules.update({f"layer {i} attention": layer.self_attn, f"layer {i} router": layer.mlp.router,
+                           f"layer {i} mlp": layer.mlp})
+    hf_modules["logits"] = hf.lm_head
+
+    def hf_fold(name, output):
+        if name.endswith("router"):  # (logits, top-k probabilities [tokens, k], their experts [tokens, k])
+            _, top, experts = output
+            dense = torch.zeros(top.shape[0], hf_config.num_local_experts, device=top.device, dtype=top.dtype)
+            return dense.scatter(1, experts, top).reshape(b, s, -1)  # as megatron's probs [tokens, E]
+        return _first(output)
+
+    hooks = _capture(hf_modules, ref, hf_fold)
+    with torch.no_grad():
+        hf(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+    for h in hooks:
+        h.remove()
+
+    (chunk,) = build_model(hf_config, cfg, device=device, dtype=torch.float32)
+    load_hf_weights([chunk], hf_dir)
+    chunk.eval()
+    got: dict[str, torch.Tensor] = {}
+    mc_modules = {"embedding": chunk.embedding}
+    for i, layer in enumerate(chunk.decoder.layers):
+        mc_modules.update({f"layer {i} attention": layer.self_attention, f"layer {i} router": layer.mlp.router,
+                           f"layer {i} mlp": layer.mlp})
+    mc_modules["logits"] = chunk.output_layer
+
+    def mc_fold(name, output):
+        if name.endswith("router"):  # (probs [s * b, E], routing map)
+            return output[0].reshape(s, b, -1).transpose(0, 1)
+        return _with_bias(output).transpose(0, 1)  # [s, b, ...] -> [b, s, ...]
+
+    hooks = _capture(mc_modules, got, mc_fold)
+    with torch.no_grad():
+        chunk(input_ids, position_ids, attention_mask_for_megatron(attention_mask))
+    for h in hooks:
+        h.remove()
+
+    valid = attention_mask.bool().cpu()
+    rows = []
+    for name in ["embedding", *[f"layer {i} {m}" for i in range(layers) for m in ("attention", "router", "mlp")],
+                 "logits"]:
+        a, c = ref[name], got[name][..., : ref[name].shape[-1]]  # logits: megatron pads the vocabulary
+        rows.append((name, float((a - c).abs()[valid].max())))
+    return rows
+
+
+def main(args: list[str]) -> None:
+    from helpers.dist_utils import run_distributed
+    from hf_tiny import make_tiny_hf, padded_batch
+
+    device = args[0] if args else "cuda"
+    spec = args[1] if len(args) > 1 else ""
+    hf_dir = make_tiny_hf("gpt_oss", tempfile.mkdtemp())
+    rows = run_distributed(compare, 1, hf_dir, padded_batch(96), device, spec, timeout=240)[0]
+    first = next((name for name, d in rows if d > 1e-5), None)
+    print(f"GPT-OSS, megarl ({spec or 'default spec'}) vs HF, {device}, fp32: max |d| over valid tokens")
+    for name, d in rows:
+        print(f"  {name:22s} {d:.3e}{'   <- first above 1e-5' if name == first else ''}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
