@@ -56,7 +56,8 @@ def unknown_key_issue(root: type, key: str) -> Issue:
     close += [p for p in paths if p.rpartition(".")[2] == leaf and p not in close]
     if not close:
         close = difflib.get_close_matches(key, paths, n=3, cutoff=0.75)
-    fix = f"did you mean {' or '.join(close)}?" if close else f"remove {key} (see megarl/configs/megatron/ppo_megatron_trainer.yaml for valid keys)"
+    named = [p if "." in p else f"the top-level {p}" for p in close]  # not "did you mean model_engine?" for a.b.model_engine
+    fix = f"did you mean {' or '.join(named)}?" if close else f"remove {key} (see megarl/configs/megatron/ppo_megatron_trainer.yaml for valid keys)"
     return Issue(key, no_value(), "unknown key", fix)
 
 

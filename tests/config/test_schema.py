@@ -52,6 +52,13 @@ def test_unknown_key_found_elsewhere_in_tree(make):
     assert "actor_rollout_ref.rollout.n" in issue.fix
 
 
+def test_unknown_key_found_at_the_top_level_says_so(make):
+    """verl's scripts pass actor.model_engine; the key is the top-level model_engine."""
+    issue = issue_for(make({"actor_rollout_ref.actor.model_engine": "megatron"}), "actor_rollout_ref.actor.model_engine",
+                      "unknown key")
+    assert "the top-level model_engine" in issue.fix
+
+
 def test_unknown_verl_key_says_not_supported(make):
     issue_for(make({"actor_rollout_ref.model.lora_rank": 8}), "actor_rollout_ref.model.lora_rank", "reads LoRA from model.lora")
     issue_for(make({"actor_rollout_ref.actor.fsdp_config": {"param_offload": True}}), "actor_rollout_ref.actor.fsdp_config", "FSDP")
