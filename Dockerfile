@@ -82,7 +82,7 @@ RUN --mount=type=secret,id=ca_bundle,required=false \
     if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle; fi \
     && pip install --index-url https://download.pytorch.org/whl/cu130 torch==2.11.0+cu130 \
     && pip install -c requirements/gpu-lock.txt vllm==0.26.0 megatron-core==0.19.2 "ray[default]==2.60.0" \
-         hydra-core omegaconf tensordict transformers pyarrow safetensors pytest pytest-xdist \
+         flash-linear-attention==0.6.0 hydra-core omegaconf tensordict transformers pyarrow safetensors pytest pytest-xdist \
     && pip install -c requirements/gpu-lock.txt --no-build-isolation "transformer-engine[pytorch]==2.20.2"
 COPY . /workspace/megarl
 # Fail the build if anything above moved torch off the validated version.

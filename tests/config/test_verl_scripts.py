@@ -120,9 +120,7 @@ EXPECTED: dict[str, tuple[str, str | None, str]] = {
     "verl-recipe/dapo/test_dapo_gptoss_20b_megatron.sh": ("fits", None, ""),
     "verl-recipe/dapo/test_dapo_qwen3_moe_30b_megatron_fp16.sh": (
         "verl too", _ETP, "expert TP defaults to TP=4 and EP=8 x 4 > 8 GPUs: Megatron-Core refuses the layout in verl too"),
-    "verl-recipe/dapo/test_dapo_qwen3next_80b_megatron.sh": (
-        "gap", _PATH, "Qwen3-Next: megarl builds it; its gated DeltaNet needs flash-linear-attention on CUDA, which "
-        "megarl's GPU stack (requirements/gpu-lock.txt) does not ship"),
+    "verl-recipe/dapo/test_dapo_qwen3next_80b_megatron.sh": ("fits", None, ""),  # fla in the GPU stack now
     "verl/examples/ascend_extras/grpo_trainer/run_qwen3_235b_256k_megatron.sh": ("npu", "trainer.device", "Ascend NPU"),
     "verl/examples/ascend_extras/grpo_trainer/run_qwen3_30b_a3b_megatron.sh": ("npu", "trainer.device", "Ascend NPU"),
     "verl/examples/ascend_extras/grpo_trainer/run_qwen3_5_122b_a10b_32k_megatron.sh": ("npu", _PATH, "Ascend NPU (MindSpeed keys)"),
