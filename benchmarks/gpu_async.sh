@@ -21,6 +21,9 @@
 #            1,024 tokens, 6 steps. At 0.5B generation is bound by vLLM's cost per sampled token, which overlap
 #            cannot remove; at 7B each decode step's fixed cost (reading the weights) is the larger part, and that is
 #            what colocate_async's shorter generation phases save (RESULTS.md, eighth session's analysis)
+#   async7b4, async7b4_sep  four GPUs at 7B: sync and colocate_async (two TP=2 replicas: the replica balance and
+#            the common phase end of the tenth session), then separate_async with the trainer on 2 GPUs and two
+#            TP=1 engines on the other 2 (run them one after the other; compare the two JSON files)
 # The policy: a random Qwen2.5-0.5B shape (benchmarks/grpo_model_dir.py /tmp/q05), the demo task's prompts,
 # 64 prompts x 8 samples a step, responses of 992 (1 prompt in 8) or 124 tokens (prompt + response
 # within the shape's 1,024 positions), 8 steps (medians of the last 6).
@@ -43,6 +46,14 @@ COMMON=(--model /tmp/q05 --data /tmp/gpu-demo/train.parquet --batch 64 --n 8 --m
   data.max_prompt_length=32 actor_rollout_ref.rollout.calculate_log_probs=true
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32 actor_rollout_ref.rollout.gpu_memory_utilization=0.5
   actor_rollout_ref.actor.megatron.override_transformer_config.attention_backend=auto ray_kwargs.ray_init.num_cpus=8)
+
+# 7B (/tmp/q7b: gpu_scale.sh model7b first): the trainer at TP=2, 1,024-token long responses, 6 steps; the colocated
+# modes with one vLLM TP=2 replica per 2 GPUs and the optimizer state offloaded (vLLM shares the GPU), separate_async
+# with TP=1 engines on GPUs of their own (bench_async_modes.py sets that) and the optimizer state on the GPU
+ASYNC7B=(--off-policy 3 --model /tmp/q7b --micro-batch 2 --response-length 1024 --steps 6 --skip 2
+  actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 actor_rollout_ref.rollout.gpu_memory_utilization=0.45
+  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16)
+COLOCATED7B=(actor_rollout_ref.rollout.tensor_model_parallel_size=2 actor_rollout_ref.actor.megatron.optimizer_offload=true)
 
 modes() {  # modes NAME GPUS MODES [args...]: one bench_async_modes.py call per mode, each under its own 590 s, into one
   # $OUT/NAME.json (each call adds its mode) and NAME.log (each mode's summary row as it ends); the metrics beside them
@@ -67,10 +78,9 @@ for step in "$@"; do
     async2_sync) modes async2_sync 2 sync ;;
     async4) modes async4 4 sync,colocate_async,separate_async --engines 2 --off-policy 3 ;;
     async2_deep) modes async2_deep 2 colocate_async,separate_async --off-policy 3 ;;
-    async7b) modes async7b 2 sync,colocate_async --off-policy 3 --model /tmp/q7b --batch 16 --mini-batch 16 --micro-batch 2 \
-               --response-length 1024 --steps 6 --skip 2 actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 \
-               actor_rollout_ref.rollout.tensor_model_parallel_size=2 actor_rollout_ref.actor.megatron.optimizer_offload=true \
-               actor_rollout_ref.rollout.gpu_memory_utilization=0.45 actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 ;;
+    async7b) modes async7b 2 sync,colocate_async --batch 16 --mini-batch 16 "${ASYNC7B[@]}" "${COLOCATED7B[@]}" ;;
+    async7b4) modes async7b4 4 sync,colocate_async --batch 32 --mini-batch 32 "${ASYNC7B[@]}" "${COLOCATED7B[@]}" ;;
+    async7b4_sep) modes async7b4_sep 4 separate_async --engines 2 --batch 32 --mini-batch 32 "${ASYNC7B[@]}" ;;
     async2_sync_bypass) modes async2_sync_bypass 2 sync algorithm.rollout_correction.bypass_mode=true ;;
     async2_sep_bypass) modes async2_sep_bypass 2 separate_async --off-policy 3 algorithm.rollout_correction.bypass_mode=true ;;
   esac
