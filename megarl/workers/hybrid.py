@@ -199,7 +199,9 @@ class ActorRolloutRefWorker:
             try:
                 session.run_until(gids, count)
                 if self.phase_end.replicas > 1:
+                    share_done = time.perf_counter()
                     session.run_until(session.gids, len(session.gids), extra=self.phase_end.arrive())
+                    metrics["timing_s/gen_past_share"] = time.perf_counter() - share_done  # replicas' mean
                 interrupted = session.pause()
                 result = {"groups": session.take_finished(), "interrupted": interrupted}
             except BaseException as exc:

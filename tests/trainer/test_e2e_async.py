@@ -164,6 +164,7 @@ def test_colocate_async_two_replicas_within_the_bound(demo_dir, tmp_path):
     lags = _check_bound(tmp_path / "run", metrics, bound=1)
     assert 1 in lags
     assert [len(read_rollouts(tmp_path / "run", step)) for step in sorted(metrics)] == [4 * 4] * 6  # B x rollout.n
+    assert all("timing_s/gen_past_share" in m for m in metrics.values())  # the common phase end ran
 
 
 @pytest.mark.extended  # a further long-tail run: separate_async
