@@ -78,6 +78,7 @@
 #               with their log-probs, then megarl's reference pass at TP=2, PP=2 with dynamic batches (the 8B run's
 #               layout and packing) and TP=1 scores the same tokens beside HF transformers in fp32 and bf16
 #               (benchmarks/gap_probe.py): which side is off, and whether the gap grows along the response
+#   lora_te     one GPU: tests/gpu/test_lora_te.py, LoRA on TE's layers against LoRA on megatron's (issue 34)
 #   diag33      one GPU: benchmarks/check_gpt_oss_layers.py, the first module where GPT-OSS on CUDA leaves HF (issue 33)
 #   tests_rest  test_gpu_paths and test_offload_pinned, each alone (the combined pytest's limit cut them before)
 #   session_STEP  benchmarks/gpu_session.sh's STEP (one GPU: e2e, hybrid; issue 33's before/after figures, issue 31's
@@ -271,6 +272,9 @@ for step in "$@"; do
     multiturn_tp2) [ -f /tmp/q05/model.safetensors ] || python3 benchmarks/grpo_model_dir.py /tmp/q05 > "$OUT/e2e_model_q05.log" 2>&1
              python3 benchmarks/multiturn_data.py /tmp/gpu-demo /tmp/gpu-demo-mt
              PYTHONPATH=$PYTHONPATH:$PWD/tests/agent E2E_DATA=/tmp/gpu-demo-mt run_e2e multiturn_tp2 /tmp/q05 2 420 "${MULTITURN_TP2[@]}" ;;
+    lora_te) # issue 34 on one GPU: LoRA on TE's layers against LoRA on megatron's (dense and MoE), fp32
+             timeout 500 python3 -m pytest -o addopts= -v --tb=short --timeout=480 -m gpu tests/gpu/test_lora_te.py -rA \
+               -p no:cacheprovider > "$OUT/pytest_gpu.lora_te.log" 2>&1; echo "lora_te rc $?"; tail -5 "$OUT/pytest_gpu.lora_te.log" ;;
     diag33)  # issue 33 on one GPU: the first module where GPT-OSS on CUDA leaves HF (0.0255 in every build variant;
              # RESULTS.md tenth session), default (TE) spec and the local one
              for spec in "" local; do timeout 300 python3 benchmarks/check_gpt_oss_layers.py cuda $spec 2>&1 \

@@ -16,8 +16,13 @@ Tensor parallelism (h = x A^T is ``[s, b, r]``, tiny next to x):
   replicated; the partial h of each rank is all-reduced (sequence parallel: reduce-scattered,
   and B's gradient all-reduced over TP).
 
+Transformer Engine's linears (the TE layer spec) are adapted alike: ``TEColumnParallelLinear`` and
+``TERowParallelLinear`` as megatron's column / row linears; ``TELayerNormColumnParallelLinear`` takes the
+un-normalised hidden state and normalises it inside its fused kernel, so the adapter's input is that
+norm recomputed from the module's own weights (RMSNorm or LayerNorm, zero-centred gamma), in fp32.
+
 MoE experts (megatron's ``SequentialMLP``: each local expert an MLP with its own linear_fc1 /
-linear_fc2, the expert MLP class of the local layer spec, on CPU and CUDA alike): each expert's
+linear_fc2; megatron's or TE's linears; a LoRA build turns grouped GEMM off, megarl.workers.megatron.engine): each expert's
 linear gets its own pair, named by the expert's global index (``...mlp.experts.local_experts.<e>``
 with ``e = ep_rank * num_local_experts + local index``, so A's seed and the target patterns do not
 depend on expert parallelism). An expert linear with expert tensor parallelism 1 is a plain local
@@ -86,27 +91,47 @@ class LoraSpec:
                    tuple(lora_cfg.exclude_modules), str(lora_cfg.lora_A_init_method), int(seed))
 
 
+TE_COLUMN = ("TEColumnParallelLinear", "TELayerNormColumnParallelLinear")  # megatron-core's TE wrappers, by name:
+TE_ROW = ("TERowParallelLinear",)  # importing them needs transformer-engine
+
+
 def _parallel_kind(module: torch.nn.Module) -> str | None:
-    """"column" | "row" for a megatron tensor-parallel linear, None for another module; raises for
-    transformer-engine's linears (not implemented: its fused layernorm + linear takes the
-    un-normalised hidden state, and its other linears are untested here)."""
-    if isinstance(module, ColumnParallelLinear):
+    """"column" | "row" for a tensor-parallel linear (megatron's or TE's), None for another module;
+    raises for grouped experts and TE's other linears (``TELinear``'s duplicated mode, untested here)."""
+    name = type(module).__name__
+    if isinstance(module, ColumnParallelLinear) or name in TE_COLUMN:
         return "column"
-    if isinstance(module, RowParallelLinear):
+    if isinstance(module, RowParallelLinear) or name in TE_ROW:
         return "row"
-    if "Grouped" in type(module).__name__:
+    if "Grouped" in name:
         raise ValueError(
-            f"actor_rollout_ref.model.lora: LoRA on grouped experts ({type(module).__name__}, every expert's weight in "
-            "one module) is not implemented in megarl; build the local layer spec, whose experts are one MLP each: "
-            "+actor_rollout_ref.actor.megatron.override_transformer_config.transformer_impl=local"
+            f"actor_rollout_ref.model.lora: LoRA on grouped experts ({name}, every expert's weight in one module) is "
+            "not implemented in megarl; remove actor_rollout_ref.actor.megatron.override_transformer_config."
+            "moe_grouped_gemm (a LoRA build makes each expert an MLP of its own)"
         )
-    if type(module).__name__.startswith("TE") and hasattr(module, "weight"):
-        raise ValueError(
-            f"actor_rollout_ref.model.lora: LoRA on transformer-engine's {type(module).__name__} is not implemented "
-            "in megarl; build the local layer spec: "
-            "+actor_rollout_ref.actor.megatron.override_transformer_config.transformer_impl=local"
-        )
+    if name.startswith("TE") and hasattr(module, "weight"):
+        raise ValueError(f"actor_rollout_ref.model.lora: LoRA on transformer-engine's {name} is not implemented in "
+                         "megarl; leave it out of actor_rollout_ref.model.lora.target_modules")
     return None
+
+
+def _is_expert(base: torch.nn.Module) -> bool:
+    """megatron's linears say so; TE's mark their parameters (``allreduce`` off: reduced over expert DP)."""
+    return bool(base.is_expert) if hasattr(base, "is_expert") else not base.weight.allreduce
+
+
+def _adapter_input(base: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The input the base's GEMM sees: ``x``, or for TE's fused norm + linear the norm of ``x``, recomputed
+    in fp32 from the module's own weights (frozen under LoRA; the gradient flows to x through it)."""
+    if type(base).__name__ != "TELayerNormColumnParallelLinear":
+        return x
+    weight = base.layer_norm_weight.float() + (1.0 if base.zero_centered_gamma else 0.0)
+    xf = x.float()
+    if base.normalization == "RMSNorm":
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + base.eps) * weight
+    else:
+        y = torch.nn.functional.layer_norm(xf, (xf.shape[-1],), weight, base.layer_norm_bias.float(), base.eps)
+    return y.to(x.dtype)
 
 
 def _init_a(shape: tuple[int, int], method: str, generator: torch.Generator) -> torch.Tensor:
@@ -134,10 +159,10 @@ class LoraAdapter(torch.nn.Module):
         super().__init__()
         weight = base.weight
         out_local, in_local = weight.shape
-        self.expert = bool(base.is_expert)
-        if self.expert and base.tp_group.size() > 1:
+        self.expert = _is_expert(base)
+        if self.expert and (etp := parallel_state.get_expert_tensor_parallel_world_size()) > 1:
             raise ValueError(f"actor_rollout_ref.model.lora: LoRA on {name} with expert tensor parallelism "
-                             f"{base.tp_group.size()} is not implemented in megarl; set "
+                             f"{etp} is not implemented in megarl; set "
                              "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1")
         tp, tp_rank = ((1, 0) if self.expert else (parallel_state.get_tensor_model_parallel_world_size(),
                                                    parallel_state.get_tensor_model_parallel_rank()))
@@ -193,7 +218,7 @@ def _hook(module, args, output):
     if not adapter.enabled:
         return output
     out, bias = output
-    return out + adapter(args[0]), bias
+    return out + adapter(_adapter_input(module, args[0])), bias
 
 
 def _sharded_state_dict_with_adapter(base: torch.nn.Module, original):
@@ -252,7 +277,8 @@ def apply_lora(model: torch.nn.Module, spec: LoraSpec) -> list[str]:
     present = {name.rsplit(".", 1)[-1] for name, module in linears}
     unknown = [t for t in spec.target_modules if not any(c in t for c in "*?[") and t not in present]
     if unknown:
-        tp_linears = sorted({n.rsplit(".", 1)[-1] for n, m in linears if isinstance(m, (ColumnParallelLinear, RowParallelLinear))})
+        tp_linears = sorted({n.rsplit(".", 1)[-1] for n, m in linears if isinstance(m, (ColumnParallelLinear, RowParallelLinear))
+                             or type(m).__name__ in TE_COLUMN + TE_ROW})
         raise ValueError(f"actor_rollout_ref.model.lora.target_modules: {unknown} name no layer of this model; "
                          f"its linear layers are {tp_linears}")
     adapted = []

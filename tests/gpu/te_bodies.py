@@ -116,3 +116,45 @@ def actor_runs(
         if device == "cuda":
             torch.cuda.empty_cache()
     return results
+
+
+def lora_te_vs_local(model_dir: str, batch: dict) -> dict:
+    """LoRA (rank 4, alpha 8) on the TE spec and on the local spec, fp32 with TF32 off, one GPU: per spec the
+    spec built, the adapted layers, the log-probs of the responses with every adapter's B set nonzero (seeded
+    by the adapter's name, the same in both builds) and, after one update_policy, each adapter's gradient."""
+    from megarl.models import unwrap_chunk
+    from megarl.models.lora import adapters
+    from megarl.protocol import DataProto
+    from megarl.workers.actor import ActorWorker
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    rows = batch["input_ids"].shape[0]
+    out = {}
+    for impl in ("transformer_engine", "local"):
+        cfg = actor_config(model_dir, impl, False, rows, dtype="float32")
+        cfg.model.lora.rank, cfg.model.lora.alpha = 4, 8.0
+        worker = ActorWorker(cfg, role="actor", device="cuda")
+        worker.init_model()
+        pairs = adapters(worker.engine.chunks)
+        with torch.no_grad():  # what training does to B (it starts at zero)
+            for _, adapter in pairs:
+                gen = torch.Generator().manual_seed(sum(adapter.name.encode()))
+                adapter.B.copy_(torch.randn(adapter.B.shape, generator=gen) * 0.05)
+        data = DataProto.from_dict(dict(batch), meta_info={"temperature": TEMPERATURE, "nan_policy": "stop"})
+        log_probs = worker.compute_log_prob(data).batch["old_log_probs"].cpu()
+        worker.update_policy(data)
+        model = unwrap_chunk(worker.engine.chunks[0])
+        out[impl] = {
+            "built": worker.engine.transformer_impl,
+            "experts": sorted({type(m).__name__ for n, m in model.named_modules() if n.endswith("mlp.experts")}),
+            "adapted": sorted(adapter.name for _, adapter in pairs),
+            "fused_norm_adapted": sorted(adapter.name for base, adapter in pairs
+                                         if type(base).__name__ == "TELayerNormColumnParallelLinear"),
+            "log_probs": log_probs,
+            "grads": {f"{adapter.name}.{k}": getattr(adapter, k).main_grad.detach().float().cpu().clone()
+                      for _, adapter in pairs for k in ("A", "B")},
+        }
+        del worker
+        torch.cuda.empty_cache()
+    return out

@@ -138,17 +138,15 @@ def engine_overrides(v: View) -> Iterator[Issue]:
         yield from _unknown(VLLM_KEY, extra, known, "vllm.LLM engine argument")
 
 
-def lora_on_te_layers(v: View) -> Iterator[Issue]:
-    """megarl's LoRA adapts megatron's own linears (megarl/models/lora.py); where transformer-engine's
-    layers run (its fused layernorm + linear takes the un-normalised hidden state) the model build would
-    refuse it inside the worker: refused here, before Ray starts."""
+def lora_on_grouped_experts(v: View) -> Iterator[Issue]:
+    """megarl's LoRA adapts each expert's own linears (megarl/models/lora.py; a LoRA build makes every expert an
+    MLP of its own): grouped experts asked for explicitly are refused here, before Ray starts."""
     rank = v.get("actor_rollout_ref.model.lora.rank")
     key = "actor_rollout_ref.actor.megatron.override_transformer_config"
-    if rank and not _te_missing(v.get(key) or {}, v):
-        yield Issue("actor_rollout_ref.model.lora.rank", rank, "LoRA on transformer-engine's layers is not implemented "
-                    "in megarl (they run here: CUDA with transformer-engine installed)",
-                    f"add +{key}.transformer_impl=local (megatron's own layers, which LoRA adapts), or set "
-                    "actor_rollout_ref.model.lora.rank=0")
+    if rank and (v.get(key) or {}).get("moe_grouped_gemm"):
+        yield Issue(f"{key}.moe_grouped_gemm", True, "LoRA on grouped experts (every expert's weight in one module) is "
+                    "not implemented in megarl", f"remove {key}.moe_grouped_gemm: with LoRA each expert is built as "
+                    "an MLP of its own, which LoRA adapts")
 
 
-RULES = (engine_overrides, lora_on_te_layers)
+RULES = (engine_overrides, lora_on_grouped_experts)

@@ -177,6 +177,8 @@ class MegatronEngine:
         overrides = dict(self.megatron_cfg.override_transformer_config)
         if self.routing_replay:
             overrides["moe_enable_routing_replay"] = True
+        if self.lora is not None:  # each expert an MLP of its own, whose linears LoRA adapts (megarl.models.lora)
+            overrides["moe_grouped_gemm"] = False
         # build_model reads these two (parallel sizes come from parallel_state)
         build_cfg = {"sequence_parallel": self.megatron_cfg.sequence_parallel, "override_transformer_config": overrides}
         chunks = build_model(hf_config, build_cfg, value_head=self.value_head, device=self.device, dtype=self.dtype)
