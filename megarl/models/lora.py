@@ -22,8 +22,8 @@ un-normalised hidden state and normalises it inside its fused kernel, so the ada
 norm recomputed from the module's own weights (RMSNorm or LayerNorm, zero-centred gamma), in fp32.
 
 MoE experts (megatron's ``SequentialMLP``: each local expert an MLP with its own linear_fc1 /
-linear_fc2; megatron's or TE's linears; a LoRA build turns grouped GEMM off, megarl.workers.megatron.engine): each expert's
-linear gets its own pair, named by the expert's global index (``...mlp.experts.local_experts.<e>``
+linear_fc2, megatron's or TE's linears; a LoRA build turns grouped GEMM off, megarl.workers.megatron.engine):
+each expert's linear gets its own pair, named by the expert's global index (``...mlp.experts.local_experts.<e>``
 with ``e = ep_rank * num_local_experts + local index``, so A's seed and the target patterns do not
 depend on expert parallelism). An expert linear with expert tensor parallelism 1 is a plain local
 matmul on the tokens routed to it (the dispatcher moves tokens, not activations of a shard), so
