@@ -19,7 +19,8 @@ Tensor parallelism (h = x A^T is ``[s, b, r]``, tiny next to x):
 Transformer Engine's linears (the TE layer spec) are adapted alike: ``TEColumnParallelLinear`` and
 ``TERowParallelLinear`` as megatron's column / row linears; ``TELayerNormColumnParallelLinear`` takes the
 un-normalised hidden state and normalises it inside its fused kernel, so the adapter's input is that
-norm recomputed from the module's own weights (RMSNorm or LayerNorm, zero-centred gamma), in fp32.
+norm recomputed from the module's own weights (RMSNorm or LayerNorm, zero-centred gamma), in fp32, and
+again in the backward pass (activation checkpointing: no extra memory but the adapter's ``[s, b, r]``).
 
 MoE experts (megatron's ``SequentialMLP``: each local expert an MLP with its own linear_fc1 /
 linear_fc2, megatron's or TE's linears; a LoRA build turns grouped GEMM off, megarl.workers.megatron.engine):
@@ -61,6 +62,7 @@ from megatron.core.tensor_parallel.mappings import (
 from megatron.core.transformer.mlp import apply_swiglu_sharded_factory
 from megatron.core.transformer.moe.experts import SequentialMLP
 from megatron.core.transformer.utils import make_tp_sharded_tensor_for_checkpoint
+from torch.utils.checkpoint import checkpoint
 
 __all__ = ["LoraSpec", "LoraAdapter", "apply_lora", "adapters", "adapters_disabled", "merged_weights", "ADAPTER_KEY"]
 
@@ -120,11 +122,9 @@ def _is_expert(base: torch.nn.Module) -> bool:
     return bool(base.is_expert) if hasattr(base, "is_expert") else not base.weight.allreduce
 
 
-def _adapter_input(base: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The input the base's GEMM sees: ``x``, or for TE's fused norm + linear the norm of ``x``, recomputed
-    in fp32 from the module's own weights (frozen under LoRA; the gradient flows to x through it)."""
-    if type(base).__name__ != "TELayerNormColumnParallelLinear":
-        return x
+def _fused_norm(base: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The norm TE's fused layernorm + linear applies to ``x`` before its GEMM, recomputed in fp32 from the
+    module's own weights (frozen under LoRA; the gradient flows to x through it)."""
     weight = base.layer_norm_weight.float() + (1.0 if base.zero_centered_gamma else 0.0)
     xf = x.float()
     if base.normalization == "RMSNorm":
@@ -132,6 +132,10 @@ def _adapter_input(base: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     else:
         y = torch.nn.functional.layer_norm(xf, (xf.shape[-1],), weight, base.layer_norm_bias.float(), base.eps)
     return y.to(x.dtype)
+
+
+def _normed_down(base: torch.nn.Module, x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    return torch.matmul(_fused_norm(base, x), a.t())
 
 
 def _init_a(shape: tuple[int, int], method: str, generator: torch.Generator) -> torch.Tensor:
@@ -194,10 +198,15 @@ class LoraAdapter(torch.nn.Module):
         self.sequence_parallel = sequence_parallel and not self.expert
         self.enabled = True
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, norm_of: torch.nn.Module | None = None) -> torch.Tensor:
         """The adapter's addition to the base output. x: the base layer's input (column:
-        ``[s(/t), b, in]``, row: ``[s, b, in/t]``); returns the base output's shape."""
-        h = torch.matmul(x, self.A.t())  # [.., b, r]
+        ``[s(/t), b, in]``, row: ``[s, b, in/t]``); returns the base output's shape. ``norm_of``: TE's
+        fused layernorm + linear whose norm applies to x first; that norm and A's matmul run again in
+        the backward pass, so only x (which TE keeps anyway) is saved, not fp32 copies of ``[s, b, in]``."""
+        if norm_of is None:
+            h = torch.matmul(x, self.A.t())  # [.., b, r]
+        else:
+            h = checkpoint(_normed_down, norm_of, x, self.A, use_reentrant=False)
         if self.expert:  # x: [tokens routed to this expert, in]; a local matmul, as the expert's W
             return torch.matmul(h, self.B.t()) * self.scale
         if self.kind == "column":
@@ -218,7 +227,8 @@ def _hook(module, args, output):
     if not adapter.enabled:
         return output
     out, bias = output
-    return out + adapter(_adapter_input(module, args[0])), bias
+    fused_norm = type(module).__name__ == "TELayerNormColumnParallelLinear"
+    return out + adapter(args[0], module if fused_norm else None), bias
 
 
 def _sharded_state_dict_with_adapter(base: torch.nn.Module, original):
