@@ -19,10 +19,12 @@ import argparse
 import math
 import random
 
+from megarl.trainer.v1.sampler import replica_of
+
 
 def _replica(index: int, first: int, count: int, batch: int, replicas: int, assign: str) -> int:
     if assign == "batch_place":
-        return (index % batch) * replicas // batch
+        return replica_of(index, batch, replicas)
     per = math.ceil(count / replicas)  # contiguous runs of an admission (the last one short)
     return (index - first) // per
 

@@ -93,7 +93,6 @@ def test_nemotron_h_kv_cache_counts_attention_layers_and_one_sequence_of_mamba_s
     assert v.kv_tokens == (v.kv_cache - v.state_bytes_per_sequence) // v.kv_bytes_per_token
 
 
-
 def test_the_update_names_the_pipeline_stage_that_peaks():
     """The stage each figure above is for (a phase's metrics come from the last stage, so the plan says
     which stage its training activations are): the actor's logits make the last stage the larger here, a
