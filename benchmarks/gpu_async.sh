@@ -21,6 +21,9 @@
 #            1,024 tokens, 6 steps. At 0.5B generation is bound by vLLM's cost per sampled token, which overlap
 #            cannot remove; at 7B each decode step's fixed cost (reading the weights) is the larger part, and that is
 #            what colocate_async's shorter generation phases save (RESULTS.md, eighth session's analysis)
+#   async7b_r2  two GPUs at 7B: async7b with two TP=1 vLLM replicas (one a GPU) instead of one TP=2: the replica
+#            balance and the common phase end of the tenth session at size, on 2 GPUs
+#   async2_colo  async2 without separate_async: sync vs colocate_async on two 0.5B replicas (the replica fixes)
 #   async7b4, async7b4_sep  four GPUs at 7B: sync and colocate_async (two TP=2 replicas: the replica balance and
 #            the common phase end of the tenth session), then separate_async with the trainer on 2 GPUs and two
 #            TP=1 engines on the other 2 (run them one after the other; compare the two JSON files)
@@ -79,6 +82,9 @@ for step in "$@"; do
     async4) modes async4 4 sync,colocate_async,separate_async --engines 2 --off-policy 3 ;;
     async2_deep) modes async2_deep 2 colocate_async,separate_async --off-policy 3 ;;
     async7b) modes async7b 2 sync,colocate_async --batch 16 --mini-batch 16 "${ASYNC7B[@]}" "${COLOCATED7B[@]}" ;;
+    async7b_r2) modes async7b_r2 2 sync,colocate_async --batch 16 --mini-batch 16 "${ASYNC7B[@]}" \
+             actor_rollout_ref.actor.megatron.optimizer_offload=true ;;
+    async2_colo) modes async2_colo 2 sync,colocate_async ;;
     async7b4) modes async7b4 4 sync,colocate_async --batch 32 --mini-batch 32 "${ASYNC7B[@]}" "${COLOCATED7B[@]}" ;;
     async7b4_sep) modes async7b4_sep 4 separate_async --engines 2 --batch 32 --mini-batch 32 "${ASYNC7B[@]}" ;;
     async2_sync_bypass) modes async2_sync_bypass 2 sync algorithm.rollout_correction.bypass_mode=true ;;

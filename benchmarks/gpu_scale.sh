@@ -7,7 +7,7 @@
 # Steps:
 #   model05     the demo assets and the random Qwen2.5-0.5B shape in /tmp/q05 (a queue's first step: side-by-side steps then
 #               find them built)
-#   async1, async2, async2_sync, async2_deep, async4, async7b, async2_sync_bypass, async2_sep_bypass  benchmarks/gpu_async.sh's steps (issue 36)
+#   async*      benchmarks/gpu_async.sh's steps (issue 36)
 #   model7b     a random Qwen2.5-7B-shaped policy (real vocabulary, padded demo tokenizer) in /tmp/q7b, built on the GPU
 #   e2e05_tp2   2 GRPO steps of the 0.5B shape with actor TP=2 and one vLLM TP=2 replica (shard-to-shard sync)
 #   e2e7b_tp2   5 GRPO steps of the 7B shape, actor TP=2 (+ reference), one vLLM TP=2 replica, 16 prompts x 8 x <= 1024
@@ -80,6 +80,7 @@
 #               (benchmarks/gap_probe.py): which side is off, and whether the gap grows along the response
 #   lora_te     one GPU: tests/gpu/test_lora_te.py, LoRA on TE's layers against LoRA on megatron's (issue 34)
 #   diag33      one GPU: benchmarks/check_gpt_oss_layers.py, the first module where GPT-OSS on CUDA leaves HF (issue 33)
+#   fla_next    one GPU: test_qwen_hybrid.py's fla test, both families (Qwen3-Next not yet run on a GPU; issue 34)
 #   tests_rest  test_gpu_paths and test_offload_pinned, each alone (the combined pytest's limit cut them before)
 #   session_STEP  benchmarks/gpu_session.sh's STEP (one GPU: e2e, hybrid; issue 33's before/after figures, issue 31's
 #               generate_sequences vs standalone vLLM)
@@ -182,7 +183,7 @@ for step in "$@"; do
   case $step in
     model05) [ -f /tmp/q05/model.safetensors ] || python3 benchmarks/grpo_model_dir.py /tmp/q05 > "$OUT/model05.log" 2>&1
              echo rc $? ;;
-    async1|async2|async2_sync|async2_deep|async4|async7b|async2_sync_bypass|async2_sep_bypass) bash benchmarks/gpu_async.sh "$step" ;;
+    async*)  bash benchmarks/gpu_async.sh "$step" ;;
     model7b) [ -f /tmp/q7b/config.json ] || timeout 300 python3 benchmarks/grpo_model_dir.py /tmp/q7b --7b > "$OUT/model7b.log" 2>&1
              echo rc $?; ls /tmp/q7b | head; du -sh /tmp/q7b ;;
     e2e05_tp2) [ -f /tmp/q05/model.safetensors ] || python3 benchmarks/grpo_model_dir.py /tmp/q05 > "$OUT/e2e_model_q05.log" 2>&1
@@ -279,6 +280,11 @@ for step in "$@"; do
              # RESULTS.md tenth session), default (TE) spec and the local one
              for spec in "" local; do timeout 300 python3 benchmarks/check_gpt_oss_layers.py cuda $spec 2>&1 \
                | grep -vE "Writing|Loading" > "$OUT/gpt_oss_layers${spec:+_$spec}.log"; grep -A16 "^GPT-OSS" "$OUT/gpt_oss_layers${spec:+_$spec}.log"; done ;;
+    fla_next) # issue 34 on one GPU: fla's kernels in the Qwen3-Next build against HF's PyTorch DeltaNet (the Qwen3.5
+             # case passed on 2026-11-28)
+             timeout 300 python3 -m pytest -o addopts= -v --tb=short --timeout=280 -m gpu tests/models/test_qwen_hybrid.py \
+               -k "flash_linear" -rA -p no:cacheprovider > "$OUT/pytest_gpu.fla.log" 2>&1; echo "fla rc $?"
+             grep -E "PASSED|FAILED|SKIPPED|Error" "$OUT/pytest_gpu.fla.log" | tail -6 ;;
     tests_rest) timeout 300 python3 -m pytest -o addopts= -v --tb=short --timeout=150 -m gpu tests/gpu/test_gpu_paths.py \
                tests/gpu/test_offload_pinned.py -rA -p no:cacheprovider > "$OUT/pytest_gpu.rest.log" 2>&1; echo "rest rc $?"
              grep -E "passed|failed|PASSED|FAILED|SKIPPED" "$OUT/pytest_gpu.rest.log" | tail -12 ;;
