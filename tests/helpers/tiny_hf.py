@@ -46,12 +46,13 @@ def build_tiny_qwen2(out_dir: str | Path, *, eos_token_id: int | None = None, ti
 
 
 def build_tiny_qwen3_moe(out_dir: str | Path, *, num_layers: int = 2, num_experts: int = 4,
-                         mlp_only_layers: tuple[int, ...] = ()) -> Path:
-    """``mlp_only_layers``: dense decoder layers among the ``num_layers``."""
+                         mlp_only_layers: tuple[int, ...] = (), vocab: int | None = None) -> Path:
+    """``mlp_only_layers``: dense decoder layers among the ``num_layers``; ``vocab``: another vocabulary size than
+    ``VOCAB``."""
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     cfg = Qwen3MoeConfig(
-        vocab_size=VOCAB, hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
+        vocab_size=vocab or VOCAB, hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
         num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
         num_experts=num_experts, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1,
         mlp_only_layers=list(mlp_only_layers), max_position_embeddings=256, tie_word_embeddings=False,
