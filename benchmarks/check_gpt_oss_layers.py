@@ -8,7 +8,11 @@ each module, in forward order, the largest difference over the valid tokens: the
 attention output, router probabilities and MLP output, and the logits. The first row above ~1e-5 names the
 module to look into. On CPU every row is expected at ~1e-6 or below (checked here).
 
-    PYTHONPATH=/tmp/site:/tmp/site-te:$PWD python3 benchmarks/check_gpt_oss_layers.py [cuda|cpu] [local]
+    PYTHONPATH=/tmp/site:/tmp/site-te:$PWD python3 benchmarks/check_gpt_oss_layers.py [cuda|cpu] [local] [key=value...]
+
+key=value: override_transformer_config entries (strings, e.g. moe_router_dtype=fp64). The probe rows run layer 0's
+MoE of both models on one input against HF's formula written out in fp64 on the CPU (which side is off), and count
+the tokens megarl routes to other experts than that formula.
 """
 
 from __future__ import annotations
@@ -40,14 +44,49 @@ def _capture(modules: dict[str, torch.nn.Module], store: dict[str, torch.Tensor]
     return [m.register_forward_hook(hook(name)) for name, m in modules.items()]
 
 
-def compare(hf_dir: str, batch, device: str, spec: str) -> list[tuple[str, float]]:
+def _hand_moe(x: torch.Tensor, mlp) -> tuple[torch.Tensor, torch.Tensor]:
+    """HF's GptOssMLP written out in fp64 on the CPU from its own weights: x [tokens, hidden] ->
+    (output [tokens, hidden], chosen experts [tokens, k] sorted)."""
+    w = {n: p.detach().double().cpu() for n, p in mlp.named_parameters()}
+    x = x.double().cpu()
+    top, experts = torch.topk(x @ w["router.weight"].T + w["router.bias"], mlp.router.top_k, dim=-1)
+    probs = torch.softmax(top, dim=-1)
+    limit, alpha = mlp.experts.limit, mlp.experts.alpha
+    out = torch.zeros_like(x)
+    for j in range(experts.shape[1]):
+        e = experts[:, j]
+        gate_up = torch.einsum("th,thi->ti", x, w["experts.gate_up_proj"][e]) + w["experts.gate_up_proj_bias"][e]
+        gate, up = gate_up[:, ::2].clamp(max=limit), gate_up[:, 1::2].clamp(min=-limit, max=limit)
+        act = gate * torch.sigmoid(alpha * gate) * (up + 1)
+        out += probs[:, j:j + 1] * (torch.einsum("ti,tih->th", act, w["experts.down_proj"][e])
+                                    + w["experts.down_proj_bias"][e])
+    return out, experts.sort(dim=-1).values
+
+
+def _probe_first_moe(hf, chunk, x_sbh: torch.Tensor, valid: torch.Tensor) -> list[tuple[str, float]]:
+    """Layer 0's MoE of both models on one input (megarl's own, [s, b, h]) against :func:`_hand_moe`."""
+    s, b, h = x_sbh.shape
+    x_bsh = x_sbh.transpose(0, 1).contiguous()
+    truth, experts = _hand_moe(x_bsh.reshape(-1, h), hf.model.layers[0].mlp)
+    with torch.no_grad():
+        hf_out = _first(hf.model.layers[0].mlp(x_bsh)).reshape(-1, h).double().cpu()
+        mc_out = _with_bias(chunk.decoder.layers[0].mlp(x_sbh)).transpose(0, 1).reshape(-1, h).double().cpu()
+        _, routing_map = chunk.decoder.layers[0].mlp.router(x_sbh)
+    mc_experts = routing_map.reshape(s, b, -1).transpose(0, 1).reshape(s * b, -1).nonzero()[:, 1].reshape(s * b, -1)
+    keep = valid.reshape(-1)
+    return [("probe: HF mlp vs fp64", float((hf_out - truth)[keep].abs().max())),
+            ("probe: megarl mlp vs fp64", float((mc_out - truth)[keep].abs().max())),
+            ("probe: tokens routed otherwise", float((mc_experts.cpu() != experts)[keep].any(-1).sum()))]
+
+
+def compare(hf_dir: str, batch, device: str, spec: str, overrides: dict) -> list[tuple[str, float]]:
     """One rank of run_distributed: (module, max |d| over valid tokens) in forward order."""
     import transformers
 
     from megarl.models import attention_mask_for_megatron, build_model, load_hf_weights
     from megarl.parallel import init_distributed
 
-    cfg = {"override_transformer_config": {"transformer_impl": spec}} if spec else {}
+    cfg = {"override_transformer_config": {**({"transformer_impl": spec} if spec else {}), **overrides}}
     init_distributed(cfg, device, seed=42)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -94,6 +133,9 @@ def compare(hf_dir: str, batch, device: str, spec: str) -> list[tuple[str, float
         return _with_bias(output).transpose(0, 1)  # [s, b, ...] -> [b, s, ...]
 
     hooks = _capture(mc_modules, got, mc_fold)
+    first_moe_input: list[torch.Tensor] = []
+    hooks.append(chunk.decoder.layers[0].mlp.register_forward_pre_hook(
+        lambda _m, args: first_moe_input.append(args[0].detach())))
     with torch.no_grad():
         chunk(input_ids, position_ids, attention_mask_for_megatron(attention_mask))
     for h in hooks:
@@ -105,7 +147,7 @@ def compare(hf_dir: str, batch, device: str, spec: str) -> list[tuple[str, float
                  "logits"]:
         a, c = ref[name], got[name][..., : ref[name].shape[-1]]  # logits: megatron pads the vocabulary
         rows.append((name, float((a - c).abs()[valid].max())))
-    return rows
+    return rows + _probe_first_moe(hf, chunk, first_moe_input[0], valid)
 
 
 def main(args: list[str]) -> None:
@@ -113,11 +155,12 @@ def main(args: list[str]) -> None:
     from hf_tiny import make_tiny_hf, padded_batch
 
     device = args[0] if args else "cuda"
-    spec = args[1] if len(args) > 1 else ""
+    spec = args[1] if len(args) > 1 and "=" not in args[1] else ""
+    overrides = dict(a.split("=", 1) for a in args[1:] if "=" in a)  # override_transformer_config strings
     hf_dir = make_tiny_hf("gpt_oss", tempfile.mkdtemp())
-    rows = run_distributed(compare, 1, hf_dir, padded_batch(96), device, spec, timeout=240)[0]
-    first = next((name for name, d in rows if d > 1e-5), None)
-    print(f"GPT-OSS, megarl ({spec or 'default spec'}) vs HF, {device}, fp32: max |d| over valid tokens")
+    rows = run_distributed(compare, 1, hf_dir, padded_batch(96), device, spec, overrides, timeout=240)[0]
+    first = next((name for name, d in rows if d > 1e-5 and not name.startswith("probe")), None)
+    print(f"GPT-OSS, megarl ({spec or 'default spec'} {overrides or ''}) vs HF, {device}, fp32: max |d| over valid tokens")
     for name, d in rows:
         print(f"  {name:22s} {d:.3e}{'   <- first above 1e-5' if name == first else ''}")
 

@@ -80,7 +80,7 @@
 #               (benchmarks/gap_probe.py): which side is off, and whether the gap grows along the response
 #   lora_te     one GPU: tests/gpu/test_lora_te.py, LoRA on TE's layers against LoRA on megatron's (issue 34)
 #   diag33      one GPU: benchmarks/check_gpt_oss_layers.py, the first module where GPT-OSS on CUDA leaves HF (issue 33)
-#   fla_next    one GPU: test_qwen_hybrid.py's fla test, both families (Qwen3-Next not yet run on a GPU; issue 34)
+#   fla_next    one GPU: test_qwen_hybrid.py's fla test, Qwen3-Next (the Qwen3.5 case passed on a GPU; issue 34)
 #   tests_rest  test_gpu_paths and test_offload_pinned, each alone (the combined pytest's limit cut them before)
 #   session_STEP  benchmarks/gpu_session.sh's STEP (one GPU: e2e, hybrid; issue 33's before/after figures, issue 31's
 #               generate_sequences vs standalone vLLM)
@@ -277,13 +277,18 @@ for step in "$@"; do
              timeout 500 python3 -m pytest -o addopts= -v --tb=short --timeout=480 -m gpu tests/gpu/test_lora_te.py -rA \
                -p no:cacheprovider > "$OUT/pytest_gpu.lora_te.log" 2>&1; echo "lora_te rc $?"; tail -5 "$OUT/pytest_gpu.lora_te.log" ;;
     diag33)  # issue 33 on one GPU: the first module where GPT-OSS on CUDA leaves HF (0.0255 in every build variant;
-             # RESULTS.md tenth session), default (TE) spec and the local one
-             for spec in "" local; do timeout 300 python3 benchmarks/check_gpt_oss_layers.py cuda $spec 2>&1 \
-               | grep -vE "Writing|Loading" > "$OUT/gpt_oss_layers${spec:+_$spec}.log"; grep -A16 "^GPT-OSS" "$OUT/gpt_oss_layers${spec:+_$spec}.log"; done ;;
+             # RESULTS.md tenth session), default (TE) spec, the local one, and the router's GEMM in fp64 (megatron's
+             # router takes TE's general_gemm for any other dtype); probe rows: layer 0's MoE against fp64 by hand
+             for variant in "" local "moe_router_dtype=fp64" "local moe_router_dtype=fp64"; do
+               log="$OUT/gpt_oss_layers_${variant// /_}.log"
+               timeout 300 python3 benchmarks/check_gpt_oss_layers.py cuda $variant 2>&1 | grep -vE "Writing|Loading" > "$log"
+               grep -A20 "^GPT-OSS" "$log" | grep -E "GPT-OSS|layer 0|logits|probe"; done ;;
     fla_next) # issue 34 on one GPU: fla's kernels in the Qwen3-Next build against HF's PyTorch DeltaNet (the Qwen3.5
              # case passed on 2026-11-28)
-             timeout 300 python3 -m pytest -o addopts= -v --tb=short --timeout=280 -m gpu tests/models/test_qwen_hybrid.py \
-               -k "flash_linear" -rA -p no:cacheprovider > "$OUT/pytest_gpu.fla.log" 2>&1; echo "fla rc $?"
+             # (2026-11-28: the Qwen3-Next case did not finish in the 260 s it had; its triton autotuning printed here)
+             TRITON_PRINT_AUTOTUNING=1 timeout 560 python3 -m pytest -o addopts= -v -s --tb=short --timeout=540 -m gpu \
+               tests/models/test_qwen_hybrid.py -k "flash_linear and qwen3_next" -rA -p no:cacheprovider \
+               > "$OUT/pytest_gpu.fla.log" 2>&1; echo "fla rc $?"
              grep -E "PASSED|FAILED|SKIPPED|Error" "$OUT/pytest_gpu.fla.log" | tail -6 ;;
     tests_rest) timeout 300 python3 -m pytest -o addopts= -v --tb=short --timeout=150 -m gpu tests/gpu/test_gpu_paths.py \
                tests/gpu/test_offload_pinned.py -rA -p no:cacheprovider > "$OUT/pytest_gpu.rest.log" 2>&1; echo "rest rc $?"
