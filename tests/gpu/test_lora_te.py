@@ -18,11 +18,11 @@ pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 @pytest.mark.parametrize("family", ["qwen2", "qwen3_moe"])
 def test_lora_on_te_layers_equals_lora_on_megatron_layers(family, tmp_path):
     pytest.importorskip("transformer_engine")
-    from hf_tiny import make_tiny_hf
+    from helpers.tiny_hf import build_tiny_qwen3_moe
     from te_bodies import VOCAB, grpo_batch, lora_te_vs_local, make_model
 
     model_dir = (make_model(str(tmp_path / family), family) if family == "qwen2"
-                 else make_tiny_hf(family, str(tmp_path / family), vocab_size=VOCAB, num_layers=2))
+                 else str(build_tiny_qwen3_moe(tmp_path / family, vocab=VOCAB)))
     batch = grpo_batch()
     runs = run_distributed(lora_te_vs_local, 1, model_dir, batch, timeout=600)[0]
     te, local = runs["transformer_engine"], runs["local"]
