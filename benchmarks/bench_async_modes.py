@@ -17,7 +17,7 @@ separate_async trains on ``--gpus - --engines`` and generates on ``--engines`` (
 As each mode ends, prints the table so far and writes ``--out`` (JSON; a killed later mode leaves the
 earlier ones, and modes of other calls already in the file stay, so one mode a call adds up): step
 seconds (median over the steps after the first ``--skip``), tokens/s/GPU (all prompt + response tokens
-of a step / step seconds / GPUs, as NeMo-RL counts), samples/s, generation and update seconds, mean
+of those steps / their seconds / GPUs, as NeMo-RL counts; the ratio to sync is of these), samples/s, generation and update seconds, mean
 staleness of the trained tokens, the ratio to sync; the run's wall seconds and the part outside its
 steps (Ray and worker start, model build, vLLM start-up and compilation, shutdown: every mode is a fresh
 ``main_ppo``). A mode past ``--timeout`` gets SIGTERM and is summarised from the steps it finished.
@@ -139,15 +139,17 @@ def read_steps(path: Path) -> list[dict]:
 
 
 def summarize(mode: str, steps: list[dict], args: argparse.Namespace) -> dict:
-    """One mode's figures from its per-step metrics: medians (means for lag and length) over the steps after
-    ``--skip`` (all steps if there are no more)."""
+    """One mode's figures from its per-step metrics over the steps after ``--skip`` (all steps if there are no
+    more): throughput over the window; medians of the phases (means for lag and length)."""
     timed = [m for m in steps if m["step"] > args.skip] or steps
-    step_s = statistics.median(m["timing_s/step"] for m in timed)
-    tokens = statistics.median(m["perf/total_num_tokens"] for m in timed)
+    seconds = sum(m["timing_s/step"] for m in timed)
     return {
-        "mode": mode, "steps_done": len(steps), "steps_timed": len(timed), "step_s": round(step_s, 3),
-        "tokens_per_s_per_gpu": round(tokens / step_s / args.gpus, 1),
-        "samples_per_s": round(args.batch * args.n / step_s, 2),
+        "mode": mode, "steps_done": len(steps), "steps_timed": len(timed),
+        "step_s": round(statistics.median(m["timing_s/step"] for m in timed), 3),
+        # throughput over the whole window, not a median step: the async modes run in cycles (with threshold T one
+        # step's phase generates for up to T steps, the next ones little), which a median step misreads
+        "tokens_per_s_per_gpu": round(sum(m["perf/total_num_tokens"] for m in timed) / seconds / args.gpus, 1),
+        "samples_per_s": round(args.batch * args.n * len(timed) / seconds, 2),
         "gen_s": round(statistics.median(m.get("timing_s/gen", 0.0) for m in timed), 3),
         # the engines' own time in it: the replicas' mean and the slowest (colocated modes; 0 where not reported)
         "engine_s": round(statistics.median(m.get("timing_s/gen_engine", 0.0) for m in timed), 3),

@@ -1,12 +1,14 @@
 """Where megarl's GPT-OSS first differs from HF's, module by module (issue 33).
 
-On CUDA every build of the tiny GPT-OSS (TE spec, local spec, sequential experts, eager activation, three
-attention backends, allgather dispatcher, TF32 off) gives log-probs 0.0255 off HF's, while on CPU it matches
-HF exactly, and HF on CUDA equals HF on CPU (benchmarks/check_gpt_oss_te.py, RESULTS.md). This runs HF and
-megarl's Megatron build side by side on one device, fp32, TF32 off, on the same padded batch, and prints for
-each module, in forward order, the largest difference over the valid tokens: the embedding, every layer's
-attention output, router probabilities and MLP output, and the logits. The first row above ~1e-5 names the
-module to look into. On CPU every row is expected at ~1e-6 or below (checked here).
+Runs HF and megarl's Megatron build side by side on one device, fp32, TF32 off, on the same padded batch, and prints
+for each module, in forward order, the largest difference over the valid tokens: the embedding, every layer's
+attention output, router probabilities and MLP output, and the logits; then layer 0's MoE of both models on one
+input against HF's formula written out in fp64 (which side is off). On CPU every row is ~1e-7.
+
+It found the GPU's 0.0255 (2026-11-28, H200): megarl's MoE 0.0288 from the fp64 formula, HF's exact, no token routed
+otherwise, in every build; the formula without the clamp gives the same 0.0288 on CPU. The GPU stack's
+transformers 5.17.0 fixes GptOssExperts' limit at 7.0 and ignores the tiny model's ``swiglu_limit`` 0.1, which megarl
+honours (5.19 reads it); the references now load through ``hf_tiny.hf_reference_model``.
 
     PYTHONPATH=/tmp/site:/tmp/site-te:$PWD python3 benchmarks/check_gpt_oss_layers.py [cuda|cpu] [local] [key=value...]
 
@@ -44,14 +46,14 @@ def _capture(modules: dict[str, torch.nn.Module], store: dict[str, torch.Tensor]
     return [m.register_forward_hook(hook(name)) for name, m in modules.items()]
 
 
-def _hand_moe(x: torch.Tensor, mlp) -> tuple[torch.Tensor, torch.Tensor]:
-    """HF's GptOssMLP written out in fp64 on the CPU from its own weights: x [tokens, hidden] ->
-    (output [tokens, hidden], chosen experts [tokens, k] sorted)."""
+def _hand_moe(x: torch.Tensor, mlp, config) -> tuple[torch.Tensor, torch.Tensor]:
+    """HF's GptOssMLP written out in fp64 on the CPU from its weights and the config's swiglu_limit / swiglu_alpha:
+    x [tokens, hidden] -> (output [tokens, hidden], chosen experts [tokens, k] sorted)."""
     w = {n: p.detach().double().cpu() for n, p in mlp.named_parameters()}
     x = x.double().cpu()
     top, experts = torch.topk(x @ w["router.weight"].T + w["router.bias"], mlp.router.top_k, dim=-1)
     probs = torch.softmax(top, dim=-1)
-    limit, alpha = mlp.experts.limit, mlp.experts.alpha
+    limit, alpha = config.swiglu_limit, config.swiglu_alpha
     out = torch.zeros_like(x)
     for j in range(experts.shape[1]):
         e = experts[:, j]
@@ -67,7 +69,7 @@ def _probe_first_moe(hf, chunk, x_sbh: torch.Tensor, valid: torch.Tensor) -> lis
     """Layer 0's MoE of both models on one input (megarl's own, [s, b, h]) against :func:`_hand_moe`."""
     s, b, h = x_sbh.shape
     x_bsh = x_sbh.transpose(0, 1).contiguous()
-    truth, experts = _hand_moe(x_bsh.reshape(-1, h), hf.model.layers[0].mlp)
+    truth, experts = _hand_moe(x_bsh.reshape(-1, h), hf.model.layers[0].mlp, hf.config)
     with torch.no_grad():
         hf_out = _first(hf.model.layers[0].mlp(x_bsh)).reshape(-1, h).double().cpu()
         mc_out = _with_bias(chunk.decoder.layers[0].mlp(x_sbh)).transpose(0, 1).reshape(-1, h).double().cpu()
@@ -83,6 +85,8 @@ def compare(hf_dir: str, batch, device: str, spec: str, overrides: dict) -> list
     """One rank of run_distributed: (module, max |d| over valid tokens) in forward order."""
     import transformers
 
+    from hf_tiny import hf_reference_model
+
     from megarl.models import attention_mask_for_megatron, build_model, load_hf_weights
     from megarl.parallel import init_distributed
 
@@ -95,8 +99,7 @@ def compare(hf_dir: str, batch, device: str, spec: str, overrides: dict) -> list
     hf_config = transformers.AutoConfig.from_pretrained(hf_dir)
     layers = hf_config.num_hidden_layers
 
-    hf = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32,
-                                                           attn_implementation="eager").eval().to(device)
+    hf = hf_reference_model(hf_dir, device)
     ref: dict[str, torch.Tensor] = {}
     hf_modules = {"embedding": hf.model.embed_tokens}
     for i, layer in enumerate(hf.model.layers):

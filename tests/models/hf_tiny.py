@@ -225,15 +225,29 @@ def hf_torch_path(hf_dir: str) -> Iterator[None]:
             setattr(module, name, function)
 
 
+def hf_reference_model(hf_dir: str, device: str = "cpu"):
+    """HF's model of ``hf_dir``, fp32, eager attention, in eval mode on ``device``, computing what its config says:
+    transformers 5.17.0 (the GPU stack's, requirements/gpu-lock.txt) fixes GptOssExperts' ``alpha`` at 1.702 and
+    ``limit`` at 7.0 whatever ``swiglu_alpha`` / ``swiglu_limit`` hold (5.19 reads them), and the tiny GPT-OSS'
+    limit of 0.1, there so that the clamp engages, was ignored on the GPU (max |d| 0.0288 per layer, H200,
+    2026-11-28)."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        hf_dir, dtype=torch.float32, attn_implementation="eager").eval().to(device)
+    config = model.config
+    if config.model_type == "gpt_oss":
+        for layer in model.model.layers:
+            layer.mlp.experts.limit = float(config.swiglu_limit)
+            layer.mlp.experts.alpha = float(config.swiglu_alpha)
+    return model
+
+
 def hf_token_log_probs(hf_dir: str, input_ids, attention_mask, position_ids, *, device: str = "cpu",
                        hf_kernels: bool = False) -> torch.Tensor:
     """HF transformers reference: log p(token t+1 | <= t), ``[b, s-1]`` on the CPU, fp32 eager, run on ``device``
     with HF's PyTorch functions, or with the kernels transformers binds in their place (``hf_kernels``: fla,
     causal-conv1d, mamba-ssm where installed; CUDA only)."""
     with contextlib.nullcontext() if hf_kernels else hf_torch_path(hf_dir):
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            hf_dir, dtype=torch.float32, attn_implementation="eager"
-        ).eval().to(device)
+        model = hf_reference_model(hf_dir, device)
         with torch.no_grad():
             logits = model(
                 input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),

@@ -15,8 +15,8 @@ __all__ = ["SHIMS", "fused_clamped_geglu_is_exact"]
 SHIMS = (
     Shim("bias_activation_fusion off for GPT-OSS's SequentialMLP experts", ("megatron-core==0.19.2",), ("gpu",),
          "fusions/fused_bias_geglu.py weighted_bias_quick_geglu_impl clamps the input before "
-         "WeightedBiasQuickGeGLUFunction adds the bias (HF: clamp after the bias); measured on H200 2026-11-27: "
-         "max |d| 0.019 vs HF with SequentialMLP experts (benchmarks/check_gpt_oss_te.py)",
+         "WeightedBiasQuickGeGLUFunction adds the bias (HF: clamp after the bias); "
+         "tests/models/test_gpt_oss.py::test_megatron_fused_clamped_geglu_clamps_before_the_bias",
          source_has("megatron.core.fusions.fused_bias_geglu", "weighted_bias_quick_geglu_impl",
                     "x_glu.clamp(min=None, max=clamp_value)")),
 )
