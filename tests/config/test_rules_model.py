@@ -160,6 +160,12 @@ def test_gpt_oss_mxfp4_checkpoint_is_refused_with_the_dequantizing_fix(make):
     issue_for(make(hf=mxfp4), P, "quant_method 'mxfp4'", "Mxfp4Config(dequantize=True)")
 
 
+def test_gpt_oss_limit_vllm_does_not_honour_is_refused(make):
+    """vLLM's swigluoai clamps at 7.0 (GPT-OSS' own value, accepted above where config.json leaves it out)."""
+    no_issues(make(hf={**GPT_OSS, "swiglu_limit": 7.0}))
+    issue_for(make(hf={**GPT_OSS, "swiglu_limit": 0.1}), P, "swiglu_limit=0.1", "swiglu_limit=7.0")
+
+
 NEMOTRON_H = {"model_type": "nemotron_h", "architectures": ["NemotronHForCausalLM"], "head_dim": 16,
               "hybrid_override_pattern": "M*-E", "mamba_num_heads": 8, "mamba_head_dim": 8, "n_groups": 2,
               "ssm_state_size": 16, "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,

