@@ -23,6 +23,8 @@
 #            what colocate_async's shorter generation phases save (RESULTS.md, eighth session's analysis)
 #   async7b_r2  two GPUs at 7B: async7b with two TP=1 vLLM replicas (one a GPU) instead of one TP=2: the replica
 #            balance and the common phase end of the tenth session at size, on 2 GPUs
+#   async7b_dyn  async7b_r2 with dynamic batches (16k tokens a micro-batch) and the optimizer state on the GPUs: the
+#            update at verl's settings, so that it no longer bounds the async gain (issue 36's 1.5x on 2 GPUs)
 #   async2_colo  async2 without separate_async: sync vs colocate_async on two 0.5B replicas (the replica fixes)
 #   async7b4, async7b4_sep  four GPUs at 7B: sync and colocate_async (two TP=2 replicas: the replica balance and
 #            the common phase end of the tenth session), then separate_async with the trainer on 2 GPUs and two
@@ -58,6 +60,14 @@ ASYNC7B=(--off-policy 3 --model /tmp/q7b --micro-batch 2 --response-length 1024 
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16)
 COLOCATED7B=(actor_rollout_ref.rollout.tensor_model_parallel_size=2 actor_rollout_ref.actor.megatron.optimizer_offload=true)
 
+# The 7B update with verl's dynamic batches (its 7B scripts set them) and the optimizer state on the GPU: async7b's
+# fixed 2-sequence micro-batches made the update ~70 % of the step (17 s for ~39k tokens on 2 H200s), which bounds
+# what any overlap of generation can gain. vLLM at 0.35 so that the woken engine fits beside the optimizer state
+# (plan: 118.3 of 139.8 GiB, generate phase)
+DYN7B=(actor_rollout_ref.actor.use_dynamic_bsz=true actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384
+  actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=32768
+  actor_rollout_ref.rollout.gpu_memory_utilization=0.35)
+
 modes() {  # modes NAME GPUS MODES [args...]: one bench_async_modes.py call per mode, each under its own 590 s, into one
   # $OUT/NAME.json (each call adds its mode) and NAME.log (each mode's summary row as it ends); the metrics beside them
   local name=$1 gpus=$2 mode; shift 2; local list=$1; shift
@@ -84,6 +94,7 @@ for step in "$@"; do
     async7b) modes async7b 2 sync,colocate_async --batch 16 --mini-batch 16 "${ASYNC7B[@]}" "${COLOCATED7B[@]}" ;;
     async7b_r2) modes async7b_r2 2 sync,colocate_async --batch 16 --mini-batch 16 "${ASYNC7B[@]}" \
              actor_rollout_ref.actor.megatron.optimizer_offload=true ;;
+    async7b_dyn) modes async7b_dyn 2 sync,colocate_async --batch 16 --mini-batch 16 "${ASYNC7B[@]}" "${DYN7B[@]}" ;;
     async2_colo) modes async2_colo 2 sync,colocate_async ;;
     async7b4) modes async7b4 4 sync,colocate_async --batch 32 --mini-batch 32 "${ASYNC7B[@]}" "${COLOCATED7B[@]}" ;;
     async7b4_sep) modes async7b4_sep 4 separate_async --engines 2 --batch 32 --mini-batch 32 "${ASYNC7B[@]}" ;;
