@@ -26,9 +26,9 @@
 #   async7b_dyn  async7b_r2 with dynamic batches (16k tokens a micro-batch) and the optimizer state on the GPUs: the
 #            update at verl's settings, so that it no longer bounds the async gain (issue 36's 1.5x on 2 GPUs)
 #   async2_colo  async2 without separate_async: sync vs colocate_async on two 0.5B replicas (the replica fixes)
-#   async7b4, async7b4_sep  four GPUs at 7B: sync and colocate_async (two TP=2 replicas: the replica balance and
-#            the common phase end of the tenth session), then separate_async with the trainer on 2 GPUs and two
-#            TP=1 engines on the other 2 (run them one after the other; compare the two JSON files)
+#   async7b4, async7b4_sep  four GPUs at 7B with async7b_dyn's update: sync and colocate_async (two TP=2 replicas),
+#            then separate_async with the trainer on 2 GPUs and two TP=1 engines on the other 2 (run them one after
+#            the other; compare the two JSON files). Planned at 97.0 and 110.2 of 139.8 GiB
 # The policy: a random Qwen2.5-0.5B shape (benchmarks/grpo_model_dir.py /tmp/q05), the demo task's prompts,
 # 64 prompts x 8 samples a step, responses of 992 (1 prompt in 8) or 124 tokens (prompt + response
 # within the shape's 1,024 positions), 8 steps (medians of the last 6).
@@ -96,8 +96,9 @@ for step in "$@"; do
              actor_rollout_ref.actor.megatron.optimizer_offload=true ;;
     async7b_dyn) modes async7b_dyn 2 sync,colocate_async --batch 16 --mini-batch 16 "${ASYNC7B[@]}" "${DYN7B[@]}" ;;
     async2_colo) modes async2_colo 2 sync,colocate_async ;;
-    async7b4) modes async7b4 4 sync,colocate_async --batch 32 --mini-batch 32 "${ASYNC7B[@]}" "${COLOCATED7B[@]}" ;;
-    async7b4_sep) modes async7b4_sep 4 separate_async --engines 2 --batch 32 --mini-batch 32 "${ASYNC7B[@]}" ;;
+    async7b4) modes async7b4 4 sync,colocate_async --batch 32 --mini-batch 32 "${ASYNC7B[@]}" "${DYN7B[@]}" \
+             actor_rollout_ref.rollout.tensor_model_parallel_size=2 ;;
+    async7b4_sep) modes async7b4_sep 4 separate_async --engines 2 --batch 32 --mini-batch 32 "${ASYNC7B[@]}" "${DYN7B[@]}" ;;
     async2_sync_bypass) modes async2_sync_bypass 2 sync algorithm.rollout_correction.bypass_mode=true ;;
     async2_sep_bypass) modes async2_sep_bypass 2 separate_async --off-policy 3 algorithm.rollout_correction.bypass_mode=true ;;
   esac
