@@ -79,7 +79,8 @@
 #               layout and packing) and TP=1 scores the same tokens beside HF transformers in fp32 and bf16
 #               (benchmarks/gap_probe.py): which side is off, and whether the gap grows along the response
 #   lora_te     one GPU: tests/gpu/test_lora_te.py, LoRA on TE's layers against LoRA on megatron's (issue 34)
-#   diag33      one GPU: benchmarks/check_gpt_oss_layers.py, the first module where GPT-OSS on CUDA leaves HF (issue 33)
+#   gpt_oss     one GPU: tests/models/test_gpt_oss.py's GPU cases (issue 33)
+#   diag33      one GPU: benchmarks/check_gpt_oss_layers.py, GPT-OSS module by module against HF (issue 33)
 #   fla_next    one GPU: test_qwen_hybrid.py's fla test, Qwen3-Next (the Qwen3.5 case passed on a GPU; issue 34)
 #   tests_rest  test_gpu_paths and test_offload_pinned, each alone (the combined pytest's limit cut them before)
 #   session_STEP  benchmarks/gpu_session.sh's STEP (one GPU: e2e, hybrid; issue 33's before/after figures, issue 31's
@@ -276,9 +277,13 @@ for step in "$@"; do
     lora_te) # issue 34 on one GPU: LoRA on TE's layers against LoRA on megatron's (dense and MoE), fp32
              timeout 500 python3 -m pytest -o addopts= -v --tb=short --timeout=480 -m gpu tests/gpu/test_lora_te.py -rA \
                -p no:cacheprovider > "$OUT/pytest_gpu.lora_te.log" 2>&1; echo "lora_te rc $?"; tail -5 "$OUT/pytest_gpu.lora_te.log" ;;
-    diag33)  # issue 33 on one GPU: the first module where GPT-OSS on CUDA leaves HF (0.0255 in every build variant;
-             # RESULTS.md tenth session), default (TE) spec, the local one, and the router's GEMM in fp64 (megatron's
-             # router takes TE's general_gemm for any other dtype); probe rows: layer 0's MoE against fp64 by hand
+    gpt_oss) # issue 33 on one GPU: test_gpt_oss.py's GPU cases (TE spec, grouped and sequential experts) against HF
+             # with the config's swiglu_limit (transformers 5.17 fixes it at 7.0: RESULTS.md, eleventh session)
+             timeout 400 python3 -m pytest -o addopts= -v --tb=short --timeout=380 -m gpu tests/models/test_gpt_oss.py -rA \
+               -p no:cacheprovider > "$OUT/pytest_gpu.gpt_oss.log" 2>&1; echo "gpt_oss rc $?"
+             grep -E "PASSED|FAILED|SKIPPED|Error" "$OUT/pytest_gpu.gpt_oss.log" | tail -6 ;;
+    diag33)  # one GPU: GPT-OSS module by module against HF (check_gpt_oss_layers.py), default (TE) spec, the local one,
+             # and the router's GEMM in fp64 (megatron's router takes TE's general_gemm for any other dtype)
              for variant in "" local "moe_router_dtype=fp64" "local moe_router_dtype=fp64"; do
                log="$OUT/gpt_oss_layers_${variant// /_}.log"
                timeout 300 python3 benchmarks/check_gpt_oss_layers.py cuda $variant 2>&1 | grep -vE "Writing|Loading" > "$log"
