@@ -46,14 +46,14 @@ def _capture(modules: dict[str, torch.nn.Module], store: dict[str, torch.Tensor]
     return [m.register_forward_hook(hook(name)) for name, m in modules.items()]
 
 
-def _hand_moe(x: torch.Tensor, mlp, config) -> tuple[torch.Tensor, torch.Tensor]:
-    """HF's GptOssMLP written out in fp64 on the CPU from its weights and the config's swiglu_limit / swiglu_alpha:
-    x [tokens, hidden] -> (output [tokens, hidden], chosen experts [tokens, k] sorted)."""
+def _hand_moe(x: torch.Tensor, mlp) -> tuple[torch.Tensor, torch.Tensor]:
+    """HF's GptOssMLP written out in fp64 on the CPU from its weights, limit and alpha (the config's:
+    ``hf_tiny.hf_reference_model``): x [tokens, hidden] -> (output [tokens, hidden], chosen experts [tokens, k] sorted)."""
     w = {n: p.detach().double().cpu() for n, p in mlp.named_parameters()}
     x = x.double().cpu()
     top, experts = torch.topk(x @ w["router.weight"].T + w["router.bias"], mlp.router.top_k, dim=-1)
     probs = torch.softmax(top, dim=-1)
-    limit, alpha = config.swiglu_limit, config.swiglu_alpha
+    limit, alpha = mlp.experts.limit, mlp.experts.alpha
     out = torch.zeros_like(x)
     for j in range(experts.shape[1]):
         e = experts[:, j]
@@ -69,7 +69,7 @@ def _probe_first_moe(hf, chunk, x_sbh: torch.Tensor, valid: torch.Tensor) -> lis
     """Layer 0's MoE of both models on one input (megarl's own, [s, b, h]) against :func:`_hand_moe`."""
     s, b, h = x_sbh.shape
     x_bsh = x_sbh.transpose(0, 1).contiguous()
-    truth, experts = _hand_moe(x_bsh.reshape(-1, h), hf.model.layers[0].mlp, hf.config)
+    truth, experts = _hand_moe(x_bsh.reshape(-1, h), hf.model.layers[0].mlp)
     with torch.no_grad():
         hf_out = _first(hf.model.layers[0].mlp(x_bsh)).reshape(-1, h).double().cpu()
         mc_out = _with_bias(chunk.decoder.layers[0].mlp(x_sbh)).transpose(0, 1).reshape(-1, h).double().cpu()

@@ -234,10 +234,10 @@ def hf_reference_model(hf_dir: str, device: str = "cpu"):
     model = transformers.AutoModelForCausalLM.from_pretrained(
         hf_dir, dtype=torch.float32, attn_implementation="eager").eval().to(device)
     config = model.config
-    if config.model_type == "gpt_oss":
+    if config.model_type == "gpt_oss":  # 5.17's GptOssConfig declares neither field: GPT-OSS' own values then
         for layer in model.model.layers:
-            layer.mlp.experts.limit = float(config.swiglu_limit)
-            layer.mlp.experts.alpha = float(config.swiglu_alpha)
+            layer.mlp.experts.limit = float(getattr(config, "swiglu_limit", 7.0))
+            layer.mlp.experts.alpha = float(getattr(config, "swiglu_alpha", 1.702))
     return model
 
 
