@@ -151,11 +151,13 @@ class ActorRolloutRefWorker:
         if self.session is None:
             import torch.distributed as dist
 
+            from megarl.parallel.layout import ParallelLayout
             from megarl.workers.phase_end import PhaseEnd
             from megarl.workers.rollout_session import RolloutSession
 
             self.session = RolloutSession(self.rollout)
-            self.phase_end = PhaseEnd(dist.get_world_size() // int(self.config.rollout.tensor_model_parallel_size))
+            rollout = ParallelLayout(world_size=dist.get_world_size(), tp=self.config.rollout.tensor_model_parallel_size)
+            self.phase_end = PhaseEnd(rollout.dp)
         return self.session
 
     def _follows(self) -> bool:
