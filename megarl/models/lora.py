@@ -93,8 +93,9 @@ class LoraSpec:
                    tuple(lora_cfg.exclude_modules), str(lora_cfg.lora_A_init_method), int(seed))
 
 
-TE_COLUMN = ("TEColumnParallelLinear", "TELayerNormColumnParallelLinear")  # megatron-core's TE wrappers, by name:
-TE_ROW = ("TERowParallelLinear",)  # importing them needs transformer-engine
+TE_FUSED_NORM = "TELayerNormColumnParallelLinear"  # megatron-core's TE wrappers, by name (importing them needs
+TE_COLUMN = ("TEColumnParallelLinear", TE_FUSED_NORM)  # transformer-engine)
+TE_ROW = ("TERowParallelLinear",)
 
 
 def _parallel_kind(module: torch.nn.Module) -> str | None:
@@ -194,6 +195,7 @@ class LoraAdapter(torch.nn.Module):
         self.gated_rows = (kind == "column" and name.endswith("linear_fc1") and bool(base.config.gated_linear_unit)
                            and not self.expert)
         self.kind = kind
+        self.fused_norm = type(base).__name__ == TE_FUSED_NORM  # x arrives un-normalised (see forward)
         self.scale = spec.scale
         self.sequence_parallel = sequence_parallel and not self.expert
         self.enabled = True
@@ -227,8 +229,7 @@ def _hook(module, args, output):
     if not adapter.enabled:
         return output
     out, bias = output
-    fused_norm = type(module).__name__ == "TELayerNormColumnParallelLinear"
-    return out + adapter(args[0], module if fused_norm else None), bias
+    return out + adapter(args[0], module if adapter.fused_norm else None), bias
 
 
 def _sharded_state_dict_with_adapter(base: torch.nn.Module, original):
