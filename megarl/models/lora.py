@@ -118,9 +118,11 @@ def _parallel_kind(module: torch.nn.Module) -> str | None:
     return None
 
 
-def _is_expert(base: torch.nn.Module) -> bool:
-    """megatron's linears say so; TE's mark their parameters (``allreduce`` off: reduced over expert DP)."""
-    return bool(base.is_expert) if hasattr(base, "is_expert") else not base.weight.allreduce
+def _is_expert(name: str) -> bool:
+    """Whether the linear of global name `name` belongs to one of a ``SequentialMLP``'s experts. Read from its
+    place, not the module: TE's linears keep no ``is_expert`` and mark ``allreduce`` only when the experts have
+    process groups of their own (megatron-core 0.19), so neither tells an expert linear at EP=1 from a dense one."""
+    return ".local_experts." in name
 
 
 def _fused_norm(base: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -164,7 +166,7 @@ class LoraAdapter(torch.nn.Module):
         super().__init__()
         weight = base.weight
         out_local, in_local = weight.shape
-        self.expert = _is_expert(base)
+        self.expert = _is_expert(name)
         if self.expert and (etp := parallel_state.get_expert_tensor_parallel_world_size()) > 1:
             raise ValueError(f"actor_rollout_ref.model.lora: LoRA on {name} with expert tensor parallelism "
                              f"{etp} is not implemented in megarl; set "
