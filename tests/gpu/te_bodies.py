@@ -119,11 +119,13 @@ def actor_runs(
 
 
 def lora_te_vs_local(model_dir: str, batch: dict) -> dict:
-    """LoRA (rank 4, alpha 8) on the TE spec and on the local spec, fp32 with TF32 off, one GPU: per spec the
-    spec built, the adapted layers, the log-probs of the responses with every adapter's B set nonzero (seeded
-    by the adapter's name, the same in both builds) and, after one update_policy, each adapter's gradient."""
+    """LoRA (rank 4, alpha 8) on the TE spec and on the local spec, fp32 with TF32 off, one GPU. Per spec: the
+    spec built, the adapted layers, the responses' log-probs ``[rows, response]`` with every adapter's B set
+    nonzero (seeded by the adapter's name, the same in both builds) as ``lora``, with the adapters merged into
+    the base weights (``merged``) and with them off (``base``), then each adapter's gradient after one
+    update_policy."""
     from megarl.models import unwrap_chunk
-    from megarl.models.lora import adapters
+    from megarl.models.lora import adapters, adapters_disabled, merged_weights
     from megarl.protocol import DataProto
     from megarl.workers.actor import ActorWorker
 
@@ -136,22 +138,31 @@ def lora_te_vs_local(model_dir: str, batch: dict) -> dict:
         cfg.model.lora.rank, cfg.model.lora.alpha = 4, 8.0
         worker = ActorWorker(cfg, role="actor", device="cuda")
         worker.init_model()
-        pairs = adapters(worker.engine.chunks)
+        chunks = worker.engine.chunks
+        pairs = adapters(chunks)
         with torch.no_grad():  # what training does to B (it starts at zero)
             for _, adapter in pairs:
                 gen = torch.Generator().manual_seed(sum(adapter.name.encode()))
                 adapter.B.copy_(torch.randn(adapter.B.shape, generator=gen) * 0.05)
         data = DataProto.from_dict(dict(batch), meta_info={"temperature": TEMPERATURE, "nan_policy": "stop"})
-        log_probs = worker.compute_log_prob(data).batch["old_log_probs"].cpu()
+
+        def log_probs() -> torch.Tensor:
+            return worker.compute_log_prob(data).batch["old_log_probs"].cpu()
+
+        lora = log_probs()
+        with merged_weights(chunks):
+            merged = log_probs()
+        with adapters_disabled(chunks):
+            base = log_probs()
         worker.update_policy(data)
-        model = unwrap_chunk(worker.engine.chunks[0])
+        model = unwrap_chunk(chunks[0])
         out[impl] = {
             "built": worker.engine.transformer_impl,
             "experts": sorted({type(m).__name__ for n, m in model.named_modules() if n.endswith("mlp.experts")}),
             "adapted": sorted(adapter.name for _, adapter in pairs),
-            "fused_norm_adapted": sorted(adapter.name for base, adapter in pairs
-                                         if type(base).__name__ == "TELayerNormColumnParallelLinear"),
-            "log_probs": log_probs,
+            "fused_norm_adapted": sorted(adapter.name for base_linear, adapter in pairs
+                                         if type(base_linear).__name__ == "TELayerNormColumnParallelLinear"),
+            "lora": lora, "merged": merged, "base": base,
             "grads": {f"{adapter.name}.{k}": getattr(adapter, k).main_grad.detach().float().cpu().clone()
                       for _, adapter in pairs for k in ("A", "B")},
         }

@@ -1,9 +1,15 @@
-"""LoRA on transformer-engine's layers (megarl/models/lora.py) against LoRA on megatron's own linears (the
-local spec, itself checked against HF and a merge by hand in tests/workers/test_lora.py): the same base
-weights and the same adapters (A seeded by the layer's name; B set nonzero, seeded by its name) give the
-same log-probs and the same adapter gradients, fp32 with TF32 off. Dense Qwen2 (TE's fused layernorm +
-linear, whose adapter recomputes the norm) and Qwen3-MoE (experts as an MLP each, TE's linears). One GPU;
-skipped without CUDA (root conftest) or transformer-engine."""
+"""LoRA on transformer-engine's layers (megarl/models/lora.py), fp32 with TF32 off, dense Qwen2 (TE's fused
+layernorm + linear, whose adapter recomputes the norm) and Qwen3-MoE (experts as an MLP each, TE's linears),
+the adapters' B set nonzero (seeded by the adapter's name):
+
+* within each spec, the adapted forward equals the spec's own forward of the merged weights W + scale * B @ A
+  (the reference that needs no second implementation), and the adapters move the log-probs far beyond that;
+* against LoRA on megatron's own linears (the local spec, checked against HF and a merge by hand in
+  tests/workers/test_lora.py): the adapted models differ by no more than the two specs' base models do in the
+  same run (TE's fp32 kernels are not the local spec's: measured 2026-11-28 on an H200, |TE - local| up to
+  9e-4 dense and 0.028 MoE with the adapters on), and the adapters' gradients agree.
+
+One GPU; skipped without CUDA (root conftest) or transformer-engine."""
 
 from __future__ import annotations
 
@@ -32,7 +38,16 @@ def test_lora_on_te_layers_equals_lora_on_megatron_layers(family, tmp_path):
     if family == "qwen3_moe":
         assert te["experts"] == ["SequentialMLP"] and any("local_experts" in n for n in te["adapted"])
     mask = batch["response_mask"].bool()
-    assert (te["log_probs"] - local["log_probs"])[mask].abs().max() < 1e-4
-    for name, grad in local["grads"].items():
-        torch.testing.assert_close(te["grads"][name], grad, rtol=1e-3, atol=1e-6, msg=name)
+
+    def diff(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return (a - b)[mask].abs()
+
+    for impl, r in runs.items():
+        assert diff(r["lora"], r["merged"]).max() < 1e-4, impl
+        assert diff(r["lora"], r["base"]).mean() > 1e-2, impl  # the adapters matter: not vacuous
+    spec_gap = diff(te["base"], local["base"]).mean()
+    assert diff(te["lora"], local["lora"]).mean() <= 2 * spec_gap + 1e-5, spec_gap
+    assert te["grads"].keys() == local["grads"].keys()
+    te_grads, local_grads = (torch.cat([g[n].flatten() for n in sorted(g)]) for g in (te["grads"], local["grads"]))
+    assert (te_grads - local_grads).norm() / local_grads.norm() < 0.05
     assert any(g.abs().max() > 0 for n, g in local["grads"].items() if n.endswith(".A"))  # not vacuous
