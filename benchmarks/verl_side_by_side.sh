@@ -201,8 +201,9 @@ for b in "${BACKENDS[@]}"; do
   kill "$SMIPID" 2>/dev/null; wait "$SMIPID" 2>/dev/null
   awk -F', *' '$2 > m[$1] {m[$1] = $2} END {for (g in m) printf "GPU %s peak memory in use %.1f GiB (nvidia-smi)\n", g, m[g] / 1024}' "$SMI" | sort
   say "rc $rc$([ $rc = 124 ] && echo ' (timed out)')"
-  # a timed-out run leaves Ray's workers and vLLM holding the GPU (the image has no `ray` script on PATH)
-  python3 -m ray.scripts.scripts stop --force > /dev/null 2>&1
+  # a timed-out or failed run leaves Ray's workers and vLLM holding the GPU (the image has no `ray` script on
+  # PATH); `ray stop` ends every Ray process on the host, a megarl run on the other GPUs too, so only then
+  [ $rc = 0 ] || python3 -m ray.scripts.scripts stop --force > /dev/null 2>&1
   grep -aE "Traceback|Error|error:" "$OUT/verl_$b.log" | cut -c1-300 | tail -8
   python3 - "$OUT/verl_$b.log" <<'EOF'
 import re, sys
