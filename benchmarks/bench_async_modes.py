@@ -16,8 +16,9 @@ separate_async trains on ``--gpus - --engines`` and generates on ``--engines`` (
 
 As each mode ends, prints the table so far and writes ``--out`` (JSON; a killed later mode leaves the
 earlier ones, and modes of other calls already in the file stay, so one mode a call adds up): step
-seconds (median over the steps after the first ``--skip``), tokens/s/GPU (all prompt + response tokens
-of those steps / their seconds / GPUs, as NeMo-RL counts; the ratio to sync is of these), samples/s, generation and update seconds, mean
+seconds (median over the last whole cycles of ``--off-policy`` steps after the first ``--skip``: see
+``summarize``), tokens/s/GPU (all prompt + response tokens of those steps / their seconds / GPUs, as NeMo-RL
+counts; the ratio to sync is of these), samples/s, generation and update seconds, mean
 staleness of the trained tokens, the ratio to sync; the run's wall seconds and the part outside its
 steps (Ray and worker start, model build, vLLM start-up and compilation, shutdown: every mode is a fresh
 ``main_ppo``). A mode past ``--timeout`` gets SIGTERM and is summarised from the steps it finished.
@@ -139,15 +140,19 @@ def read_steps(path: Path) -> list[dict]:
 
 
 def summarize(mode: str, steps: list[dict], args: argparse.Namespace) -> dict:
-    """One mode's figures from its per-step metrics over the steps after ``--skip`` (all steps if there are no
-    more): throughput over the window; medians of the phases (means for lag and length)."""
-    timed = [m for m in steps if m["step"] > args.skip] or steps
+    """One mode's figures from its per-step metrics over the window: the last whole cycles of ``--off-policy``
+    steps after ``--skip`` (all of them if less than a cycle; all steps if none is after it). With threshold T
+    an async mode's phase generates for up to T steps and the next ones little, so a window of whole cycles
+    holds as many of those long steps as the mode's pace has. Throughput over the window; medians of the
+    phases (means for lag and length). Every mode takes the same steps, so the same tokens."""
+    after = [m for m in steps if m["step"] > args.skip]
+    whole = len(after) // args.off_policy * args.off_policy
+    timed = after[len(after) - whole:] if whole else after or steps
     seconds = sum(m["timing_s/step"] for m in timed)
     return {
         "mode": mode, "steps_done": len(steps), "steps_timed": len(timed),
         "step_s": round(statistics.median(m["timing_s/step"] for m in timed), 3),
-        # throughput over the whole window, not a median step: the async modes run in cycles (with threshold T one
-        # step's phase generates for up to T steps, the next ones little), which a median step misreads
+        # throughput over the window, not a median step, which misreads the cycles
         "tokens_per_s_per_gpu": round(sum(m["perf/total_num_tokens"] for m in timed) / seconds / args.gpus, 1),
         "samples_per_s": round(args.batch * args.n * len(timed) / seconds, 2),
         "gen_s": round(statistics.median(m.get("timing_s/gen", 0.0) for m in timed), 3),
@@ -213,7 +218,7 @@ def main() -> None:
     parser.add_argument("--off-policy", type=int, default=2,
                         help="async modes: the most policy versions a sample spans (warm-up batches: one less)")
     parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--skip", type=int, default=2, help="steps left out of the medians (start-up)")
+    parser.add_argument("--skip", type=int, default=2, help="steps left out of the window (start-up)")
     parser.add_argument("--cpus", type=int, default=2, help="--device cpu: Ray's CPUs")
     parser.add_argument("--work", default="/tmp/bench_async_modes")
     parser.add_argument("--out", default=None)

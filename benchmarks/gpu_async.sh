@@ -64,7 +64,8 @@ COLOCATED7B=(actor_rollout_ref.rollout.tensor_model_parallel_size=2 actor_rollou
 # fixed 2-sequence micro-batches made the update ~70 % of the step (17 s for ~39k tokens on 2 H200s), which bounds
 # what any overlap of generation can gain. vLLM at 0.35 so that the woken engine fits beside the optimizer state
 # (plan: 118.3 of 139.8 GiB, generate phase)
-DYN7B=(actor_rollout_ref.actor.use_dynamic_bsz=true actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384
+# 9 steps, the window the last 6: two whole cycles of threshold 3 (async7b_dyn's 6 steps held one, 1.52x)
+DYN7B=(--steps 9 --skip 3 actor_rollout_ref.actor.use_dynamic_bsz=true actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384
   actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=32768
   actor_rollout_ref.rollout.gpu_memory_utilization=0.35)
 
