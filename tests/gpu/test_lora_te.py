@@ -45,8 +45,10 @@ def test_lora_on_te_layers_equals_lora_on_megatron_layers(family, tmp_path):
     for impl, r in runs.items():
         assert diff(r["lora"], r["merged"]).max() < 1e-4, impl
         assert diff(r["lora"], r["base"]).mean() > 1e-2, impl  # the adapters matter: not vacuous
+    # TE's kernels move MoE tokens across near-tied routes, with or without adapters: their count varies, hence 3x;
+    # a wrong adapter would differ by its effect, ~0.4-1.6 here, 100x more
     spec_gap = diff(te["base"], local["base"]).mean()
-    assert diff(te["lora"], local["lora"]).mean() <= 2 * spec_gap + 1e-5, spec_gap
+    assert diff(te["lora"], local["lora"]).mean() <= 3 * spec_gap + 1e-5, spec_gap
     assert te["grads"].keys() == local["grads"].keys()
     te_grads, local_grads = (torch.cat([g[n].flatten() for n in sorted(g)]) for g in (te["grads"], local["grads"]))
     assert (te_grads - local_grads).norm() / local_grads.norm() < 0.05
