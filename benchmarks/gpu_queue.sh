@@ -5,6 +5,8 @@
 #   setsid nohup bash benchmarks/gpu_queue.sh run ITEM... >/dev/null 2>&1 &   (returns at once)
 #   bash benchmarks/gpu_queue.sh wait SECONDS     (until the queue ends or SECONDS pass; its logs to $OUT/queue.tgz)
 #   bash benchmarks/gpu_queue.sh stop             (ends the queue and everything it started)
+#   setsid nohup bash benchmarks/gpu_queue.sh after ITEM... >/dev/null 2>&1 &   (runs ITEMs once the running queue
+#                                                 ends, as `run`: more work for a queue already started)
 # An ITEM is a step, run on every GPU after the steps before it; GPUS:STEP,STEP... (e.g. 0,1:model7b,e2e7b_tp2)
 # starts those steps in order on those GPUs beside the items that follow; `join` waits for every such group.
 # Change scripts here, never on the device: every device call copies the working tree again, which reverts them.
@@ -26,5 +28,6 @@ case $1 in
         echo "queue: $(cat $Q/state 2>/dev/null)"; nvidia-smi --query-gpu=index,memory.used --format=csv,noheader
         tar -czf "$OUT/queue.tgz" -C $Q out $(cd $Q && ls console*.log) 2>/dev/null
         for log in $Q/console*.log; do echo "--- $(basename "$log")"; tail -c 4000 "$log"; done ;;
+  after) shift; while [ "$(cat $Q/state 2>/dev/null)" = running ]; do sleep 2; done; exec bash "$0" run "$@" ;;
   stop) kill -- -"$(cat $Q/pid)" 2>/dev/null; pkill -9 -f "megarl|raylet|gcs_server|ray::|pytest"; echo stopped > $Q/state ;;
 esac
