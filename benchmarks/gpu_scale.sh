@@ -61,11 +61,13 @@
 #   e2e30b_dyn  e2e30b with dynamic batch size as verl's MoE scripts' tuning notes advise (16,384 tokens per update
 #               micro-batch, 32,768 per log-prob one; planned at 80.6 GiB a GPU): the update at micro-batch 2 ran at
 #               ~0.86 s a micro-batch of ~2,000 tokens (55 s a step), a fixed cost per micro-batch that larger ones amortise
-#   e2e30b48_cpuopt  the full 48-layer shape (weights built in /tmp/q30b48w if absent, 61 GB) on 4 GPUs with R3 and
+#   model30b48w the full 48-layer Qwen3-30B-A3B shape's weights in /tmp/q30b48w (61 GB, built on one GPU)
+#   e2e30b48_cpuopt  the full 48-layer shape (model30b48w first if absent) on 4 GPUs with R3 and
 #               Megatron's CPU optimizer as verl's MoE scripts set it (optimizer_cpu_offload, overlap_cpu_optimizer_d2h_h2d,
 #               use_precision_aware_optimizer) at optimizer_offload_fraction MOE30B_CPUOPT_FRACTION (default 0.75; verl's
 #               1 leaves the GPUs at 48 GiB but needs 762 GiB of a node's RAM, 535 without megarl's offloads), actor
-#               parameters and its GPU optimizer part resident, vLLM at 0.4: planned at 122 GiB a GPU of 139 and 478 GiB
+#               parameters and its GPU optimizer part resident, vLLM at 0.4, e2e30b_dyn's dynamic batches (the update
+#               at 95.8 GiB stays under the generate phase's peak): planned at 126.9 GiB a GPU of 139.8 and 478 GiB
 #               of 503.8 of host RAM (4 x H200; on 4 x 80 GiB the plan refuses it); the launch plan of the same command first
 #   multiturn_tp2  issue 31 item 7, 2 GPUs: 3 GRPO steps of the 0.5B shape through the tool agent (multi-turn, `+tools=calculator`
 #               as tests/trainer/test_e2e_cpu.py runs it) with the interaction of the CPU agent-loop tests answering each
@@ -164,7 +166,7 @@ mapfile -t MOE30B_DYN < <(merged MOE30B actor_rollout_ref.actor.use_dynamic_bsz=
   actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=32768)
 R3=(actor_rollout_ref.actor.megatron.router_replay.mode=R3 actor_rollout_ref.rollout.enable_rollout_routing_replay=true)
 CPUOPT=actor_rollout_ref.actor.optim.override_optimizer_config
-mapfile -t MOE30B48_CPUOPT < <(merged MOE30B actor_rollout_ref.actor.megatron.param_offload=false \
+mapfile -t MOE30B48_CPUOPT < <(merged MOE30B_DYN actor_rollout_ref.actor.megatron.param_offload=false \
   actor_rollout_ref.actor.megatron.optimizer_offload=false actor_rollout_ref.rollout.gpu_memory_utilization=0.4 \
   "+$CPUOPT.optimizer_cpu_offload=true" "+$CPUOPT.optimizer_offload_fraction=${MOE30B_CPUOPT_FRACTION:-0.75}" \
   "+$CPUOPT.overlap_cpu_optimizer_d2h_h2d=true" "+$CPUOPT.use_precision_aware_optimizer=true")
@@ -251,9 +253,10 @@ for step in "$@"; do
              run_e2e e2e30b /tmp/q30b "$MOE30B_GPUS" 570 "${MOE30B[@]}" ;;
     e2e30b_dyn) plan_e2e e2e30b_dyn /tmp/q30b "$MOE30B_GPUS" "${MOE30B_DYN[@]}"
              run_e2e e2e30b_dyn /tmp/q30b "$MOE30B_GPUS" 570 "${MOE30B_DYN[@]}" ;;
-    e2e30b48_cpuopt) [ -f /tmp/q30b48w/config.json ] || timeout 420 python3 benchmarks/grpo_model_dir.py /tmp/q30b48w --30b \
+    model30b48w) [ -f /tmp/q30b48w/config.json ] || timeout 420 python3 benchmarks/grpo_model_dir.py /tmp/q30b48w --30b \
                > "$OUT/model30b48w.log" 2>&1
-             echo model rc $?; du -sh /tmp/q30b48w
+             echo model rc $?; du -sh /tmp/q30b48w ;;
+    e2e30b48_cpuopt) bash "$0" model30b48w
              plan_e2e e2e30b48_cpuopt /tmp/q30b48w "$MOE30B_GPUS" "${MOE30B48_CPUOPT[@]}" "${R3[@]}"
              run_e2e e2e30b48_cpuopt /tmp/q30b48w "$MOE30B_GPUS" "${MOE30B48_LIMIT:-1200}" "${MOE30B48_CPUOPT[@]}" "${R3[@]}" ;;
     kill_update) fault_run kill_update update_microbatch@2:rank1 --kill ;;
