@@ -84,6 +84,9 @@
 #   gpt_oss     one GPU: tests/models/test_gpt_oss.py's GPU cases (issue 33)
 #   diag33      one GPU: benchmarks/check_gpt_oss_layers.py, GPT-OSS module by module against HF (issue 33)
 #   fla_next    one GPU: test_qwen_hybrid.py's fla test, Qwen3-Next (the Qwen3.5 case passed on a GPU; issue 34)
+#   mamba_triton  one GPU, issue 34's mamba gap: mamba-ssm's Triton SSD scan (its source, carried as .gpumamba by
+#               benchmarks/prepare_mamba_part.sh; no compiled extension) against megarl's torch scan, fp32, at a
+#               Nemotron-3-Nano layer's shape: differences, seconds, peak memory (benchmarks/probe_mamba_triton.py)
 #   tests_rest  test_gpu_paths and test_offload_pinned, each alone (the combined pytest's limit cut them before)
 #   session_STEP  benchmarks/gpu_session.sh's STEP (one GPU: e2e, hybrid; issue 33's before/after figures, issue 31's
 #               generate_sequences vs standalone vLLM)
@@ -291,6 +294,10 @@ for step in "$@"; do
                log="$OUT/gpt_oss_layers_${variant// /_}.log"
                timeout 300 python3 benchmarks/check_gpt_oss_layers.py cuda $variant 2>&1 | grep -vE "Writing|Loading" > "$log"
                grep -A20 "^GPT-OSS" "$log" | grep -E "GPT-OSS|layer 0|logits|probe"; done ;;
+    mamba_triton) mkdir -p /tmp/mamba_src && tar xzf .gpumamba/mamba_ssm-*.tar.gz -C /tmp/mamba_src
+             timeout 300 python3 benchmarks/probe_mamba_triton.py --src "$(ls -d /tmp/mamba_src/mamba_ssm-*)" \
+               --out "$OUT/mamba_triton.json" > "$OUT/mamba_triton.log" 2>&1; echo "mamba_triton rc $?"
+             tail -4 "$OUT/mamba_triton.log" ;;
     fla_next) # issue 34 on one GPU: fla's kernels in the Qwen3-Next build against HF's PyTorch DeltaNet (the Qwen3.5
              # case passed on 2026-11-28)
              # (2026-11-28: the Qwen3-Next case did not finish in the 260 s it had; its triton autotuning printed here)
