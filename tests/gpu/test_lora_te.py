@@ -43,7 +43,11 @@ def test_lora_on_te_layers_equals_lora_on_megatron_layers(family, tmp_path):
         return (a - b)[mask].abs()
 
     for impl, r in runs.items():
-        assert diff(r["lora"], r["merged"]).max() < 1e-4, impl
+        lora_vs_merged = diff(r["lora"], r["merged"])
+        # MoE: a rounding difference may move a near-tied token to another expert (a few tokens; a wrong adapter
+        # moves them all); dense: every token
+        worst = lora_vs_merged.quantile(0.9) if family == "qwen3_moe" else lora_vs_merged.max()
+        assert worst < 1e-4, (impl, float(lora_vs_merged.max()))
         assert diff(r["lora"], r["base"]).mean() > 1e-2, impl  # the adapters matter: not vacuous
     # TE's kernels move MoE tokens across near-tied routes, with or without adapters: their count varies, hence 3x;
     # a wrong adapter would differ by its effect, ~0.4-1.6 here, 100x more
