@@ -356,8 +356,8 @@ def gpt_oss_rollout(v: View, hf: dict[str, Any]) -> Iterator[Issue]:
     trainer's) without a word."""
     if hf.get("model_type") != "gpt_oss":
         return
-    limit = hf.get("swiglu_limit", 7.0)
-    if float(limit) != 7.0:
+    limit = hf.get("swiglu_limit")  # absent: GPT-OSS' own 7.0
+    if limit is not None and float(limit) != 7.0:
         yield Issue(ACTOR.model_path, v.get(ACTOR.model_path),
                     f"{v.path(ACTOR.model_path)}/config.json has swiglu_limit={limit}; vLLM's GPT-OSS clamps its "
                     "experts at 7.0 whatever the config says, so the rollout would sample another policy than the "
